@@ -1,0 +1,84 @@
+"""Pure checks that an adapter fits the served engine, run before any weight is touched.
+
+Every problem is collected and reported together (one AdapterRejected naming the modules), so a
+caller fixes their file once instead of discovering problems one round-trip at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from hotlora.adapters.formats import Adapter
+from hotlora.errors import AdapterRejected
+
+# Long lists are cut in messages; the count is always given.
+MAX_LISTED = 8
+
+
+@dataclass(frozen=True)
+class SlotCeiling:
+    """What the engine's slots can hold: modules (name -> (in_features, out_features)) and rank."""
+
+    modules: Mapping[str, tuple[int, int]]
+    target_rank: int
+    family: str
+
+
+def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
+    problems: list[str] = []
+    if adapter.family != ceiling.family:
+        problems.append(f"adapter is for the {adapter.family} family, the engine serves {ceiling.family}")
+    if not adapter.modules:
+        problems.append("adapter holds no LoRA modules")
+    too_big = {m: w.rank for m, w in adapter.modules.items() if w.rank > ceiling.target_rank}
+    if too_big:
+        problems.append(
+            f"rank {max(too_big.values())} exceeds the engine's target rank {ceiling.target_rank} "
+            f"in {_listed(too_big)}"
+        )
+    outside = [m for m in adapter.modules if m not in ceiling.modules]
+    if outside:
+        problems.append(f"{len(outside)} module(s) outside the slot ceiling: {_listed(outside)}")
+    bad_dtype, bad_shape, non_finite, bad_scale = [], [], [], []
+    for module, w in adapter.modules.items():
+        if not (w.down.is_floating_point() and w.up.is_floating_point()):
+            bad_dtype.append(f"{module} ({w.down.dtype}/{w.up.dtype})")
+            continue
+        if w.down.ndim != 2 or w.up.ndim != 2 or w.up.shape[1] != w.down.shape[0]:
+            bad_shape.append(f"{module} (A {tuple(w.down.shape)}, B {tuple(w.up.shape)})")
+        elif module in ceiling.modules:
+            in_features, out_features = ceiling.modules[module]
+            if w.down.shape[1] != in_features or w.up.shape[0] != out_features:
+                bad_shape.append(
+                    f"{module} (A {tuple(w.down.shape)}, B {tuple(w.up.shape)}; "
+                    f"base layer is {in_features} -> {out_features})"
+                )
+        if not (torch.isfinite(w.down).all() and torch.isfinite(w.up).all()):
+            non_finite.append(module)
+        if not torch.isfinite(torch.tensor(w.scaling)):
+            bad_scale.append(module)
+    if bad_dtype:
+        problems.append(f"non-floating dtype in {_listed(bad_dtype)}")
+    if bad_shape:
+        problems.append(f"shape mismatch in {_listed(bad_shape)}")
+    if non_finite:
+        problems.append(f"NaN or infinite values in {_listed(non_finite)}")
+    if bad_scale:
+        problems.append(f"non-finite alpha/rank scaling in {_listed(bad_scale)}")
+    return problems
+
+
+def validate(adapter: Adapter, ceiling: SlotCeiling) -> None:
+    problems = problems_with(adapter, ceiling)
+    if problems:
+        raise AdapterRejected(adapter.name, problems)
+
+
+def _listed(items) -> str:
+    items = list(items)
+    shown = ", ".join(str(i) for i in items[:MAX_LISTED])
+    more = f" and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else ""
+    return shown + more

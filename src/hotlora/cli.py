@@ -1,0 +1,118 @@
+"""`hotlora tiny-model | generate` (serve, bench and adapters arrive with their issues)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from hotlora.errors import HotloraError, RequestError
+
+log = logging.getLogger("hotlora")
+
+
+def _parse_lora(value: str) -> tuple[str, str, float]:
+    """``slot=PATH[:SCALE]``; the scale is split from the right so paths may hold colons."""
+    slot, sep, rest = value.partition("=")
+    if not sep or not slot or not rest:
+        raise argparse.ArgumentTypeError(f"expected SLOT=PATH[:SCALE], got {value!r}")
+    path, scale = rest, 1.0
+    head, colon, tail = rest.rpartition(":")
+    if colon:
+        try:
+            path, scale = head, float(tail)
+        except ValueError:
+            path, scale = rest, 1.0
+    return slot, path, scale
+
+
+def cmd_tiny_model(args) -> int:
+    from hotlora.testing import save_tiny_model
+
+    began = time.perf_counter()
+    out = save_tiny_model(Path(args.dir), args.family, seed=args.seed)
+    print(f"tiny {args.family} pipeline written to {out} in {time.perf_counter() - began:.1f}s")
+    for name in sorted((out / "adapters").iterdir()):
+        print(f"  adapter: {name}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from hotlora import Engine
+
+    adapters = {}
+    for slot, path, scale in args.lora:
+        adapters[slot] = (path, scale)
+    slots = tuple(args.slots.split(",")) if args.slots else tuple(dict.fromkeys(["identity", "style", *adapters]))
+    engine = Engine.from_pretrained(
+        args.model, slots=slots, target_rank=args.target_rank, batch_size=args.batch_size,
+        compile=not args.no_compile, height=args.height, width=args.width,
+    )
+    print(f"warm in {engine.warmup_s:.1f}s ({engine.compile_mode or 'eager'})", file=sys.stderr)
+    result = engine.generate(
+        args.prompt, adapters=adapters, num_images=args.n, num_inference_steps=args.steps,
+        guidance_scale=args.guidance, seed=args.seed, output_type="pil",
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for image, seed in zip(result.images, result.seeds):
+        image.save(out / f"image-{seed}.png")
+    summary = {
+        "images": len(result.images), "out": str(out), "seeds": result.seeds, "adapters": result.adapters,
+        "timings": result.timings.as_dict(), "recompiles": result.recompiles, "warmup_s": round(engine.warmup_s, 2),
+    }
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hotlora", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tiny = sub.add_parser("tiny-model", help="build a tiny offline pipeline and sample adapters")
+    tiny.add_argument("dir")
+    tiny.add_argument("--family", choices=["flux", "sdxl"], default="flux")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(run=cmd_tiny_model)
+
+    gen = sub.add_parser("generate", help="generate one pack with hot-swapped adapters")
+    gen.add_argument("--model", required=True, help="local model directory or hub id")
+    gen.add_argument("--lora", type=_parse_lora, action="append", default=[], metavar="SLOT=PATH[:SCALE]")
+    gen.add_argument("--slots", help="comma-separated slot names (default: identity,style)")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("-n", type=int, default=1, help="images in the pack")
+    gen.add_argument("--steps", type=int, default=None)
+    gen.add_argument("--guidance", type=float, default=None)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--height", type=int, default=None)
+    gen.add_argument("--width", type=int, default=None)
+    gen.add_argument("--target-rank", type=int, default=16)
+    gen.add_argument("--batch-size", type=int, default=6)
+    gen.add_argument("--no-compile", action="store_true")
+    gen.add_argument("--out", default="out")
+    gen.set_defaults(run=cmd_generate)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("hotlora").setLevel(logging.INFO)
+    try:
+        return args.run(args)
+    except RequestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except HotloraError as exc:
+        print(f"engine error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""The warm engine: one compiled pipeline, adapter slots, one pack per ``generate`` call."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from hotlora.adapters.families import Family
+from hotlora.adapters.formats import Adapter, load_adapter
+from hotlora.adapters.validate import problems_with
+from hotlora.engine.pipeline import compile_denoiser, default_device, default_dtype, graph_count, load_pipeline
+from hotlora.engine.runner import Timings, chunk_sizes, run_pack
+from hotlora.engine.slots import SlotBank, SwapReport
+from hotlora.errors import AdapterRejected, EngineError, HotloraError, InvalidRequest
+
+log = logging.getLogger(__name__)
+
+# A model directory may carry this file to suggest serving defaults (the tiny models do: their
+# pipelines' own defaults would be far too large an image for them).
+DEFAULTS_FILE = "hotlora.json"
+FAMILY_DEFAULTS = {
+    "flux": {"num_inference_steps": 28, "guidance_scale": 3.5},
+    "sdxl": {"num_inference_steps": 30, "guidance_scale": 5.0},
+}
+OUTPUT_TYPES = ("pil", "latent", "pt", "np")
+MAX_IMAGES = 64
+MAX_STEPS = 200
+
+
+@dataclass
+class GenerationResult:
+    images: Any  # list[PIL.Image] for "pil", else one array/tensor with the pack on dim 0
+    seeds: list[int]
+    timings: Timings
+    swap: SwapReport
+    adapters: dict[str, dict | None] = field(default_factory=dict)  # slot -> what was served
+    recompiles: int = 0
+
+
+class Engine:
+    """A warm, compiled Flux or SDXL pipeline whose adapter slots are rewritten per request."""
+
+    def __init__(self, pipeline, family: Family, *, slots=("identity", "style"), target_rank: int = 16,
+                 target_modules=None, batch_size: int = 6, compile: bool = True, height: int | None = None,
+                 width: int | None = None, defaults: Mapping | None = None, model: str | None = None):
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self.pipeline = pipeline
+        self.family = family
+        self.model = model
+        self.batch_size = batch_size
+        self.compiled = compile
+        self.denoiser = getattr(pipeline, family.denoiser)
+        self.defaults = {**FAMILY_DEFAULTS[family.name], **(defaults or {})}
+        self.height = height or self.defaults.get("height") or self._pipeline_default_size()
+        self.width = width or self.defaults.get("width") or self._pipeline_default_size()
+        self.slots = SlotBank(self.denoiser, family.name, slots, target_rank, target_modules)
+        self._lock = threading.Lock()  # one pack at a time: slots are shared state
+        self._recompiles = 0
+        self.compile_mode = None
+        self.warmup_s = 0.0
+        if compile:
+            self.compile_mode = compile_denoiser(self.denoiser, family)
+        self._warm_up()
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_pretrained(cls, model: str | os.PathLike, *, slots=("identity", "style"), target_rank: int = 16,
+                        target_modules=None, batch_size: int = 6, compile: bool = True, dtype=None,
+                        device: str | None = None, height: int | None = None, width: int | None = None) -> "Engine":
+        """Load ``model`` (a local directory or a hub id) and make it warm: slots, compile, warm-up."""
+        device = device or default_device()
+        dtype = dtype or default_dtype(device)
+        pipeline, family = load_pipeline(model, dtype=dtype, device=device)
+        defaults = _read_defaults(model)
+        return cls(pipeline, family, slots=slots, target_rank=target_rank, target_modules=target_modules,
+                   batch_size=batch_size, compile=compile, height=height, width=width, defaults=defaults,
+                   model=str(model))
+
+    def _pipeline_default_size(self) -> int:
+        return int(self.pipeline.default_sample_size * self.pipeline.vae_scale_factor)
+
+    def _warm_up(self) -> None:
+        """Run every batch shape steady state will see, so no request compiles.
+
+        Batch 1 specializes differently from larger batches, and the second distinct size turns
+        the batch dimension dynamic; the pack size and a size in between cover every last chunk.
+        """
+        sizes = sorted({1, self.batch_size, max(1, self.batch_size - 1)})
+        guidance = [self.defaults["guidance_scale"]]
+        if self.family.name == "sdxl":
+            guidance.append(1.0)  # SDXL without CFG runs a batch half as big
+        began = time.perf_counter()
+        for scale in guidance:
+            for size in sizes:
+                log.info("warm-up: batch %d, guidance %.1f (%s)", size, scale, self.compile_mode or "eager")
+                self.pipeline(prompt="warm-up", num_images_per_prompt=size, num_inference_steps=2,
+                              guidance_scale=scale, height=self.height, width=self.width,
+                              generator=[torch.Generator().manual_seed(i) for i in range(size)], output_type="latent")
+        self.warmup_s = time.perf_counter() - began
+        log.info("warm: %.1fs, %d graphs compiled, %s", self.warmup_s, graph_count(), self.compile_mode or "eager")
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def recompiles(self) -> int:
+        """New dynamo graphs compiled by this engine's requests since warm-up. Must stay 0."""
+        return self._recompiles
+
+    @property
+    def ceiling(self):
+        return self.slots.ceiling
+
+    def describe(self) -> dict:
+        return {
+            "model": self.model, "family": self.family.name, "slots": list(self.slots.slot_names),
+            "target_rank": self.ceiling.target_rank, "ceiling_modules": len(self.ceiling.modules),
+            "batch_size": self.batch_size, "height": self.height, "width": self.width,
+            "compile": self.compile_mode, "warmup_s": round(self.warmup_s, 2), "recompiles": self.recompiles,
+            "slot_bytes": self.slots.nbytes,
+        }
+
+    # ------------------------------------------------------------------ adapters
+
+    def load_adapter(self, source, name: str | None = None) -> Adapter:
+        """Read and convert an adapter for this engine's family (no validation against the slots)."""
+        if isinstance(source, Adapter):
+            return source
+        config = self.denoiser.config if self.family.name == "sdxl" else None
+        return load_adapter(source, self.family, name=name, denoiser_config=config)
+
+    def resolve(self, adapters: Mapping[str, Any] | None) -> dict[str, tuple[Adapter, float]]:
+        """Turn a request's ``{slot: spec}`` into checked adapters. Raises before touching weights.
+
+        A spec is a source (path, state dict, Adapter), ``(source, scale)`` or ``{"ref", "scale"}``.
+        Every problem of every adapter is collected, then raised once.
+        """
+        adapters = dict(adapters or {})
+        unknown = [s for s in adapters if s not in self.slots.slot_names]
+        if unknown:
+            raise InvalidRequest(
+                f"unknown slot(s) {', '.join(map(repr, unknown))}; this engine has {', '.join(self.slots.slot_names)}"
+            )
+        resolved: dict[str, tuple[Adapter, float]] = {}
+        problems: list[str] = []
+        names = []
+        for slot, spec in adapters.items():
+            if spec is None:
+                continue
+            source, scale = _split_spec(spec, slot)
+            adapter = self.load_adapter(source, name=source if isinstance(source, str) else None)
+            found = problems_with(adapter, self.ceiling)
+            problems += [f"[{slot}] {p}" for p in found]
+            names.append(f"{slot}={adapter.name}")
+            resolved[slot] = (adapter, scale)
+        if problems:
+            raise AdapterRejected(", ".join(names), problems)
+        return resolved
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompt: str, *, adapters: Mapping[str, Any] | None = None, num_images: int = 1,
+                 num_inference_steps: int | None = None, guidance_scale: float | None = None,
+                 height: int | None = None, width: int | None = None, seed: int = 0, output_type: str = "pil",
+                 negative_prompt: str | None = None) -> GenerationResult:
+        began = time.perf_counter()
+        timings = Timings()
+        call_kwargs = self._call_kwargs(prompt, num_images, num_inference_steps, guidance_scale, height, width,
+                                        seed, output_type, negative_prompt)
+        resolved = self.resolve(adapters)
+        timings.resolve_ms = (time.perf_counter() - began) * 1000
+        with self._lock:
+            graphs_before = graph_count()
+            try:
+                self.slots.check_intact()
+                swap = self.slots.swap(resolved)
+                timings.swap_ms = swap.ms
+                images = run_pack(self.pipeline, prompt=prompt, num_images=num_images, batch_size=self.batch_size,
+                                  seed=seed, output_type="pt" if output_type == "pil" else output_type,
+                                  call_kwargs=call_kwargs, timings=timings)
+            except HotloraError:
+                raise
+            except Exception as exc:
+                raise EngineError(f"generation failed inside the engine: {type(exc).__name__}: {exc}") from exc
+            finally:
+                self._recompiles += graph_count() - graphs_before
+        if not _all_finite(images):
+            raise EngineError("the denoiser produced non-finite values")
+        if output_type == "pil":
+            images = self.pipeline.image_processor.numpy_to_pil(self.pipeline.image_processor.pt_to_numpy(images))
+        timings.total_ms = (time.perf_counter() - began) * 1000
+        served = {
+            slot: {"sha256": a.sha256, "layout": a.layout, "rank": a.rank, "scale": scale, "name": a.name}
+            for slot, (a, scale) in resolved.items()
+        }
+        return GenerationResult(images=images, seeds=[seed + i for i in range(num_images)], timings=timings,
+                                swap=swap, adapters=served, recompiles=self.recompiles)
+
+    def _call_kwargs(self, prompt, num_images, steps, guidance, height, width, seed, output_type, negative_prompt):
+        problems = []
+        if not isinstance(prompt, str) or not prompt.strip():
+            problems.append("prompt must be a non-empty string")
+        if not (isinstance(num_images, int) and 1 <= num_images <= MAX_IMAGES):
+            problems.append(f"num_images must be an integer in 1..{MAX_IMAGES}")
+        steps = self.defaults["num_inference_steps"] if steps is None else steps
+        if not (isinstance(steps, int) and 1 <= steps <= MAX_STEPS):
+            problems.append(f"num_inference_steps must be an integer in 1..{MAX_STEPS}")
+        guidance = self.defaults["guidance_scale"] if guidance is None else guidance
+        if not (isinstance(guidance, (int, float)) and math.isfinite(guidance) and 0 <= guidance <= 50):
+            problems.append("guidance_scale must be a finite number in 0..50")
+        height, width = height or self.height, width or self.width
+        multiple = self.pipeline.vae_scale_factor * 2
+        for label, value in (("height", height), ("width", width)):
+            if not (isinstance(value, int) and 0 < value <= 4096 and value % multiple == 0):
+                problems.append(f"{label} must be a positive multiple of {multiple} up to 4096")
+        if not (isinstance(seed, int) and 0 <= seed < 2**63 - MAX_IMAGES):
+            problems.append("seed must be a non-negative integer")
+        if output_type not in OUTPUT_TYPES:
+            problems.append(f"output_type must be one of {', '.join(OUTPUT_TYPES)}")
+        if negative_prompt is not None and self.family.name != "sdxl":
+            problems.append(f"negative_prompt is not supported by the {self.family.name} family")
+        if problems:
+            raise InvalidRequest("; ".join(problems))
+        kwargs = {"num_inference_steps": steps, "guidance_scale": float(guidance), "height": height, "width": width}
+        if negative_prompt is not None:
+            kwargs["negative_prompt"] = negative_prompt
+        return kwargs
+
+
+def _split_spec(spec, slot: str) -> tuple[Any, float]:
+    if isinstance(spec, Mapping) and "ref" in spec:
+        source, scale = spec["ref"], spec.get("scale", 1.0)
+    elif isinstance(spec, tuple):
+        if len(spec) != 2:
+            raise InvalidRequest(f"[{slot}] an adapter spec tuple is (source, scale)")
+        source, scale = spec
+    else:
+        source, scale = spec, 1.0
+    if isinstance(source, Path):
+        source = str(source)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
+        raise InvalidRequest(f"[{slot}] scale must be a finite number, got {scale!r}")
+    if source is None or (isinstance(source, str) and not source.strip()):
+        raise InvalidRequest(f"[{slot}] adapter reference is empty")
+    return source, float(scale)
+
+
+def _all_finite(images) -> bool:
+    if isinstance(images, torch.Tensor):
+        return bool(torch.isfinite(images).all())
+    import numpy as np
+
+    return bool(np.isfinite(images).all())
+
+
+def _read_defaults(model) -> dict:
+    path = Path(str(model)) / DEFAULTS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise EngineError(f"{path}: unreadable serving defaults ({exc})") from exc

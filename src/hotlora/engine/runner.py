@@ -1,0 +1,64 @@
+"""Run one pack: chunks of the compiled batch size, per-image seeds, timings."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Timings:
+    resolve_ms: float = 0.0  # read + convert + validate the request's adapters
+    swap_ms: float = 0.0
+    generate_ms: list[float] = field(default_factory=list)  # one entry per chunk
+    total_ms: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "resolve_ms": round(self.resolve_ms, 3),
+            "swap_ms": round(self.swap_ms, 3),
+            "generate_ms": [round(x, 3) for x in self.generate_ms],
+            "total_ms": round(self.total_ms, 3),
+        }
+
+
+def chunk_sizes(num_images: int, batch_size: int) -> list[int]:
+    """``num_images`` split into ceil(n / batch_size) chunks, all full but the last."""
+    full, rest = divmod(num_images, batch_size)
+    return [batch_size] * full + ([rest] if rest else [])
+
+
+def image_generators(seed: int, start: int, count: int) -> list[torch.Generator]:
+    """Image i's noise comes from its own generator seeded ``seed + i``: the same request gives
+    the same images whatever the batch size or chunking. CPU generators, so devices agree too."""
+    return [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(start, start + count)]
+
+
+def run_pack(pipeline, *, prompt, num_images: int, batch_size: int, seed: int, output_type: str, call_kwargs: dict,
+             timings: Timings):
+    """Run ``num_images`` through ``pipeline`` in chunks; returns images (list or concatenated tensor)."""
+    outputs = []
+    start = 0
+    for size in chunk_sizes(num_images, batch_size):
+        began = time.perf_counter()
+        result = pipeline(
+            prompt=prompt,
+            num_images_per_prompt=size,
+            generator=image_generators(seed, start, size),
+            output_type=output_type,
+            **call_kwargs,
+        )
+        timings.generate_ms.append((time.perf_counter() - began) * 1000)
+        outputs.append(result.images)
+        start += size
+    if output_type == "pil":
+        return [img for chunk in outputs for img in chunk]
+    if output_type == "np":
+        import numpy as np
+
+        return np.concatenate(outputs)
+    return torch.cat(outputs)
+
+

@@ -1,0 +1,172 @@
+"""Adapter slots: created once before compile, then only ever written in place.
+
+Each slot is a PEFT LoRA adapter on every ceiling module, padded to ``target_rank`` with
+``lora_alpha == target_rank`` so PEFT's scaling is the constant 1.0. A swap copies the request's
+``A`` into ``lora_A[:r]`` and ``B * scale * alpha / r`` into ``lora_B[:, :r]`` and zeroes what the
+previous occupant left beyond ``r``. Nothing the compiled graph guards on (shapes, the scaling
+floats, the active-adapter list) ever changes, so swaps never recompile.
+
+Why not PEFT's ``hotswap_adapter_from_state_dict``: it writes the new adapter's ``alpha / r`` into
+``scaling`` (a guarded float, or a tensor only after ``prepare_model_for_compiled_hotswap``) and has
+no notion of a per-request weight; the ``set_adapters`` weight is silently lost. Folding the scale
+into ``B`` at copy time is the one thing none of the libraries does, so it is written here.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+import torch
+
+from hotlora.adapters.formats import Adapter
+from hotlora.adapters.validate import SlotCeiling
+from hotlora.errors import SlotStateCorrupt
+
+
+@dataclass
+class SwapReport:
+    ms: float = 0.0
+    bytes_copied: int = 0
+    modules_written: int = 0
+    modules_zeroed: int = 0
+    adapters: dict[str, str | None] = field(default_factory=dict)  # slot -> sha256
+
+
+@dataclass
+class _Slot:
+    name: str
+    down: dict[str, torch.Tensor]  # module -> lora_A weight [R, in]
+    up: dict[str, torch.Tensor]  # module -> lora_B weight [out, R]
+    rank: dict[str, int]  # module -> rank of the current occupant (0 = empty)
+    sha256: str | None = None
+    scale: float | None = None
+
+
+def ceiling_modules(denoiser: torch.nn.Module, target_modules: Iterable[str] | str | None) -> dict[str, tuple[int, int]]:
+    """The Linear layers slots will cover: all of them, or those named (exact names or a regex)."""
+    linears = {name: m for name, m in denoiser.named_modules() if isinstance(m, torch.nn.Linear)}
+    if target_modules is None:
+        chosen = list(linears)
+    elif isinstance(target_modules, str):
+        pattern = re.compile(target_modules)
+        chosen = [n for n in linears if pattern.fullmatch(n)]
+    else:
+        wanted = list(target_modules)
+        missing = [n for n in wanted if n not in linears and not any(l.endswith("." + n) for l in linears)]
+        if missing:
+            raise ValueError(f"target modules not found among the denoiser's Linear layers: {', '.join(missing[:8])}")
+        chosen = [n for n in linears if n in wanted or any(n.endswith("." + w) for w in wanted)]
+    if not chosen:
+        raise ValueError("the slot ceiling selects no Linear layer of the denoiser")
+    return {n: (linears[n].in_features, linears[n].out_features) for n in chosen}
+
+
+class SlotBank:
+    """The slots of one denoiser. Owns every LoRA tensor in it; nothing else writes them."""
+
+    def __init__(self, denoiser, family: str, slot_names: Iterable[str], target_rank: int, target_modules=None):
+        from peft import LoraConfig
+
+        self.slot_names = tuple(slot_names)
+        if not self.slot_names or len(set(self.slot_names)) != len(self.slot_names):
+            raise ValueError(f"slot names must be unique and non-empty, got {self.slot_names}")
+        if target_rank < 1:
+            raise ValueError("target_rank must be >= 1")
+        modules = ceiling_modules(denoiser, target_modules)
+        self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family)
+        # An anchored alternation of exact names: PEFT's list matching is by suffix and would
+        # widen the ceiling ("proj_out" would match every ".proj_out").
+        exact = "|".join(re.escape(n) for n in modules)
+        for slot in self.slot_names:
+            config = LoraConfig(r=target_rank, lora_alpha=target_rank, target_modules=f"^(?:{exact})$", lora_dropout=0.0)
+            denoiser.add_adapter(config, adapter_name=slot)
+        # Every slot active with weight 1.0, once, before compile; the real weights live in B.
+        denoiser.set_adapters(list(self.slot_names), [1.0] * len(self.slot_names))
+        self._slots = {slot: self._collect(denoiser, slot, modules) for slot in self.slot_names}
+        self._layout = self._fingerprint()
+        with torch.no_grad():
+            for slot in self._slots.values():
+                for tensor in (*slot.down.values(), *slot.up.values()):
+                    tensor.zero_()
+
+    @staticmethod
+    def _collect(denoiser, slot: str, modules) -> _Slot:
+        down, up = {}, {}
+        for name in modules:
+            layer = denoiser.get_submodule(name)
+            down[name] = layer.lora_A[slot].weight
+            up[name] = layer.lora_B[slot].weight
+        return _Slot(slot, down, up, dict.fromkeys(modules, 0))
+
+    def _fingerprint(self):
+        return [
+            (t.data_ptr(), tuple(t.shape))
+            for slot in self._slots.values()
+            for t in (*slot.down.values(), *slot.up.values())
+        ]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for s in self._slots.values() for t in (*s.down.values(), *s.up.values()))
+
+    def occupants(self) -> dict[str, tuple[str | None, float | None]]:
+        return {name: (s.sha256, s.scale) for name, s in self._slots.items()}
+
+    def check_intact(self) -> None:
+        """Raise SlotStateCorrupt if any slot tensor was replaced or reshaped behind our back."""
+        if self._fingerprint() != self._layout:
+            raise SlotStateCorrupt("slot tensors were replaced or reshaped outside the slot bank")
+
+    @torch.no_grad()
+    def swap(self, assignments: Mapping[str, tuple[Adapter, float] | None]) -> SwapReport:
+        """Write each slot's adapter (or zeros) in place. Callers validate first.
+
+        Slots not named in ``assignments`` are emptied: a request gets exactly the adapters it
+        names, never a previous request's.
+        """
+        unknown = set(assignments) - set(self.slot_names)
+        if unknown:
+            raise KeyError(f"unknown slot(s): {', '.join(sorted(unknown))}")
+        start = time.perf_counter()
+        report = SwapReport()
+        for name, slot in self._slots.items():
+            assigned = assignments.get(name)
+            adapter, scale = assigned if assigned is not None else (None, 0.0)
+            if adapter is not None and slot.sha256 == adapter.sha256 and slot.scale == scale:
+                report.adapters[name] = adapter.sha256
+                continue  # already in place: the cheapest swap is none
+            self._write(slot, adapter, float(scale), report)
+            slot.sha256, slot.scale = (adapter.sha256, float(scale)) if adapter is not None else (None, None)
+            report.adapters[name] = slot.sha256
+        report.ms = (time.perf_counter() - start) * 1000
+        return report
+
+    def _write(self, slot: _Slot, adapter: Adapter | None, scale: float, report: SwapReport) -> None:
+        incoming = adapter.modules if adapter is not None else {}
+        for module, down in slot.down.items():
+            up = slot.up[module]
+            previous = slot.rank[module]
+            weights = incoming.get(module)
+            if weights is None or scale == 0.0:
+                if previous:
+                    down[:previous].zero_()
+                    up[:, :previous].zero_()
+                    report.modules_zeroed += 1
+                slot.rank[module] = 0
+                continue
+            r = weights.rank
+            down[:r].copy_(weights.down, non_blocking=True)
+            up[:, :r].copy_(weights.up, non_blocking=True)
+            up[:, :r].mul_(weights.scaling * scale)
+            if previous > r:
+                down[r:previous].zero_()
+                up[:, r:previous].zero_()
+            slot.rank[module] = r
+            report.modules_written += 1
+            report.bytes_copied += weights.down.nbytes + weights.up.nbytes
+
+    def clear(self) -> SwapReport:
+        return self.swap({})

@@ -1,0 +1,63 @@
+"""One exception tree for hotlora.
+
+::
+
+    HotloraError
+    ├── RequestError          the caller's fault: 4xx, the worker stays warm, nothing is rebuilt
+    │   ├── AdapterNotFound       a reference that names nothing
+    │   ├── AdapterFormatError    a file we cannot read or convert (layout, dtype, header)
+    │   ├── AdapterRejected       a readable adapter that does not fit the served engine;
+    │   │                         carries every problem found, not just the first
+    │   └── InvalidRequest        bad generation parameters
+    └── EngineError           our fault: 5xx, the engine is rebuilt
+        └── SlotStateCorrupt      slot tensors found in a state no swap can produce
+
+Foreign exceptions (diffusers, safetensors, huggingface_hub, botocore) are translated into this
+tree at the boundary where they are raised, so callers only ever catch these.
+"""
+
+from __future__ import annotations
+
+
+class HotloraError(Exception):
+    """Base of every error hotlora raises on purpose."""
+
+
+class RequestError(HotloraError):
+    """The request is at fault. Fail fast, keep the warm engine untouched."""
+
+    status_code = 400
+
+
+class AdapterNotFound(RequestError):
+    status_code = 404
+
+
+class AdapterFormatError(RequestError):
+    status_code = 422
+
+
+class AdapterRejected(RequestError):
+    """An adapter that was read fine but cannot be served here; lists every problem at once."""
+
+    status_code = 422
+
+    def __init__(self, adapter: str, problems: list[str]):
+        self.adapter = adapter
+        self.problems = list(problems)
+        shown = "\n  - ".join(self.problems)
+        super().__init__(f"adapter {adapter!r} rejected ({len(self.problems)} problem(s)):\n  - {shown}")
+
+
+class InvalidRequest(RequestError):
+    status_code = 422
+
+
+class EngineError(HotloraError):
+    """Something inside the engine failed; the warm state can no longer be trusted."""
+
+    status_code = 500
+
+
+class SlotStateCorrupt(EngineError):
+    pass

@@ -1,0 +1,34 @@
+import argparse
+
+import pytest
+
+from hotlora.cli import _parse_lora
+from hotlora.engine.runner import chunk_sizes, image_generators
+from hotlora.errors import AdapterRejected, EngineError, RequestError, SlotStateCorrupt
+
+
+def test_lora_argument_takes_the_scale_from_the_right():
+    assert _parse_lora("identity=/a/b.safetensors:0.7") == ("identity", "/a/b.safetensors", 0.7)
+    assert _parse_lora("style=C:/x/y.safetensors") == ("style", "C:/x/y.safetensors", 1.0)
+    assert _parse_lora("style=plain") == ("style", "plain", 1.0)
+    with pytest.raises(argparse.ArgumentTypeError):
+        _parse_lora("no-equals-sign")
+
+
+def test_chunks_are_full_except_the_last():
+    assert chunk_sizes(6, 6) == [6]
+    assert chunk_sizes(7, 3) == [3, 3, 1]
+    assert chunk_sizes(2, 6) == [2]
+
+
+def test_image_noise_depends_only_on_seed_and_index():
+    a = [g.initial_seed() for g in image_generators(10, 0, 5)]
+    b = [g.initial_seed() for g in image_generators(10, 3, 2)]
+    assert a[3:] == b
+
+
+def test_error_tree_splits_caller_faults_from_engine_faults():
+    rejected = AdapterRejected("x.safetensors", ["rank 32 exceeds", "NaN in a.b"])
+    assert isinstance(rejected, RequestError) and rejected.status_code == 422
+    assert "2 problem(s)" in str(rejected) and "NaN in a.b" in str(rejected)
+    assert issubclass(SlotStateCorrupt, EngineError) and not issubclass(SlotStateCorrupt, RequestError)
