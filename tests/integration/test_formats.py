@@ -1,0 +1,126 @@
+"""Each layout, read by hotlora, gives the same per-module update diffusers (or PEFT) loads."""
+
+import pytest
+import torch
+
+from hotlora.adapters.families import family_named
+from hotlora.adapters.formats import load_adapter
+from hotlora.errors import AdapterFormatError, AdapterNotFound
+
+
+def loaded_deltas(denoiser, adapter_name):
+    """``scaling * B @ A`` per module, read back from a model the library loaded the adapter into."""
+    from peft.tuners.lora import LoraLayer
+
+    deltas = {}
+    for name, module in denoiser.named_modules():
+        if isinstance(module, LoraLayer) and adapter_name in module.lora_A:
+            a = module.lora_A[adapter_name].weight
+            b = module.lora_B[adapter_name].weight
+            deltas[name] = module.scaling[adapter_name] * (b @ a)
+    return deltas
+
+
+def canonical_deltas(adapter):
+    return {m: w.scaling * (w.up.float() @ w.down.float()) for m, w in adapter.modules.items()}
+
+
+def fresh_pipeline(model_dir):
+    from diffusers import DiffusionPipeline
+
+    return DiffusionPipeline.from_pretrained(str(model_dir), local_files_only=True)
+
+
+def assert_same_deltas(ours, theirs):
+    assert set(ours) == set(theirs)
+    for module in ours:
+        torch.testing.assert_close(ours[module], theirs[module].detach(), rtol=1e-5, atol=1e-6, msg=module)
+
+
+SAMPLES = {
+    "flux": ["identity-diffusers", "style-diffusers", "style-kohya", "style-xlabs"],
+    "sdxl": ["identity-diffusers", "style-diffusers", "style-kohya"],
+}
+
+
+@pytest.mark.parametrize("family, sample", [(f, s) for f, names in SAMPLES.items() for s in names])
+def test_layout_matches_load_lora_weights(tiny_models, family, sample):
+    import json
+
+    model_dir = tiny_models[family]
+    path = model_dir / "adapters" / json.loads((model_dir / "adapters" / "README.json").read_text())[sample]
+    pipeline = fresh_pipeline(model_dir)
+    denoiser = getattr(pipeline, family_named(family).denoiser)
+    adapter = load_adapter(path, family_named(family), denoiser_config=denoiser.config)
+    assert adapter.layout == sample.split("-")[1]
+    pipeline.load_lora_weights(str(path), adapter_name="ref")
+    assert_same_deltas(canonical_deltas(adapter), loaded_deltas(denoiser, "ref"))
+    # Alphas that differ from the rank must survive; the samples all use alpha != rank.
+    if sample == "style-kohya" and family == "flux":
+        # diffusers' kohya-Flux converter bakes alpha / rank into the weights: check against the raw file.
+        from safetensors.torch import load_file
+
+        raw = load_file(str(path))
+        key = "lora_unet_double_blocks_0_img_attn_proj"
+        expected = raw[f"{key}.alpha"] / raw[f"{key}.lora_down.weight"].shape[0] * (
+            raw[f"{key}.lora_up.weight"] @ raw[f"{key}.lora_down.weight"]
+        )
+        torch.testing.assert_close(canonical_deltas(adapter)["transformer_blocks.0.attn.to_out.0"], expected)
+    elif sample != "style-xlabs":
+        assert {round(w.scaling, 6) for w in adapter.modules.values()} != {1.0}
+
+
+@pytest.mark.parametrize("family", ["flux", "sdxl"])
+def test_peft_layout_matches_peft_loading(tiny_models, family):
+    from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    model_dir = tiny_models[family]
+    path = model_dir / "adapters" / "identity-peft"
+    adapter = load_adapter(path, family_named(family))
+    assert adapter.layout == "peft"
+    assert adapter.base_model == f"hotlora/tiny-{family}"
+
+    denoiser = getattr(fresh_pipeline(model_dir), family_named(family).denoiser)
+    config = LoraConfig.from_pretrained(str(path))
+    inject_adapter_in_model(config, denoiser, adapter_name="ref")
+    weights = {k.removeprefix("base_model.model."): v for k, v in load_file(str(path / "adapter_model.safetensors")).items()}
+    set_peft_model_state_dict(denoiser, weights, adapter_name="ref")
+    assert_same_deltas(canonical_deltas(adapter), loaded_deltas(denoiser, "ref"))
+
+
+def test_state_dict_source_and_content_hash(tiny_models):
+    from safetensors.torch import load_file
+
+    path = tiny_models["flux"] / "adapters" / "identity-diffusers" / "pytorch_lora_weights.safetensors"
+    from_file = load_adapter(path, family_named("flux"))
+    from_dict = load_adapter(load_file(str(path)), family_named("flux"))
+    again = load_adapter(load_file(str(path)), family_named("flux"))
+    assert from_dict.sha256 == again.sha256 and len(from_file.sha256) == 64
+    assert set(from_file.modules) == set(from_dict.modules)
+
+
+def test_text_encoder_keys_are_split_out_and_reported(tiny_models):
+    from safetensors.torch import load_file
+
+    path = tiny_models["flux"] / "adapters" / "identity-diffusers" / "pytorch_lora_weights.safetensors"
+    sd = load_file(str(path))
+    sd["text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight"] = torch.zeros(2, 32)
+    sd["text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_B.weight"] = torch.zeros(32, 2)
+    adapter = load_adapter(sd, family_named("flux"))
+    assert len(adapter.skipped_keys) == 2 and all(k.startswith("text_encoder.") for k in adapter.skipped_keys)
+    assert not any(m.startswith("text_encoder") for m in adapter.modules)
+
+
+def test_unreadable_inputs_fail_with_clear_errors(tmp_path):
+    flux = family_named("flux")
+    with pytest.raises(AdapterNotFound, match="does not exist"):
+        load_adapter(tmp_path / "missing.safetensors", flux)
+    (tmp_path / "weights.bin").write_bytes(b"\x80\x04pickle")
+    with pytest.raises(AdapterFormatError, match="only .safetensors"):
+        load_adapter(tmp_path / "weights.bin", flux)
+    (tmp_path / "broken.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    with pytest.raises(AdapterFormatError, match="not a readable safetensors"):
+        load_adapter(tmp_path / "broken.safetensors", flux)
+    with pytest.raises(AdapterFormatError, match="no LoRA weights"):
+        load_adapter({"unet.foo.lora_A.weight": torch.zeros(1, 2), "unet.foo.lora_B.weight": torch.zeros(2, 1)}, flux)
