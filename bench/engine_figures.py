@@ -1,0 +1,87 @@
+"""Engine figures on the tiny models: compile warm-up, swap time, eager vs compiled pack time.
+
+Usage: .venv/bin/python bench/engine_figures.py [--out bench/results] [--runs 3]
+Writes engine_figures.json and engine_figures.md. Ratios are measured side by side in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
+
+
+def measure(family: str, model_dir: Path, runs: int, pack: int, steps: int) -> dict:
+    from hotlora import Engine
+
+    adapters_dir = model_dir / "adapters"
+    request = {"identity": (adapters_dir / "identity-diffusers", 0.9), "style": (adapters_dir / "style-diffusers", 0.7)}
+    row = {"family": family}
+    for compiled in (False, True):
+        began = time.perf_counter()
+        engine = Engine.from_pretrained(model_dir, target_rank=8, batch_size=pack, compile=compiled)
+        ready = time.perf_counter() - began
+        loaded = {slot: (engine.load_adapter(str(path)), scale) for slot, (path, scale) in request.items()}
+        other = {"identity": loaded["style"], "style": loaded["identity"]}
+        swaps = []
+        for i in range(50):
+            swaps.append(engine.slots.swap(loaded if i % 2 else other).ms)
+        packs = []
+        for _ in range(runs):
+            result = engine.generate("a portrait", adapters=request, num_images=pack, num_inference_steps=steps,
+                                     output_type="latent")
+            packs.append(sum(result.timings.generate_ms))
+        key = "compiled" if compiled else "eager"
+        row[f"{key}_ready_s"] = round(ready, 2)
+        row[f"{key}_pack_ms"] = round(statistics.median(packs), 1)
+        row[f"{key}_swap_ms"] = round(statistics.median(swaps), 3)
+        row["slot_bytes"] = engine.slots.nbytes
+        row["recompiles"] = engine.recompiles
+        row["compile_mode"] = engine.compile_mode or row.get("compile_mode")
+    row["compiled_speedup"] = round(row["eager_pack_ms"] / row["compiled_pack_ms"], 2)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--pack", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    from hotlora.testing import save_tiny_model
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in ("flux", "sdxl"):
+            model = save_tiny_model(Path(tmp) / family, family)
+            rows.append(measure(family, model, args.runs, args.pack, args.steps))
+    import torch
+
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine_figures.json").write_text(json.dumps({"machine": machine, "args": vars(args), "rows": rows}, indent=2))
+    header = ("| family | warm-up compiled (s) | ready eager (s) | swap both slots (ms) | pack eager (ms) "
+              "| pack compiled (ms) | speedup | recompiles |")
+    lines = [header, "|" + "---|" * 8]
+    for r in rows:
+        lines.append(f"| {r['family']} | {r['compiled_ready_s']} | {r['eager_ready_s']} | {r['compiled_swap_ms']} | "
+                     f"{r['eager_pack_ms']} | {r['compiled_pack_ms']} | {r['compiled_speedup']}x | {r['recompiles']} |")
+    table = "\n".join(lines)
+    (out / "engine_figures.md").write_text(
+        f"Machine: {machine}. Pack of {args.pack} at batch {args.pack}, {args.steps} steps, median of {args.runs}.\n\n"
+        + table + "\n"
+    )
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
