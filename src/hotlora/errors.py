@@ -9,6 +9,8 @@
     │   ├── AdapterRejected       a readable adapter that does not fit the served engine;
     │   │                         carries every problem found, not just the first
     │   └── InvalidRequest        bad generation parameters
+    ├── SourceUnavailable     a remote source failed after retries: 502, nobody's fault here,
+    │                         nothing to rebuild
     └── EngineError           our fault: 5xx, the engine is rebuilt
         └── SlotStateCorrupt      slot tensors found in a state no swap can produce
 
@@ -51,6 +53,12 @@ class AdapterRejected(RequestError):
 
 class InvalidRequest(RequestError):
     status_code = 422
+
+
+class SourceUnavailable(HotloraError):
+    """Storage or the Hub did not answer in time, after retries. The engine is fine."""
+
+    status_code = 502
 
 
 class EngineError(HotloraError):

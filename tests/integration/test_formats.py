@@ -119,8 +119,11 @@ def test_unreadable_inputs_fail_with_clear_errors(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"\x80\x04pickle")
     with pytest.raises(AdapterFormatError, match="only .safetensors"):
         load_adapter(tmp_path / "weights.bin", flux)
-    (tmp_path / "broken.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    (tmp_path / "broken.safetensors").write_bytes(len(b"{not json}").to_bytes(8, "little") + b"{not json}")
     with pytest.raises(AdapterFormatError, match="not a readable safetensors"):
         load_adapter(tmp_path / "broken.safetensors", flux)
+    (tmp_path / "short.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    with pytest.raises(AdapterFormatError, match="truncated"):
+        load_adapter(tmp_path / "short.safetensors", flux)
     with pytest.raises(AdapterFormatError, match="no LoRA weights"):
         load_adapter({"unet.foo.lora_A.weight": torch.zeros(1, 2), "unet.foo.lora_B.weight": torch.zeros(2, 1)}, flux)

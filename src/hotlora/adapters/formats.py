@@ -17,6 +17,7 @@ another format and fails on with a ``KeyError``.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import math
@@ -34,8 +35,6 @@ log = logging.getLogger(__name__)
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
-# The file names diffusers and PEFT write, in the order we look for them in a directory.
-WEIGHT_FILES = ("pytorch_lora_weights.safetensors", "adapter_model.safetensors")
 
 
 @dataclass(frozen=True)
@@ -72,64 +71,119 @@ class Adapter:
         return sum(w.down.nbytes + w.up.nbytes for w in self.modules.values())
 
 
+@dataclass(frozen=True)
+class ReadLimits:
+    """What a file must respect before its contents are parsed."""
+
+    max_bytes: int = 2 * 1024**3
+    max_header_bytes: int = 16 * 1024**2
+    allow_pickle: bool = False  # .bin/.pt, read with torch.load(weights_only=True)
+
+
 def load_adapter(
     source: str | os.PathLike | Mapping[str, torch.Tensor],
     family: Family,
     *,
     name: str | None = None,
     denoiser_config: Mapping | None = None,
+    limits: ReadLimits = ReadLimits(),
 ) -> Adapter:
-    """Read ``source`` (a .safetensors file, a directory, or a state dict) into an :class:`Adapter`.
+    """Read ``source`` (a weights file, a directory, or a state dict) into an :class:`Adapter`.
 
     ``denoiser_config`` is the served UNet's config; SDXL kohya files need it to map SGM block
     numbers the way ``load_lora_weights`` does.
     """
     if isinstance(source, Mapping):
-        raw, file_metadata, peft_config = dict(source), None, None
+        raw, file_metadata, extra, digest = dict(source), None, {}, _hash_state_dict(source)
         label = name or "<state dict>"
-        digest = _hash_state_dict(raw)
     else:
         path = Path(source)
         label = name or str(path)
-        raw, file_metadata, peft_config, digest = _read_files(path)
-    return _canonicalize(raw, file_metadata, peft_config, family, label, digest, denoiser_config)
+        raw, file_metadata, extra, digest = _read_files(path, limits, label)
+    return _canonicalize(raw, file_metadata, extra, family, label, digest, denoiser_config)
 
 
-def _read_files(path: Path):
+def _read_files(path: Path, limits: ReadLimits, label: str):
+    """The weights, diffusers' LoRA metadata, PEFT config / model card (``extra``) and sha256."""
     if not path.exists():
-        raise AdapterNotFound(f"adapter not found: {path} does not exist")
-    peft_config = None
+        raise AdapterNotFound(f"adapter not found: {label} does not exist")
+    extra: dict = {}
+    directory = path if path.is_dir() else path.parent
+    if (directory / PEFT_CONFIG).is_file() and (path.is_dir() or path.name == "adapter_model.safetensors"):
+        extra["peft_config"] = _read_json(directory / PEFT_CONFIG)
     if path.is_dir():
-        config_file = path / PEFT_CONFIG
-        if config_file.is_file():
-            peft_config = _read_json(config_file)
-        weights = next((path / f for f in WEIGHT_FILES if (path / f).is_file()), None)
-        if weights is None:
-            found = sorted(p.name for p in path.glob("*.safetensors"))
-            if len(found) != 1:
-                raise AdapterNotFound(
-                    f"adapter directory {path} holds {len(found)} .safetensors files ({', '.join(found) or 'none'}); "
-                    "name the file"
-                )
-            weights = path / found[0]
-        path = weights
-    elif (path.parent / PEFT_CONFIG).is_file() and path.name == "adapter_model.safetensors":
-        peft_config = _read_json(path.parent / PEFT_CONFIG)
-    if path.suffix != ".safetensors":
-        raise AdapterFormatError(
-            f"{path.name}: only .safetensors adapters are accepted (pickled .bin files can run code)"
-        )
-    data = path.read_bytes()
+        extra["model_card"] = _model_card_base_model(path / "README.md")
+        path = path / _weight_file_in(path, limits, label)
+    if path.suffix == ".safetensors":
+        data = _read_capped(path, limits, label)
+        _check_safetensors_header(data, limits, label)
+        try:
+            from safetensors.torch import load as load_safetensors
+
+            raw = load_safetensors(data)
+        except Exception as exc:  # safetensors raises its own error type and plain ones for bad headers
+            raise AdapterFormatError(f"{label}: not a readable safetensors file ({exc})") from exc
+        from diffusers.loaders.lora_base import _load_sft_state_dict_metadata
+
+        return raw, _load_sft_state_dict_metadata(str(path)), extra, hashlib.sha256(data).hexdigest()
+    if path.suffix in (".bin", ".pt", ".pth") and limits.allow_pickle:
+        data = _read_capped(path, limits, label)
+        try:
+            raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise AdapterFormatError(f"{label}: unreadable pickled weights ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(raw, Mapping):
+            raise AdapterFormatError(f"{label}: pickled weights are not a state dict")
+        return dict(raw), None, extra, hashlib.sha256(data).hexdigest()
+    raise AdapterFormatError(
+        f"{label}: only .safetensors adapters are accepted ({path.suffix or 'no extension'} given; "
+        "pickled .bin files can run code and need the allow_pickle opt-in)"
+    )
+
+
+def _weight_file_in(directory: Path, limits: ReadLimits, label: str) -> str:
+    from diffusers.loaders.lora_base import _best_guess_weight_name
+
+    if (directory / "adapter_model.safetensors").is_file():
+        return "adapter_model.safetensors"
+    name = _best_guess_weight_name(str(directory), file_extension=".safetensors")
+    if name is None and limits.allow_pickle:
+        name = _best_guess_weight_name(str(directory), file_extension=".bin")
+    if name is None:
+        raise AdapterNotFound(f"adapter directory {label} holds no .safetensors weights")
+    return name
+
+
+def _read_capped(path: Path, limits: ReadLimits, label: str) -> bytes:
+    size = path.stat().st_size
+    if size > limits.max_bytes:
+        raise AdapterFormatError(f"{label}: {size} bytes exceeds the {limits.max_bytes}-byte adapter size cap")
+    return path.read_bytes()
+
+
+def _check_safetensors_header(data: bytes, limits: ReadLimits, label: str) -> None:
+    """The 8-byte header length is checked before safetensors parses anything."""
+    if len(data) < 8:
+        raise AdapterFormatError(f"{label}: truncated safetensors file ({len(data)} bytes)")
+    header = int.from_bytes(data[:8], "little")
+    if header > limits.max_header_bytes:
+        raise AdapterFormatError(f"{label}: safetensors header of {header} bytes exceeds the {limits.max_header_bytes}-byte cap")
+    if 8 + header > len(data):
+        raise AdapterFormatError(f"{label}: truncated safetensors file (header says {header} bytes, file has {len(data) - 8})")
+
+
+def _model_card_base_model(readme: Path) -> str | None:
+    if not readme.is_file():
+        return None
+    from huggingface_hub.repocard import metadata_load
+
     try:
-        from safetensors.torch import load as load_safetensors
-
-        raw = load_safetensors(data)
-    except Exception as exc:  # safetensors raises its own error type and plain ones for bad headers
-        raise AdapterFormatError(f"{path.name}: not a readable safetensors file ({exc})") from exc
-    from diffusers.loaders.lora_base import _load_sft_state_dict_metadata
-
-    file_metadata = _load_sft_state_dict_metadata(str(path))
-    return raw, file_metadata, peft_config, hashlib.sha256(data).hexdigest()
+        base = (metadata_load(readme) or {}).get("base_model")
+    except Exception:  # a malformed card is not a reason to refuse the weights
+        return None
+    if isinstance(base, list):
+        base = base[0] if base else None
+    return str(base) if base else None
 
 
 def _read_json(path: Path) -> dict:
@@ -162,7 +216,7 @@ def detect_layout(keys) -> str:
     return "diffusers"
 
 
-def _canonicalize(raw, file_metadata, peft_config, family: Family, label, digest, denoiser_config) -> Adapter:
+def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, denoiser_config) -> Adapter:
     from diffusers.utils.peft_utils import _create_lora_config
     from diffusers.utils.state_dict_utils import convert_unet_state_dict_to_peft
     from peft.utils.other import get_pattern_key
@@ -171,6 +225,7 @@ def _canonicalize(raw, file_metadata, peft_config, family: Family, label, digest
     if bad:
         raise AdapterFormatError(f"{label}: entries that are not tensors: {', '.join(sorted(bad)[:5])}")
     layout = detect_layout(raw)
+    peft_config = extra.get("peft_config")
     prefix = family.denoiser
     metadata = file_metadata
     if layout == "peft":
@@ -222,10 +277,10 @@ def _canonicalize(raw, file_metadata, peft_config, family: Family, label, digest
         alpha = config.alpha_pattern.get(get_pattern_key(config.alpha_pattern.keys(), module), config.lora_alpha)
         scaling = alpha / math.sqrt(r) if config.use_rslora else alpha / r
         modules[module] = LoraWeights(down=ours[key], up=up, scaling=float(scaling))
-    extra = sorted(k for k in ours if ".lora_A." not in k and ".lora_B.weight" not in k)
+    unsupported = sorted(k for k in ours if ".lora_A." not in k and ".lora_B.weight" not in k)
     orphans = sorted(k.split(".lora_B.")[0] for k in ours if ".lora_B.weight" in k and k.replace("lora_B", "lora_A") not in ours)
-    if unpaired or extra or orphans:
-        shown = sorted(set(unpaired + orphans)) + extra
+    if unpaired or unsupported or orphans:
+        shown = sorted(set(unpaired + orphans)) + unsupported
         raise AdapterFormatError(f"{label}: unsupported or unpaired LoRA keys: {', '.join(shown[:8])}")
 
     return Adapter(
@@ -234,7 +289,7 @@ def _canonicalize(raw, file_metadata, peft_config, family: Family, label, digest
         layout=layout,
         modules=modules,
         sha256=digest,
-        base_model=_declared_base_model(file_metadata, peft_config),
+        base_model=_declared_base_model(file_metadata, peft_config, extra.get("model_card")),
         skipped_keys=skipped,
     )
 
@@ -261,11 +316,12 @@ def _lora_config_fields(peft_config: dict) -> dict:
     return {k: v for k, v in peft_config.items() if k in known and k not in {"base_model_name_or_path", "revision"}}
 
 
-def _declared_base_model(file_metadata, peft_config) -> str | None:
+def _declared_base_model(file_metadata, peft_config, model_card) -> str | None:
+    """Adapter metadata first, then ``adapter_config.json``, then the model card's ``base_model``."""
     if peft_config and peft_config.get("base_model_name_or_path"):
         return peft_config["base_model_name_or_path"]
     if file_metadata:
         for key, value in file_metadata.items():
             if key.endswith("base_model") or key.endswith("base_model_name_or_path"):
                 return str(value)
-    return None
+    return model_card
