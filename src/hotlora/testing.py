@@ -268,7 +268,8 @@ def save_tiny_model(directory: Path, family: str, seed: int = 0, target_rank: in
     pipeline = build_tiny_pipeline(family, seed)
     pipeline.save_pretrained(str(directory))
     side = TINY_SIZE[family]
-    (directory / "hotlora.json").write_text(json.dumps({"height": side, "width": side, "num_inference_steps": 4}))
+    defaults = {"model_id": f"hotlora/tiny-{family}", "height": side, "width": side, "num_inference_steps": 4}
+    (directory / "hotlora.json").write_text(json.dumps(defaults))
     write_sample_adapters(pipeline, family, directory / "adapters", target_rank=target_rank)
     return directory
 

@@ -25,6 +25,21 @@ class SlotCeiling:
     modules: Mapping[str, tuple[int, int]]
     target_rank: int
     family: str
+    # Names the served model answers to (hub id, directory name, aliases). Empty: not checked.
+    served_models: frozenset[str] = frozenset()
+
+
+def _model_names(name: str) -> set[str]:
+    name = name.strip().rstrip("/").lower()
+    return {name, name.rsplit("/", 1)[-1]}
+
+
+def base_model_compatible(declared: str | None, served: frozenset[str]) -> bool:
+    """An adapter declaring no base model, or one the served model answers to (full id or its last part)."""
+    if not declared or not served:
+        return True
+    wanted = _model_names(declared)
+    return any(wanted & _model_names(name) for name in served)
 
 
 def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
@@ -33,6 +48,11 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
         problems.append(f"adapter is for the {adapter.family} family, the engine serves {ceiling.family}")
     if not adapter.modules:
         problems.append("adapter holds no LoRA modules")
+    if not base_model_compatible(adapter.base_model, ceiling.served_models):
+        problems.append(
+            f"adapter declares base model {adapter.base_model!r}; this server serves "
+            f"{', '.join(sorted(ceiling.served_models))}"
+        )
     too_big = {m: w.rank for m, w in adapter.modules.items() if w.rank > ceiling.target_rank}
     if too_big:
         problems.append(

@@ -51,7 +51,8 @@ class Engine:
 
     def __init__(self, pipeline, family: Family, *, slots=("identity", "style"), target_rank: int = 16,
                  target_modules=None, batch_size: int = 6, compile: bool = True, height: int | None = None,
-                 width: int | None = None, defaults: Mapping | None = None, model: str | None = None):
+                 width: int | None = None, defaults: Mapping | None = None, model: str | None = None,
+                 store=None):
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.pipeline = pipeline
@@ -63,7 +64,10 @@ class Engine:
         self.defaults = {**FAMILY_DEFAULTS[family.name], **(defaults or {})}
         self.height = height or self.defaults.get("height") or self._pipeline_default_size()
         self.width = width or self.defaults.get("width") or self._pipeline_default_size()
-        self.slots = SlotBank(self.denoiser, family.name, slots, target_rank, target_modules)
+        served = [model, Path(model).name if model else None, self.defaults.get("model_id"),
+                  *self.defaults.get("base_model_aliases", [])]
+        self.slots = SlotBank(self.denoiser, family.name, slots, target_rank, target_modules, served_models=served)
+        self.store = self._make_store(store)
         self._lock = threading.Lock()  # one pack at a time: slots are shared state
         self._recompiles = 0
         self.compile_mode = None
@@ -77,7 +81,8 @@ class Engine:
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, *, slots=("identity", "style"), target_rank: int = 16,
                         target_modules=None, batch_size: int = 6, compile: bool = True, dtype=None,
-                        device: str | None = None, height: int | None = None, width: int | None = None) -> "Engine":
+                        device: str | None = None, height: int | None = None, width: int | None = None,
+                        store=None) -> "Engine":
         """Load ``model`` (a local directory or a hub id) and make it warm: slots, compile, warm-up."""
         device = device or default_device()
         dtype = dtype or default_dtype(device)
@@ -85,7 +90,17 @@ class Engine:
         defaults = _read_defaults(model)
         return cls(pipeline, family, slots=slots, target_rank=target_rank, target_modules=target_modules,
                    batch_size=batch_size, compile=compile, height=height, width=width, defaults=defaults,
-                   model=str(model))
+                   model=str(model), store=store)
+
+    def _make_store(self, store):
+        """``store``: an AdapterStore, a StoreConfig to build one from, or None (paths and state dicts only)."""
+        from hotlora.adapters.store import AdapterStore
+        from hotlora.config import StoreConfig
+
+        if isinstance(store, StoreConfig):
+            config = self.denoiser.config if self.family.name == "sdxl" else None
+            return AdapterStore(store, self.family, denoiser_config=config)
+        return store
 
     def _pipeline_default_size(self) -> int:
         return int(self.pipeline.default_sample_size * self.pipeline.vae_scale_factor)
@@ -136,6 +151,8 @@ class Engine:
         """Read and convert an adapter for this engine's family (no validation against the slots)."""
         if isinstance(source, Adapter):
             return source
+        if isinstance(source, str) and self.store is not None:
+            return self.store.get(source)
         config = self.denoiser.config if self.family.name == "sdxl" else None
         return load_adapter(source, self.family, name=name, denoiser_config=config)
 
@@ -158,6 +175,8 @@ class Engine:
             if spec is None:
                 continue
             source, scale = _split_spec(spec, slot)
+            if scale is None:
+                scale = (self.store.default_scale(source) if self.store and isinstance(source, str) else None) or 1.0
             adapter = self.load_adapter(source, name=source if isinstance(source, str) else None)
             found = problems_with(adapter, self.ceiling)
             problems += [f"[{slot}] {p}" for p in found]
@@ -237,22 +256,22 @@ class Engine:
         return kwargs
 
 
-def _split_spec(spec, slot: str) -> tuple[Any, float]:
+def _split_spec(spec, slot: str) -> tuple[Any, float | None]:
     if isinstance(spec, Mapping) and "ref" in spec:
-        source, scale = spec["ref"], spec.get("scale", 1.0)
+        source, scale = spec["ref"], spec.get("scale")
     elif isinstance(spec, tuple):
         if len(spec) != 2:
             raise InvalidRequest(f"[{slot}] an adapter spec tuple is (source, scale)")
         source, scale = spec
     else:
-        source, scale = spec, 1.0
+        source, scale = spec, None
     if isinstance(source, Path):
         source = str(source)
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
+    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale)):
         raise InvalidRequest(f"[{slot}] scale must be a finite number, got {scale!r}")
     if source is None or (isinstance(source, str) and not source.strip()):
         raise InvalidRequest(f"[{slot}] adapter reference is empty")
-    return source, float(scale)
+    return source, None if scale is None else float(scale)
 
 
 def _all_finite(images) -> bool:

@@ -67,7 +67,8 @@ def ceiling_modules(denoiser: torch.nn.Module, target_modules: Iterable[str] | s
 class SlotBank:
     """The slots of one denoiser. Owns every LoRA tensor in it; nothing else writes them."""
 
-    def __init__(self, denoiser, family: str, slot_names: Iterable[str], target_rank: int, target_modules=None):
+    def __init__(self, denoiser, family: str, slot_names: Iterable[str], target_rank: int, target_modules=None,
+                 served_models: Iterable[str] = ()):
         from peft import LoraConfig
 
         self.slot_names = tuple(slot_names)
@@ -76,7 +77,8 @@ class SlotBank:
         if target_rank < 1:
             raise ValueError("target_rank must be >= 1")
         modules = ceiling_modules(denoiser, target_modules)
-        self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family)
+        self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
+                                   served_models=frozenset(n for n in served_models if n))
         # An anchored alternation of exact names: PEFT's list matching is by suffix and would
         # widen the ceiling ("proj_out" would match every ".proj_out").
         exact = "|".join(re.escape(n) for n in modules)

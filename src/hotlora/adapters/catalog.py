@@ -1,0 +1,59 @@
+"""The adapter catalog: adapters to fetch and convert at start-up ("pre-cache what you can enumerate").
+
+TOML (or YAML with the same shape)::
+
+    [adapters.watercolor]
+    ref = "hf://someone/watercolor-lora"
+    scale = 0.8        # default scale when a request names the entry without one
+    pin = true         # keep in the RAM tier, never evicted
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from hotlora.errors import HotloraError
+
+
+class CatalogError(HotloraError):
+    """The catalog file itself is wrong: a start-up fault, reported with the entry at fault."""
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    name: str
+    ref: str
+    scale: float = 1.0
+    pin: bool = False
+
+
+def load_catalog(path: str | Path) -> dict[str, CatalogEntry]:
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    else:
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib
+        data = tomllib.loads(text)
+    entries = data.get("adapters")
+    if not isinstance(entries, dict):
+        raise CatalogError(f"{path}: expected an 'adapters' table of named entries")
+    catalog = {}
+    for name, entry in entries.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("ref"), str):
+            raise CatalogError(f"{path}: entry {name!r} needs a string 'ref'")
+        unknown = set(entry) - {"ref", "scale", "pin"}
+        if unknown:
+            raise CatalogError(f"{path}: entry {name!r} has unknown fields {sorted(unknown)}")
+        scale = entry.get("scale", 1.0)
+        if not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise CatalogError(f"{path}: entry {name!r} has a non-numeric scale")
+        catalog[name] = CatalogEntry(name, entry["ref"], float(scale), bool(entry.get("pin", False)))
+    return catalog
