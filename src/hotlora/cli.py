@@ -1,4 +1,4 @@
-"""`hotlora tiny-model | generate` (serve, bench and adapters arrive with their issues)."""
+"""`hotlora tiny-model | generate | adapters inspect | adapters convert`."""
 
 from __future__ import annotations
 
@@ -68,6 +68,32 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _cli_store(args):
+    from hotlora.adapters.families import family_named
+    from hotlora.adapters.store import AdapterStore
+    from hotlora.config import StoreConfig
+
+    # The operator's own command: any local path they can read is fair game.
+    config = StoreConfig.from_env(cache_dir=Path(args.cache_dir), local_roots=(Path.cwd(), Path("/")))
+    return AdapterStore(config, family_named(args.family), catalog=args.catalog)
+
+
+def cmd_adapters_inspect(args) -> int:
+    from hotlora.adapters.export import describe
+
+    store = _cli_store(args)
+    print(json.dumps({**describe(store.get(args.ref)), "cache": store.stats()}, indent=2))
+    return 0
+
+
+def cmd_adapters_convert(args) -> int:
+    from hotlora.adapters.export import save_as_diffusers
+
+    path = save_as_diffusers(_cli_store(args).get(args.ref), args.out)
+    print(f"written {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hotlora", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -95,6 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-compile", action="store_true")
     gen.add_argument("--out", default="out")
     gen.set_defaults(run=cmd_generate)
+
+    adapters = sub.add_parser("adapters", help="inspect or convert adapters").add_subparsers(dest="action", required=True)
+    for name, run, text in (("inspect", cmd_adapters_inspect, "layout, rank, alpha, targets, base model, size, sha256"),
+                            ("convert", cmd_adapters_convert, "convert to diffusers layout")):
+        cmd = adapters.add_parser(name, help=text)
+        cmd.add_argument("ref", help="path, https://, s3://, hf:// or catalog name")
+        if name == "convert":
+            cmd.add_argument("out", help="output directory")
+        cmd.add_argument("--family", choices=["flux", "sdxl"], default="flux")
+        cmd.add_argument("--cache-dir", default=".cache/hotlora")
+        cmd.add_argument("--catalog", default=None)
+        cmd.set_defaults(run=run)
     return parser
 
 

@@ -81,10 +81,11 @@ def parse_reference(ref: str, catalog_names=()) -> Reference:
         if not match:
             raise InvalidRequest(f"Hub reference must be hf://owner/repo[@revision][/file], got {ref!r}")
         return Reference("hf", match["repo"], match["revision"], match["file"])
+    if lowered.startswith("file://"):
+        return Reference("file", ref[len("file://"):])
     if "://" in ref:
-        raise InvalidRequest(f"unsupported reference scheme in {ref.split('://')[0]!r}://")
-    path = ref.removeprefix("file://")
-    return Reference("file", path)
+        raise InvalidRequest(f"unsupported reference scheme {ref.split('://')[0]!r}://")
+    return Reference("file", ref)
 
 
 def confine_local_path(path: str, roots) -> Path:
