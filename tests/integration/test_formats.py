@@ -127,3 +127,19 @@ def test_unreadable_inputs_fail_with_clear_errors(tmp_path):
         load_adapter(tmp_path / "short.safetensors", flux)
     with pytest.raises(AdapterFormatError, match="no LoRA weights"):
         load_adapter({"unet.foo.lora_A.weight": torch.zeros(1, 2), "unet.foo.lora_B.weight": torch.zeros(2, 1)}, flux)
+
+
+def test_declared_base_model_is_read_from_the_file_header(tiny_models, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from hotlora.adapters.validate import SlotCeiling, problems_with
+
+    path = tiny_models["flux"] / "adapters" / "identity-diffusers" / "pytorch_lora_weights.safetensors"
+    save_file(load_file(str(path)), str(tmp_path / "tagged.safetensors"), metadata={"base_model": "acme/other-model"})
+    adapter = load_adapter(tmp_path / "tagged.safetensors", family_named("flux"))
+    assert adapter.base_model == "acme/other-model"
+    modules = {m: (w.down.shape[1], w.up.shape[0]) for m, w in adapter.modules.items()}
+    ceiling = SlotCeiling(modules, 8, "flux", served_models=frozenset({"/models/tiny", "hotlora/tiny-flux"}))
+    assert any("declares base model 'acme/other-model'" in p for p in problems_with(adapter, ceiling))
+    ok = SlotCeiling(modules, 8, "flux", served_models=frozenset({"/models/other-model"}))
+    assert problems_with(adapter, ok) == []

@@ -50,3 +50,18 @@ def test_local_paths_stay_inside_the_roots(tmp_path):
         confine_local_path("escape/secret.safetensors", [root])
     with pytest.raises(UnsafeReference, match="disabled"):
         confine_local_path("sub/a.safetensors", [])
+
+
+def test_catalog_files_in_toml_and_yaml(tmp_path):
+    from hotlora.adapters.catalog import CatalogError, load_catalog
+
+    (tmp_path / "c.toml").write_text('[adapters.a]\nref = "s3://b/k.safetensors"\nscale = 0.7\npin = true\n')
+    (tmp_path / "c.yaml").write_text("adapters:\n  a:\n    ref: s3://b/k.safetensors\n    scale: 0.7\n    pin: true\n")
+    assert load_catalog(tmp_path / "c.toml") == load_catalog(tmp_path / "c.yaml")
+    assert load_catalog(tmp_path / "c.toml")["a"].scale == 0.7
+    (tmp_path / "bad.toml").write_text('[adapters.a]\nscale = 1\n')
+    with pytest.raises(CatalogError, match="'a' needs a string 'ref'"):
+        load_catalog(tmp_path / "bad.toml")
+    (tmp_path / "typo.toml").write_text('[adapters.a]\nref = "x"\nscael = 1\n')
+    with pytest.raises(CatalogError, match="unknown fields"):
+        load_catalog(tmp_path / "typo.toml")

@@ -125,6 +125,7 @@ def _read_files(path: Path, limits: ReadLimits, label: str):
             raise AdapterFormatError(f"{label}: not a readable safetensors file ({exc})") from exc
         from diffusers.loaders.lora_base import _load_sft_state_dict_metadata
 
+        extra["header_base_model"] = _header_base_model(data)
         return raw, _load_sft_state_dict_metadata(str(path)), extra, hashlib.sha256(data).hexdigest()
     if path.suffix in (".bin", ".pt", ".pth") and limits.allow_pickle:
         data = _read_capped(path, limits, label)
@@ -170,6 +171,16 @@ def _check_safetensors_header(data: bytes, limits: ReadLimits, label: str) -> No
         raise AdapterFormatError(f"{label}: safetensors header of {header} bytes exceeds the {limits.max_header_bytes}-byte cap")
     if 8 + header > len(data):
         raise AdapterFormatError(f"{label}: truncated safetensors file (header says {header} bytes, file has {len(data) - 8})")
+
+
+def _header_base_model(data: bytes) -> str | None:
+    """``base_model`` from the safetensors ``__metadata__`` (the header is JSON behind 8 length bytes)."""
+    try:
+        header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    except ValueError:
+        return None
+    meta = header.get("__metadata__") or {}
+    return meta.get("base_model") or meta.get("base_model_name_or_path")
 
 
 def _model_card_base_model(readme: Path) -> str | None:
@@ -289,7 +300,7 @@ def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, deno
         layout=layout,
         modules=modules,
         sha256=digest,
-        base_model=_declared_base_model(file_metadata, peft_config, extra.get("model_card")),
+        base_model=_declared_base_model(file_metadata, peft_config, extra.get("header_base_model") or extra.get("model_card")),
         skipped_keys=skipped,
     )
 
@@ -316,12 +327,12 @@ def _lora_config_fields(peft_config: dict) -> dict:
     return {k: v for k, v in peft_config.items() if k in known and k not in {"base_model_name_or_path", "revision"}}
 
 
-def _declared_base_model(file_metadata, peft_config, model_card) -> str | None:
-    """Adapter metadata first, then ``adapter_config.json``, then the model card's ``base_model``."""
+def _declared_base_model(file_metadata, peft_config, fallback) -> str | None:
+    """``adapter_config.json``, then diffusers' LoRA metadata, then the file header or the model card."""
     if peft_config and peft_config.get("base_model_name_or_path"):
         return peft_config["base_model_name_or_path"]
     if file_metadata:
         for key, value in file_metadata.items():
             if key.endswith("base_model") or key.endswith("base_model_name_or_path"):
                 return str(value)
-    return model_card
+    return fallback
