@@ -15,12 +15,12 @@ from typing import Any, Mapping
 import torch
 
 from hotlora.adapters.families import Family
-from hotlora.adapters.formats import Adapter, load_adapter
-from hotlora.adapters.validate import problems_with
+from hotlora.adapters.formats import Adapter
+from hotlora.adapters.resolver import AdapterResolver
 from hotlora.engine.pipeline import compile_denoiser, default_device, default_dtype, graph_count, load_pipeline
 from hotlora.engine.runner import Timings, chunk_sizes, run_pack
 from hotlora.engine.slots import SlotBank, SwapReport
-from hotlora.errors import AdapterRejected, EngineError, HotloraError, InvalidRequest
+from hotlora.errors import EngineError, HotloraError, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,9 @@ class Engine:
         served = [model, Path(model).name if model else None, self.defaults.get("model_id"),
                   *self.defaults.get("base_model_aliases", [])]
         self.slots = SlotBank(self.denoiser, family.name, slots, target_rank, target_modules, served_models=served)
-        self.store = self._make_store(store)
+        config = self.denoiser.config if family.name == "sdxl" else None
+        self.resolver = AdapterResolver(self.slots.slot_names, self.slots.ceiling, family, _make_store(store, family, config),
+                                        denoiser_config=config)
         self._lock = threading.Lock()  # one pack at a time: slots are shared state
         self._recompiles = 0
         self.compile_mode = None
@@ -91,16 +93,6 @@ class Engine:
         return cls(pipeline, family, slots=slots, target_rank=target_rank, target_modules=target_modules,
                    batch_size=batch_size, compile=compile, height=height, width=width, defaults=defaults,
                    model=str(model), store=store)
-
-    def _make_store(self, store):
-        """``store``: an AdapterStore, a StoreConfig to build one from, or None (paths and state dicts only)."""
-        from hotlora.adapters.store import AdapterStore
-        from hotlora.config import StoreConfig
-
-        if isinstance(store, StoreConfig):
-            config = self.denoiser.config if self.family.name == "sdxl" else None
-            return AdapterStore(store, self.family, denoiser_config=config)
-        return store
 
     def _pipeline_default_size(self) -> int:
         return int(self.pipeline.default_sample_size * self.pipeline.vae_scale_factor)
@@ -147,44 +139,21 @@ class Engine:
 
     # ------------------------------------------------------------------ adapters
 
+    @property
+    def store(self):
+        return self.resolver.store
+
+    @store.setter
+    def store(self, store) -> None:
+        self.resolver.store = store
+
     def load_adapter(self, source, name: str | None = None) -> Adapter:
         """Read and convert an adapter for this engine's family (no validation against the slots)."""
-        if isinstance(source, Adapter):
-            return source
-        if isinstance(source, str) and self.store is not None:
-            return self.store.get(source)
-        config = self.denoiser.config if self.family.name == "sdxl" else None
-        return load_adapter(source, self.family, name=name, denoiser_config=config)
+        return self.resolver.load(source, name)
 
     def resolve(self, adapters: Mapping[str, Any] | None) -> dict[str, tuple[Adapter, float]]:
-        """Turn a request's ``{slot: spec}`` into checked adapters. Raises before touching weights.
-
-        A spec is a source (path, state dict, Adapter), ``(source, scale)`` or ``{"ref", "scale"}``.
-        Every problem of every adapter is collected, then raised once.
-        """
-        adapters = dict(adapters or {})
-        unknown = [s for s in adapters if s not in self.slots.slot_names]
-        if unknown:
-            raise InvalidRequest(
-                f"unknown slot(s) {', '.join(map(repr, unknown))}; this engine has {', '.join(self.slots.slot_names)}"
-            )
-        resolved: dict[str, tuple[Adapter, float]] = {}
-        problems: list[str] = []
-        names = []
-        for slot, spec in adapters.items():
-            if spec is None:
-                continue
-            source, scale = _split_spec(spec, slot)
-            if scale is None:
-                scale = (self.store.default_scale(source) if self.store and isinstance(source, str) else None) or 1.0
-            adapter = self.load_adapter(source, name=source if isinstance(source, str) else None)
-            found = problems_with(adapter, self.ceiling)
-            problems += [f"[{slot}] {p}" for p in found]
-            names.append(f"{slot}={adapter.name}")
-            resolved[slot] = (adapter, scale)
-        if problems:
-            raise AdapterRejected(", ".join(names), problems)
-        return resolved
+        """A request's ``{slot: spec}`` as checked adapters; raises before touching any weight."""
+        return self.resolver.resolve(adapters)
 
     # ------------------------------------------------------------------ generation
 
@@ -194,8 +163,8 @@ class Engine:
                  negative_prompt: str | None = None) -> GenerationResult:
         began = time.perf_counter()
         timings = Timings()
-        call_kwargs = self._call_kwargs(prompt, num_images, num_inference_steps, guidance_scale, height, width,
-                                        seed, output_type, negative_prompt)
+        call_kwargs = self.check_request(prompt, num_images, num_inference_steps, guidance_scale, height, width,
+                                         seed, output_type, negative_prompt)
         resolved = self.resolve(adapters)
         timings.resolve_ms = (time.perf_counter() - began) * 1000
         with self._lock:
@@ -225,7 +194,9 @@ class Engine:
         return GenerationResult(images=images, seeds=[seed + i for i in range(num_images)], timings=timings,
                                 swap=swap, adapters=served, recompiles=self.recompiles)
 
-    def _call_kwargs(self, prompt, num_images, steps, guidance, height, width, seed, output_type, negative_prompt):
+    def check_request(self, prompt, num_images=1, steps=None, guidance=None, height=None, width=None, seed=0,
+                      output_type="pil", negative_prompt=None) -> dict:
+        """Check generation parameters (all problems at once); returns the pipeline call kwargs."""
         problems = []
         if not isinstance(prompt, str) or not prompt.strip():
             problems.append("prompt must be a non-empty string")
@@ -256,22 +227,14 @@ class Engine:
         return kwargs
 
 
-def _split_spec(spec, slot: str) -> tuple[Any, float | None]:
-    if isinstance(spec, Mapping) and "ref" in spec:
-        source, scale = spec["ref"], spec.get("scale")
-    elif isinstance(spec, tuple):
-        if len(spec) != 2:
-            raise InvalidRequest(f"[{slot}] an adapter spec tuple is (source, scale)")
-        source, scale = spec
-    else:
-        source, scale = spec, None
-    if isinstance(source, Path):
-        source = str(source)
-    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale)):
-        raise InvalidRequest(f"[{slot}] scale must be a finite number, got {scale!r}")
-    if source is None or (isinstance(source, str) and not source.strip()):
-        raise InvalidRequest(f"[{slot}] adapter reference is empty")
-    return source, None if scale is None else float(scale)
+def _make_store(store, family: Family, denoiser_config):
+    """``store``: an AdapterStore, a StoreConfig to build one from, or None (paths and state dicts only)."""
+    from hotlora.adapters.store import AdapterStore
+    from hotlora.config import StoreConfig
+
+    if isinstance(store, StoreConfig):
+        return AdapterStore(store, family, denoiser_config=denoiser_config)
+    return store
 
 
 def _all_finite(images) -> bool:

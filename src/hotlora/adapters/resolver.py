@@ -1,0 +1,102 @@
+"""A request's ``{slot: spec}`` turned into checked adapters, before any engine state is touched.
+
+Holds no tensors of the model: the worker keeps it across engine rebuilds and runs it on request
+threads, so cold adapters are fetched and validated while the engine generates for others.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Mapping
+
+from hotlora.adapters.families import Family
+from hotlora.adapters.formats import Adapter, load_adapter
+from hotlora.adapters.validate import SlotCeiling, problems_with
+from hotlora.errors import AdapterRejected, InvalidRequest
+
+_MEMO = 1024  # validation results remembered by content hash (checking finiteness costs a pass over the weights)
+
+
+class AdapterResolver:
+    def __init__(self, slot_names, ceiling: SlotCeiling, family: Family, store=None, denoiser_config=None):
+        self.slot_names = tuple(slot_names)
+        self.ceiling = ceiling
+        self.family = family
+        self.store = store
+        self.denoiser_config = denoiser_config
+        self._checked: OrderedDict[tuple, list[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def load(self, source, name: str | None = None) -> Adapter:
+        """An adapter from a reference (through the store), a path, a state dict or an Adapter."""
+        if isinstance(source, Adapter):
+            return source
+        if isinstance(source, str) and self.store is not None:
+            return self.store.get(source)
+        return load_adapter(source, self.family, name=name, denoiser_config=self.denoiser_config)
+
+    def resolve(self, adapters: Mapping[str, Any] | None) -> dict[str, tuple[Adapter, float]]:
+        """Every problem of every adapter is collected, then raised once; nothing is half-done.
+
+        A spec is a source, ``(source, scale)`` or ``{"ref": source, "scale": s}``; a missing scale
+        is the catalog entry's default, else 1.0.
+        """
+        adapters = dict(adapters or {})
+        unknown = [s for s in adapters if s not in self.slot_names]
+        if unknown:
+            raise InvalidRequest(
+                f"unknown slot(s) {', '.join(map(repr, unknown))}; this engine has {', '.join(self.slot_names)}"
+            )
+        resolved: dict[str, tuple[Adapter, float]] = {}
+        problems: list[str] = []
+        names = []
+        for slot, spec in adapters.items():
+            if spec is None:
+                continue
+            source, scale = split_spec(spec, slot)
+            if scale is None:
+                default = self.store.default_scale(source) if self.store and isinstance(source, str) else None
+                scale = 1.0 if default is None else default
+            adapter = self.load(source, name=source if isinstance(source, str) else None)
+            problems += [f"[{slot}] {p}" for p in self._problems(adapter)]
+            names.append(f"{slot}={adapter.name}")
+            resolved[slot] = (adapter, scale)
+        if problems:
+            raise AdapterRejected(", ".join(names), problems)
+        return resolved
+
+    def _problems(self, adapter: Adapter) -> list[str]:
+        # The weights' hash does not cover what sits beside them (alphas, declared base model).
+        key = (adapter.sha256, adapter.family, adapter.base_model,
+               hash(tuple(sorted((m, w.scaling) for m, w in adapter.modules.items()))))
+        with self._lock:
+            if key in self._checked:
+                self._checked.move_to_end(key)
+                return self._checked[key]
+        found = problems_with(adapter, self.ceiling)
+        with self._lock:
+            self._checked[key] = found
+            while len(self._checked) > _MEMO:
+                self._checked.popitem(last=False)
+        return found
+
+
+def split_spec(spec, slot: str) -> tuple[Any, float | None]:
+    if isinstance(spec, Mapping) and "ref" in spec:
+        source, scale = spec["ref"], spec.get("scale")
+    elif isinstance(spec, tuple):
+        if len(spec) != 2:
+            raise InvalidRequest(f"[{slot}] an adapter spec tuple is (source, scale)")
+        source, scale = spec
+    else:
+        source, scale = spec, None
+    if isinstance(source, Path):
+        source = str(source)
+    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale)):
+        raise InvalidRequest(f"[{slot}] scale must be a finite number, got {scale!r}")
+    if source is None or (isinstance(source, str) and not source.strip()):
+        raise InvalidRequest(f"[{slot}] adapter reference is empty")
+    return source, None if scale is None else float(scale)
