@@ -4,11 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # GPU boxes: install your CUDA build instead, e.g. make TORCH_SPEC="torch==2.13.0 --index-url <CUDA wheel index>"
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev
+EXTRAS ?= dev,serve
 STAMP := $(VENV)/.installed-$(EXTRAS)
 # A deliberate, persistent inductor cache: the second warm-up on a machine is much faster.
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
-TINY ?= .cache/tiny-flux
 
 .PHONY: install test serve clean
 
@@ -24,13 +23,9 @@ install: $(STAMP)
 test: install
 	$(PY) -m pytest -q -ra
 
-# Until the HTTP server lands: build the tiny model once and generate a pack with two adapters.
+# The HTTP server on the built-in tiny model (built on first use), on 127.0.0.1:8000.
 serve: install
-	@test -f $(TINY)/model_index.json || $(VENV)/bin/hotlora tiny-model $(TINY) --family flux
-	$(VENV)/bin/hotlora generate --model $(TINY) \
-		--lora identity=$(TINY)/adapters/identity-diffusers:0.8 \
-		--lora style=$(TINY)/adapters/style-kohya.safetensors:1.0 \
-		--prompt "a portrait in watercolor" -n 6 --batch-size 3 --seed 0 --out out/serve
+	$(VENV)/bin/hotlora serve $(SERVE_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache out

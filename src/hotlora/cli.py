@@ -94,6 +94,20 @@ def cmd_adapters_convert(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from hotlora.config import ServerConfig
+    from hotlora.server.run import serve
+
+    config, store_config = ServerConfig.load(
+        args.config, model=args.model, slots=args.slots, target_rank=args.target_rank,
+        target_modules=args.target_modules, batch_size=args.batch_size, compile=False if args.no_compile else None,
+        host=args.host, port=args.port, max_queue=args.max_queue,
+        store_flags={"catalog": args.catalog, "cache_dir": Path(args.cache_dir) if args.cache_dir else None},
+    )
+    serve(config, store_config)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hotlora", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -121,6 +135,21 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-compile", action="store_true")
     gen.add_argument("--out", default="out")
     gen.set_defaults(run=cmd_generate)
+
+    srv = sub.add_parser("serve", help="run the HTTP server (no --model: the built-in tiny model)")
+    srv.add_argument("--model", help="local model directory or hub id")
+    srv.add_argument("--config", help="TOML/YAML file with [server] and [store] tables")
+    srv.add_argument("--slots", help="comma-separated slot names (default identity,style)")
+    srv.add_argument("--target-rank", type=int)
+    srv.add_argument("--target-modules", help="regex over the denoiser's Linear layer names (default: all)")
+    srv.add_argument("--batch-size", type=int)
+    srv.add_argument("--catalog", help="catalog file of adapters to pre-cache")
+    srv.add_argument("--cache-dir", help="adapter cache directory (default .cache/hotlora)")
+    srv.add_argument("--host")
+    srv.add_argument("--port", type=int)
+    srv.add_argument("--max-queue", type=int)
+    srv.add_argument("--no-compile", action="store_true")
+    srv.set_defaults(run=cmd_serve)
 
     adapters = sub.add_parser("adapters", help="inspect or convert adapters").add_subparsers(dest="action", required=True)
     for name, run, text in (("inspect", cmd_adapters_inspect, "layout, rank, alpha, targets, base model, size, sha256"),

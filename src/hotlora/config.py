@@ -31,17 +31,14 @@ class StoreConfig:
     backoff_s: float = 0.25
     s3_endpoint_url: str | None = None  # R2, MinIO, ...; else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL
     s3_region: str | None = None
+    catalog: str | None = None  # TOML/YAML file of adapters to pre-cache at start-up
+    hf_cache_dir: str | None = None  # None: huggingface_hub's own (HF_HOME / HF_HUB_CACHE)
 
     @classmethod
-    def from_env(cls, **overrides) -> "StoreConfig":
-        """Defaults, then ``HOTLORA_*`` variables (e.g. HOTLORA_RAM_BUDGET_BYTES), then ``overrides``."""
-        values = {}
-        for f in fields(cls):
-            raw = os.environ.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                values[f.name] = _parse(raw, f.type)
-        values.update(overrides)
-        return cls(**values)
+    def from_env(cls, file_values: dict | None = None, **overrides) -> "StoreConfig":
+        """Defaults, then a config file's ``[store]`` table, then ``HOTLORA_*`` variables
+        (e.g. HOTLORA_RAM_BUDGET_BYTES), then ``overrides``."""
+        return cls(**_layered(cls, file_values, overrides))
 
     def __post_init__(self):
         self.cache_dir = Path(self.cache_dir)
@@ -49,13 +46,76 @@ class StoreConfig:
         self.allowed_hosts = tuple(h.lower() for h in self.allowed_hosts)
 
 
+@dataclass
+class ServerConfig:
+    """``hotlora serve``: defaults < config file ``[server]`` < ``HOTLORA_*`` env < command-line flags."""
+
+    model: str | None = None  # None: the built-in tiny Flux model, built on first use
+    slots: tuple[str, ...] = ("identity", "style")
+    target_rank: int = 16
+    target_modules: str | None = None  # a regex (full match) over the denoiser's Linear layer names
+    batch_size: int = 6
+    compile: bool = True
+    height: int | None = None
+    width: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_queue: int = 16
+    request_timeout_s: float = 600.0
+    drain_timeout_s: float = 120.0
+    lora_header_slot: str = "identity"  # the slot the inference API's `lora` header fills
+    enable_fault_injection: bool = False  # POST /admin/fault: for tests of the rebuild path only
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, store_flags: dict | None = None,
+             **flags) -> tuple["ServerConfig", StoreConfig]:
+        file_data = _read_config_file(config_file) if config_file else {}
+        server = cls(**_layered(cls, file_data.get("server"), {k: v for k, v in flags.items() if v is not None}))
+        store = StoreConfig.from_env(file_data.get("store"),
+                                     **{k: v for k, v in (store_flags or {}).items() if v is not None})
+        return server, store
+
+    def __post_init__(self):
+        if isinstance(self.slots, str):
+            self.slots = tuple(s.strip() for s in self.slots.split(",") if s.strip())
+        self.slots = tuple(self.slots)
+
+
+def _read_config_file(path) -> dict:
+    text = Path(path).read_text()
+    if str(path).endswith((".yaml", ".yml")):
+        import yaml
+
+        return yaml.safe_load(text) or {}
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
+def _layered(cls, file_values: dict | None, overrides: dict) -> dict:
+    known = {f.name: f for f in fields(cls)}
+    values = {}
+    for name, value in (file_values or {}).items():
+        if name not in known:
+            raise ValueError(f"unknown setting {name!r} for {cls.__name__}; known: {', '.join(known)}")
+        values[name] = value
+    for name, f in known.items():
+        raw = os.environ.get(ENV_PREFIX + name.upper())
+        if raw is not None:
+            values[name] = _parse(raw, f.type)
+    values.update(overrides)
+    return values
+
+
 def _parse(raw: str, annotation: str):
     if "bool" in annotation:
         return raw.strip().lower() in {"1", "true", "yes", "on"}
     if annotation.startswith("int"):
-        return int(raw)
+        return int(raw) if raw else None
     if annotation.startswith("float"):
-        return float(raw)
+        return float(raw) if raw else None
     if annotation.startswith("tuple"):
         return tuple(p for p in raw.split(os.pathsep if "Path" in annotation else ",") if p)
     if annotation.startswith("Path"):

@@ -259,6 +259,12 @@ def write_sample_adapters(pipeline, family: str, out: Path, target_rank: int = 8
             out / "style-kohya.safetensors", random_lora(linears, low, seed=4, modules=attention_only), alpha=low / 2
         )
     (out / "README.json").write_text(json.dumps({k: str(v.relative_to(out)) for k, v in samples.items()}, indent=2))
+    # A catalog of the samples, so a server on the tiny model has named adapters to offer.
+    scales = {"identity": 1.0, "style": 0.8}
+    (out / "catalog.toml").write_text("".join(
+        f'[adapters.{name}]\nref = "{path.relative_to(out)}"\nscale = {scales[name.split("-")[0]]}\n'
+        for name, path in samples.items()
+    ))
     return samples
 
 

@@ -183,7 +183,7 @@ def test_ram_tier_budget_and_pinned_catalog_entries(adapters, tmp_path):
 
 
 def test_catalog_precache_reports_broken_entries_and_keeps_going(adapters, tmp_path):
-    path = tmp_path / "catalog.toml"
+    path = adapters / "catalog.toml"  # relative refs are relative to the catalog file
     path.write_text('[adapters.good]\nref = "style-kohya.safetensors"\n'
                     '[adapters.broken]\nref = "missing.safetensors"\n'
                     '[adapters.also_good]\nref = "identity-diffusers"\nscale = 0.5\n')

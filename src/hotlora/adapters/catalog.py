@@ -5,6 +5,7 @@ TOML (or YAML with the same shape)::
     [adapters.watercolor]
     ref = "hf://someone/watercolor-lora"
     scale = 0.8        # default scale when a request names the entry without one
+    # relative paths are relative to the catalog file
     pin = true         # keep in the RAM tier, never evicted
 """
 
@@ -14,6 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from hotlora.adapters.references import parse_reference
 from hotlora.errors import HotloraError
 
 
@@ -55,5 +57,8 @@ def load_catalog(path: str | Path) -> dict[str, CatalogEntry]:
         scale = entry.get("scale", 1.0)
         if not isinstance(scale, (int, float)) or not math.isfinite(scale):
             raise CatalogError(f"{path}: entry {name!r} has a non-numeric scale")
-        catalog[name] = CatalogEntry(name, entry["ref"], float(scale), bool(entry.get("pin", False)))
+        ref = entry["ref"]
+        if parse_reference(ref).kind == "file" and not Path(ref.removeprefix("file://")).is_absolute():
+            ref = str(path.parent.resolve() / ref.removeprefix("file://"))  # relative to the catalog file
+        catalog[name] = CatalogEntry(name, ref, float(scale), bool(entry.get("pin", False)))
     return catalog

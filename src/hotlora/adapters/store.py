@@ -92,6 +92,10 @@ class RamCache:
     def keys(self) -> list[str]:
         return list(self._entries)
 
+    def values(self) -> list[Adapter]:
+        with self._lock:
+            return list(self._entries.values())
+
 
 def _ready_to_copy(adapter: Adapter) -> Adapter:
     """Page-locked host tensors on CUDA machines, so slot copies are asynchronous DMA."""
@@ -108,13 +112,14 @@ class AdapterStore:
         self.config = config
         self.family = family
         self.denoiser_config = denoiser_config
+        catalog = catalog if catalog is not None else config.catalog
         self.catalog: dict[str, CatalogEntry] = (
             load_catalog(catalog) if isinstance(catalog, (str, Path)) else dict(catalog or {})
         )
         self.limits = ReadLimits(config.max_adapter_bytes, config.max_header_bytes, config.allow_pickle)
         self.sources: dict[str, Source] = {
             "file": LocalSource(config), "https": HttpSource(config), "s3": S3Source(config),
-            "hf": HubSource(config, hf_cache_dir),
+            "hf": HubSource(config, hf_cache_dir or config.hf_cache_dir),
         }
         self.ram = RamCache(config.ram_budget_bytes)
         self.disk = DiskCache(Path(config.cache_dir) / "adapters", config.disk_budget_bytes)

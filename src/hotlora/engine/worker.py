@@ -73,6 +73,20 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._on_event = on_event or (lambda name, data: None)
         self._busy = threading.Event()
+        self._fault_armed = False
+        self._last_store = None
+
+    @property
+    def store(self):
+        """The adapter store the engines share (it outlives rebuilds)."""
+        engine = self.engine
+        return engine.store if engine is not None else self._last_store
+
+    @property
+    def resolver(self):
+        """The current engine's adapter resolver (no model tensors: safe to use on request threads)."""
+        engine = self.engine
+        return engine.resolver if engine is not None else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -88,6 +102,7 @@ class Worker:
         """Build and warm the engine (blocking), then start the worker thread."""
         began = time.perf_counter()
         self.engine = self._factory()
+        self._last_store = self.engine.store
         log.info("engine ready in %.1fs: %s", time.perf_counter() - began, self.engine.describe())
         self._accepting = True
         self._ready.set()
@@ -157,6 +172,9 @@ class Worker:
             return
         self._ready.wait()
         job.started = time.monotonic()
+        if self._fault_armed:
+            self._fault_armed = False
+            self._corrupt_a_weight()
         try:
             result = self.engine.generate(job.prompt, adapters=job.adapters, **job.params)
         except EngineError as exc:
@@ -170,6 +188,17 @@ class Worker:
         else:
             job.future.set_result(result)
 
+    def inject_fault(self) -> None:
+        """Test hook: the next job runs on a corrupted base weight (NaN), as after a memory fault."""
+        self._fault_armed = True
+
+    def _corrupt_a_weight(self) -> None:
+        import torch
+
+        weight = next(p for n, p in self.engine.denoiser.named_parameters() if "lora_" not in n and p.ndim == 2)
+        with torch.no_grad():
+            weight.fill_(float("nan"))
+
     def _rebuild(self, cause: BaseException) -> None:
         """Throw the engine away and build a fresh one; the queue waits, readiness is false meanwhile."""
         import torch
@@ -178,14 +207,12 @@ class Worker:
         log.error("engine fault (%s): rebuilding", cause)
         self._on_event("rebuild_started", {})
         began = time.perf_counter()
-        store = self.engine.store if self.engine is not None else None
         self.engine = None
         torch._dynamo.reset()  # drop graphs guarded on the old modules before compiling the new ones
         while True:
             try:
                 self.engine = self._factory()
-                if store is not None and self.engine.store is None:
-                    self.engine.store = store
+                self._last_store = self.engine.store
                 break
             except Exception:
                 log.exception("rebuild failed; retrying in 5s")

@@ -1,0 +1,103 @@
+"""Request bodies of the three APIs, and their translation into one engine request."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hotlora.errors import InvalidRequest
+
+Format = Literal["png", "jpeg", "webp"]
+
+
+class AdapterSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ref: str = Field(min_length=1, max_length=4096)
+    scale: float | None = None  # None: the catalog entry's default, else 1.0
+
+
+class GenerateRequest(BaseModel):
+    """``POST /v1/generate``: the richer JSON API."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: str = Field(min_length=1, max_length=10000)
+    negative_prompt: str | None = None
+    adapters: dict[str, AdapterSpec | str | None] = Field(default_factory=dict)
+    num_images: int = 1
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    width: int | None = None
+    height: int | None = None
+    seed: int | None = None
+    output_format: Format = "png"
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
+class HFParameters(BaseModel):
+    """The ``parameters`` of the Hugging Face inference API for text-to-image (extras allowed, ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    negative_prompt: str | None = None
+    guidance_scale: float | None = None
+    num_inference_steps: int | None = None
+    width: int | None = None
+    height: int | None = None
+    seed: int | None = None
+    adapters: dict[str, AdapterSpec | str | None] | None = None  # hotlora extension
+    lora_scale: float | None = None  # scale for the adapter named in the `lora` header
+
+
+class HFRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    inputs: str = Field(min_length=1, max_length=10000)
+    parameters: HFParameters = Field(default_factory=HFParameters)
+
+
+class OpenAIImagesRequest(BaseModel):
+    """``POST /v1/images/generations`` (OpenAI images API), with hotlora's ``adapters`` as an extension."""
+
+    model_config = ConfigDict(extra="ignore")
+    prompt: str = Field(min_length=1, max_length=10000)
+    n: int = 1
+    size: str | None = None
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    model: str | None = None
+    adapters: dict[str, AdapterSpec | str | None] = Field(default_factory=dict)
+    seed: int | None = None  # extension
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, value):
+        if value is None:
+            return value
+        parts = value.lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise ValueError("size must look like 1024x1024")
+        return value
+
+    def dimensions(self) -> tuple[int | None, int | None]:
+        if not self.size:
+            return None, None
+        width, height = (int(p) for p in self.size.lower().split("x"))
+        return width, height
+
+
+class PrefetchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    refs: list[str] = Field(min_length=1, max_length=64)
+
+
+def specs(adapters) -> dict:
+    """``{slot: "ref" | {"ref", "scale"} | None}`` as the engine's spec dicts."""
+    out = {}
+    for slot, spec in (adapters or {}).items():
+        if spec is None:
+            continue
+        if isinstance(spec, str):
+            out[slot] = {"ref": spec, "scale": None}
+        elif isinstance(spec, AdapterSpec):
+            out[slot] = spec.model_dump()
+        else:
+            raise InvalidRequest(f"[{slot}] adapter spec must be a reference string or {{ref, scale}}")
+    return out
