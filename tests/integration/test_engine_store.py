@@ -21,12 +21,12 @@ def eager_flux(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("store-engine")
     adapters = root / "adapters"
     shutil.copytree(tiny_models["flux"] / "adapters", adapters)
-    (root / "catalog.toml").write_text('[adapters.watercolor]\nref = "style-kohya.safetensors"\nscale = 0.4\npin = true\n')
+    (adapters / "catalog.toml").write_text('[adapters.watercolor]\nref = "style-kohya.safetensors"\nscale = 0.4\npin = true\n')
     from hotlora.adapters.store import AdapterStore
 
     config = StoreConfig(cache_dir=root / "cache", local_roots=(adapters,))
     engine = Engine.from_pretrained(tiny_models["flux"], target_rank=8, batch_size=2, compile=False)
-    engine.store = AdapterStore(config, engine.family, catalog=root / "catalog.toml")
+    engine.store = AdapterStore(config, engine.family, catalog=adapters / "catalog.toml")
     return engine, adapters
 
 
