@@ -71,7 +71,7 @@ class Worker:
         self._ready = threading.Event()
         self._accepting = False
         self._thread: threading.Thread | None = None
-        self._on_event = on_event or (lambda name, data: None)
+        self.on_event = on_event or (lambda name, data: None)  # metrics hook; must not raise
         self._busy = threading.Event()
         self._fault_armed = False
         self._last_store = None
@@ -138,7 +138,7 @@ class Worker:
             self._queue.put_nowait(job)
         except queue.Full:
             raise Overloaded(f"the queue is full ({self.max_queue} requests waiting)", retry_after_s=self._retry_after()) from None
-        self._on_event("queued", {"depth": self.depth})
+        self.on_event("queued", {"depth": self.depth})
         return job.future
 
     def _retry_after(self) -> int:
@@ -160,12 +160,12 @@ class Worker:
                     job.future.set_exception(EngineError(f"worker error: {exc}"))
             finally:
                 self._busy.clear()
-                self._on_event("dequeued", {"depth": self.depth})
+                self.on_event("dequeued", {"depth": self.depth})
 
     def _run_one(self, job: Job) -> None:
         if job.cancelled.is_set():
             job.future.set_exception(ClientGone("the client went away before the request started"))
-            self._on_event("dropped", {})
+            self.on_event("dropped", {})
             return
         if job.deadline is not None and time.monotonic() > job.deadline:
             job.future.set_exception(DeadlineExceeded("the request's deadline passed before it could start"))
@@ -205,7 +205,7 @@ class Worker:
 
         self._ready.clear()
         log.error("engine fault (%s): rebuilding", cause)
-        self._on_event("rebuild_started", {})
+        self.on_event("rebuild_started", {})
         began = time.perf_counter()
         self.engine = None
         torch._dynamo.reset()  # drop graphs guarded on the old modules before compiling the new ones
@@ -219,7 +219,7 @@ class Worker:
                 time.sleep(5)
         self.rebuilds += 1
         log.info("engine rebuilt in %.1fs", time.perf_counter() - began)
-        self._on_event("rebuilt", {"seconds": time.perf_counter() - began})
+        self.on_event("rebuilt", {"seconds": time.perf_counter() - began})
         self._ready.set()
 
 

@@ -126,6 +126,7 @@ def outcome(status: int) -> str:
 
 def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = True) -> FastAPI:
     service = Service(worker, config)
+    worker.on_event = service.metrics.on_event
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -140,13 +141,30 @@ def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = Tru
     app = FastAPI(title="hotlora", version="0.1.0", lifespan=lifespan)
     app.state.service = service
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        response = await call_next(request)
-        api = request.scope.get("route").path if request.scope.get("route") else "unmatched"
-        if request.method == "POST":
-            service.metrics.requests.labels(api, outcome(response.status_code)).inc()
-        return response
+    class CountRequests:
+        """Pure ASGI (not BaseHTTPMiddleware, which hides client disconnects from the endpoints)."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def __call__(self, scope, receive, send):
+            if scope["type"] != "http" or scope["method"] != "POST":
+                return await self.inner(scope, receive, send)
+            status = {}
+
+            async def watch(message):
+                if message["type"] == "http.response.start":
+                    status["code"] = message["status"]
+                await send(message)
+
+            try:
+                await self.inner(scope, receive, watch)
+            finally:
+                route = scope.get("route")
+                service.metrics.requests.labels(route.path if route else "unmatched",
+                                                outcome(status.get("code", 500))).inc()
+
+    app.add_middleware(CountRequests)
 
     @app.exception_handler(HotloraError)
     async def hotlora_error(request: Request, exc: HotloraError):

@@ -17,7 +17,13 @@ class Metrics:
         self.stage = Histogram("hotlora_stage_seconds", "Time per request stage", ["stage"], buckets=BUCKETS,
                                registry=self.registry)
         self.swap = Histogram("hotlora_swap_seconds", "Time to swap the slots", buckets=BUCKETS, registry=self.registry)
+        self.dropped = Counter("hotlora_dropped", "Requests dropped before they started: client gone",
+                               registry=self.registry)
         self.registry.register(_Live(worker))
+
+    def on_event(self, name: str, data: dict) -> None:
+        if name == "dropped":
+            self.dropped.inc()
 
     def observe(self, timings: dict) -> None:
         for stage in STAGES:

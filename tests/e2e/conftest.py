@@ -1,0 +1,66 @@
+"""A real uvicorn server on 127.0.0.1 in a background thread, and a real HTTP client."""
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from hotlora.config import ServerConfig, StoreConfig
+from hotlora.server.app import create_app
+from hotlora.server.run import build_worker
+
+READY_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningServer:
+    def __init__(self, config: ServerConfig, store_config: StoreConfig):
+        self.config = config
+        self.worker = build_worker(config, store_config)
+        app = create_app(self.worker, config)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port, log_level="warning",
+                                                    timeout_graceful_shutdown=int(config.drain_timeout_s)))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{config.port}"
+
+    def start(self) -> "RunningServer":
+        self.thread.start()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("server did not become ready")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=120)
+
+
+@pytest.fixture(scope="session")
+def start_server():
+    servers = []
+
+    def start(model, tmp, *, roots=(), catalog=None, **overrides):
+        settings = dict(model=str(model), target_rank=8, batch_size=3, port=free_port(), max_queue=32,
+                        drain_timeout_s=60)
+        settings.update(overrides)
+        store = StoreConfig(cache_dir=tmp / "cache", local_roots=tuple(roots), catalog=catalog)
+        server = RunningServer(ServerConfig(**settings), store).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
