@@ -9,6 +9,10 @@ STAMP := $(VENV)/.installed-$(EXTRAS)
 # A deliberate, persistent inductor cache: the second warm-up on a machine is much faster.
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 
+# The playground's browser test drives Debian's Chromium (no browser download: there is no internet).
+BROWSER := /usr/bin/chromium /usr/bin/chromedriver
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 .PHONY: install test serve clean
 
 $(STAMP): pyproject.toml
@@ -20,7 +24,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: install
+$(BROWSER):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver
+
+test: install $(BROWSER)
 	$(PY) -m pytest -q -ra
 
 # The HTTP server on the built-in tiny model (built on first use), on 127.0.0.1:8000.

@@ -52,10 +52,17 @@ def cmd_generate(args) -> int:
         compile=not args.no_compile, height=args.height, width=args.width,
     )
     print(f"warm in {engine.warmup_s:.1f}s ({engine.compile_mode or 'eager'})", file=sys.stderr)
-    result = engine.generate(
-        args.prompt, adapters=adapters, num_images=args.n, num_inference_steps=args.steps,
-        guidance_scale=args.guidance, seed=args.seed, output_type="pil",
-    )
+    from tqdm.auto import tqdm
+
+    with tqdm(desc="denoising", unit="step", file=sys.stderr) as bar:
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        result = engine.generate(
+            args.prompt, adapters=adapters, num_images=args.n, num_inference_steps=args.steps,
+            guidance_scale=args.guidance, seed=args.seed, output_type="pil", progress=progress,
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for image, seed in zip(result.images, result.seeds):

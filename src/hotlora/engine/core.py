@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -160,7 +160,9 @@ class Engine:
     def generate(self, prompt: str, *, adapters: Mapping[str, Any] | None = None, num_images: int = 1,
                  num_inference_steps: int | None = None, guidance_scale: float | None = None,
                  height: int | None = None, width: int | None = None, seed: int = 0, output_type: str = "pil",
-                 negative_prompt: str | None = None) -> GenerationResult:
+                 negative_prompt: str | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> GenerationResult:
+        """One pack. ``progress(done, total)`` is called after each denoising step (all chunks)."""
         began = time.perf_counter()
         timings = Timings()
         call_kwargs = self.check_request(prompt, num_images, num_inference_steps, guidance_scale, height, width,
@@ -175,7 +177,7 @@ class Engine:
                 timings.swap_ms = swap.ms
                 images = run_pack(self.pipeline, prompt=prompt, num_images=num_images, batch_size=self.batch_size,
                                   seed=seed, output_type="pt" if output_type == "pil" else output_type,
-                                  call_kwargs=call_kwargs, timings=timings)
+                                  call_kwargs=call_kwargs, timings=timings, progress=progress)
             except HotloraError:
                 raise
             except Exception as exc:

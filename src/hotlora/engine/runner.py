@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -30,6 +32,19 @@ def chunk_sizes(num_images: int, batch_size: int) -> list[int]:
     return [batch_size] * full + ([rest] if rest else [])
 
 
+def _step_callback(progress: Callable[[int, int], None], done_before: int, total: int):
+    """diffusers' ``callback_on_step_end``; a failing listener must never break generation."""
+
+    def on_step_end(pipeline, step, timestep, callback_kwargs):
+        try:
+            progress(done_before + step + 1, total)
+        except Exception:
+            logging.getLogger(__name__).exception("progress listener failed")
+        return callback_kwargs
+
+    return on_step_end
+
+
 def image_generators(seed: int, start: int, count: int) -> list[torch.Generator]:
     """Image i's noise comes from its own generator seeded ``seed + i``: the same request gives
     the same images whatever the batch size or chunking. CPU generators, so devices agree too."""
@@ -37,18 +52,27 @@ def image_generators(seed: int, start: int, count: int) -> list[torch.Generator]
 
 
 def run_pack(pipeline, *, prompt, num_images: int, batch_size: int, seed: int, output_type: str, call_kwargs: dict,
-             timings: Timings):
-    """Run ``num_images`` through ``pipeline`` in chunks; returns images (list or concatenated tensor)."""
+             timings: Timings, progress: Callable[[int, int], None] | None = None):
+    """Run ``num_images`` through ``pipeline`` in chunks; returns images (list or concatenated tensor).
+
+    ``progress(done, total)`` is called after every denoising step of every chunk.
+    """
     outputs = []
     start = 0
-    for size in chunk_sizes(num_images, batch_size):
+    chunks = chunk_sizes(num_images, batch_size)
+    steps = call_kwargs["num_inference_steps"]
+    for index, size in enumerate(chunks):
         began = time.perf_counter()
+        extra = {}
+        if progress is not None:
+            extra["callback_on_step_end"] = _step_callback(progress, index * steps, len(chunks) * steps)
         result = pipeline(
             prompt=prompt,
             num_images_per_prompt=size,
             generator=image_generators(seed, start, size),
             output_type=output_type,
             **call_kwargs,
+            **extra,
         )
         timings.generate_ms.append((time.perf_counter() - began) * 1000)
         outputs.append(result.images)

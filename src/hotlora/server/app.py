@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import threading
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
@@ -25,6 +27,7 @@ from hotlora.server.schemas import GenerateRequest, HFRequest, OpenAIImagesReque
 
 log = logging.getLogger(__name__)
 POLL_S = 0.1  # how often a waiting request checks that its client is still there
+PLAYGROUND = Path(__file__).with_name("static") / "playground.html"
 
 
 class Service:
@@ -53,7 +56,7 @@ class Service:
             self._pending -= 1
 
     async def generate(self, request: Request, *, prompt: str, adapters: dict, fmt: str, num_images: int = 1,
-                       timeout_s: float | None = None, **params) -> dict:
+                       timeout_s: float | None = None, progress=None, **params) -> dict:
         """Validate, resolve, queue, wait (watching the client), encode. Returns images and timings."""
         began = time.monotonic()
         self.admit()
@@ -70,7 +73,7 @@ class Service:
             timeout = timeout_s or self.config.request_timeout_s
             call = {k: v for k, v in params.items() if v is not None}
             call.setdefault("seed", 0)
-            job = Job(prompt=prompt, params={**call, "num_images": num_images, "output_type": "pil"},
+            job = Job(prompt=prompt, params={**call, "num_images": num_images, "output_type": "pil", "progress": progress},
                       adapters=resolved, deadline=time.monotonic() + timeout)
             future = asyncio.wrap_future(self.worker.submit(job))
             while True:
@@ -203,14 +206,59 @@ def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = Tru
 
     @app.post("/v1/generate")
     async def generate(body: GenerateRequest, request: Request):
+        payload = await generate_json(body, request)
+        return JSONResponse(payload, headers={"Server-Timing": server_timing(payload["timings"])})
+
+    @app.post("/v1/generate/stream")
+    async def generate_stream(body: GenerateRequest, request: Request):
+        """Server-Sent Events: ``progress`` {step, total} per denoising step, then ``result`` (the
+        /v1/generate body) or ``error`` {error, type, status}. Schema errors are plain 422s."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def progress(done: int, total: int) -> None:  # called on the worker thread
+            loop.call_soon_threadsafe(events.put_nowait, ("progress", {"step": done, "total": total}))
+
+        async def run():
+            try:
+                out = await generate_json(body, request, progress=progress)
+                await events.put(("result", out))
+            except HotloraError as exc:
+                await events.put(("error", {**error_body(exc), "status": exc.status_code}))
+            except Exception as exc:  # the stream must end with an answer, whatever happened
+                log.exception("stream generation failed")
+                await events.put(("error", {"error": f"internal error: {type(exc).__name__}", "status": 500}))
+            finally:
+                await events.put(None)
+
+        task = asyncio.create_task(run())
+
+        async def stream():
+            yield "event: accepted\ndata: {}\n\n"
+            while (item := await events.get()) is not None:
+                name, data = item
+                yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
+            await task
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def generate_json(body: GenerateRequest, request: Request, progress=None) -> dict:
         out = await service.generate(
             request, prompt=body.prompt, adapters=specs(body.adapters), fmt=body.output_format,
             num_images=body.num_images, timeout_s=body.timeout_s, negative_prompt=body.negative_prompt,
             num_inference_steps=body.num_inference_steps, guidance_scale=body.guidance_scale, width=body.width,
-            height=body.height, seed=body.seed,
+            height=body.height, seed=body.seed, progress=progress,
         )
-        payload = {**out, "images": [base64.b64encode(b).decode() for b in out["images"]], "format": body.output_format}
-        return JSONResponse(payload, headers={"Server-Timing": server_timing(out["timings"])})
+        return {**out, "images": [base64.b64encode(b).decode() for b in out["images"]], "format": body.output_format}
+
+    # ---------------------------------------------------------------- playground
+
+    @app.get("/")
+    async def root(request: Request):
+        """A browser gets the playground; anything else a short JSON pointer (POST / is the inference API)."""
+        if "text/html" in request.headers.get("accept", ""):
+            return HTMLResponse(PLAYGROUND.read_text())
+        return {"name": "hotlora", "playground": "open / in a browser", "docs": "/docs"}
 
     # ---------------------------------------------------------------- Hugging Face inference API
 
