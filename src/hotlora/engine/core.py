@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -18,7 +18,8 @@ from hotlora.adapters.families import Family
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.resolver import AdapterResolver
 from hotlora.engine.pipeline import compile_denoiser, default_device, default_dtype, graph_count, load_pipeline
-from hotlora.engine.runner import Timings, chunk_sizes, run_pack
+from hotlora.engine.bank import AdapterBank
+from hotlora.engine.runner import Timings, image_generators, run_pack
 from hotlora.engine.slots import SlotBank, SwapReport
 from hotlora.errors import EngineError, HotloraError, InvalidRequest
 
@@ -37,6 +38,17 @@ MAX_STEPS = 200
 
 
 @dataclass
+class PackRequest:
+    """One request's part of a mixed batch."""
+
+    prompt: str
+    adapters: Mapping[str, Any] | None = None
+    num_images: int = 1
+    seed: int = 0
+    negative_prompt: str | None = None
+
+
+@dataclass
 class GenerationResult:
     images: Any  # list[PIL.Image] for "pil", else one array/tensor with the pack on dim 0
     seeds: list[int]
@@ -52,7 +64,7 @@ class Engine:
     def __init__(self, pipeline, family: Family, *, slots=("identity", "style"), target_rank: int = 16,
                  target_modules=None, batch_size: int = 6, compile: bool = True, height: int | None = None,
                  width: int | None = None, defaults: Mapping | None = None, model: str | None = None,
-                 store=None):
+                 store=None, mixed: bool = False, bank_entries: int | None = None):
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.pipeline = pipeline
@@ -66,7 +78,12 @@ class Engine:
         self.width = width or self.defaults.get("width") or self._pipeline_default_size()
         served = [model, Path(model).name if model else None, self.defaults.get("model_id"),
                   *self.defaults.get("base_model_aliases", [])]
-        self.slots = SlotBank(self.denoiser, family.name, slots, target_rank, target_modules, served_models=served)
+        self.mixed = mixed
+        if mixed:  # per-sample adapters in one forward pass (see engine/bank.py)
+            self.slots = AdapterBank(self.denoiser, family.name, slots, target_rank, target_modules, served,
+                                     entries=bank_entries or 2 * batch_size + 1, max_batch=2 * batch_size)
+        else:
+            self.slots = SlotBank(self.denoiser, family.name, slots, target_rank, target_modules, served_models=served)
         config = self.denoiser.config if family.name == "sdxl" else None
         self.resolver = AdapterResolver(self.slots.slot_names, self.slots.ceiling, family, _make_store(store, family, config),
                                         denoiser_config=config)
@@ -84,7 +101,7 @@ class Engine:
     def from_pretrained(cls, model: str | os.PathLike, *, slots=("identity", "style"), target_rank: int = 16,
                         target_modules=None, batch_size: int = 6, compile: bool = True, dtype=None,
                         device: str | None = None, height: int | None = None, width: int | None = None,
-                        store=None) -> "Engine":
+                        store=None, mixed: bool = False, bank_entries: int | None = None) -> "Engine":
         """Load ``model`` (a local directory or a hub id) and make it warm: slots, compile, warm-up."""
         device = device or default_device()
         dtype = dtype or default_dtype(device)
@@ -92,7 +109,7 @@ class Engine:
         defaults = _read_defaults(model)
         return cls(pipeline, family, slots=slots, target_rank=target_rank, target_modules=target_modules,
                    batch_size=batch_size, compile=compile, height=height, width=width, defaults=defaults,
-                   model=str(model), store=store)
+                   model=str(model), store=store, mixed=mixed, bank_entries=bank_entries)
 
     def _pipeline_default_size(self) -> int:
         return int(self.pipeline.default_sample_size * self.pipeline.vae_scale_factor)
@@ -173,11 +190,21 @@ class Engine:
             graphs_before = graph_count()
             try:
                 self.slots.check_intact()
-                swap = self.slots.swap(resolved)
-                timings.swap_ms = swap.ms
+                before_chunk = None
+                if self.mixed:  # every sample of every chunk selects this request's bank entries
+                    swap = SwapReport()
+
+                    def before_chunk(size: int) -> None:
+                        report = self.slots.assign([resolved] * size, repeat=self._batch_factor(call_kwargs))
+                        swap.ms += report.ms
+                        swap.adapters = report.adapters
+                else:
+                    swap = self.slots.swap(resolved)
                 images = run_pack(self.pipeline, prompt=prompt, num_images=num_images, batch_size=self.batch_size,
                                   seed=seed, output_type="pt" if output_type == "pil" else output_type,
-                                  call_kwargs=call_kwargs, timings=timings, progress=progress)
+                                  call_kwargs=call_kwargs, timings=timings, progress=progress,
+                                  before_chunk=before_chunk)
+                timings.swap_ms = swap.ms
             except HotloraError:
                 raise
             except Exception as exc:
@@ -195,6 +222,67 @@ class Engine:
         }
         return GenerationResult(images=images, seeds=[seed + i for i in range(num_images)], timings=timings,
                                 swap=swap, adapters=served, recompiles=self.recompiles)
+
+    def generate_batch(self, requests: Sequence[PackRequest], *, num_inference_steps: int | None = None,
+                       guidance_scale: float | None = None, height: int | None = None, width: int | None = None,
+                       output_type: str = "pil") -> list[GenerationResult]:
+        """Several requests, each with its own adapters, in ONE forward batch (mixed engines only).
+
+        The requests share the denoising parameters; their images together fit the compiled batch.
+        Image j of request r is drawn from ``r.seed + j``, exactly as in a request of its own.
+        """
+        if not self.mixed:
+            raise InvalidRequest("generate_batch needs an engine built with mixed=True")
+        began = time.perf_counter()
+        total = sum(r.num_images for r in requests)
+        if not requests or total > self.batch_size:
+            raise InvalidRequest(f"a mixed batch holds 1..{self.batch_size} images, got {total}")
+        call_kwargs = [self.check_request(r.prompt, r.num_images, num_inference_steps, guidance_scale, height, width,
+                                          r.seed, output_type, r.negative_prompt) for r in requests]
+        resolved = [self.resolve(r.adapters) for r in requests]
+        resolve_ms = (time.perf_counter() - began) * 1000
+        prompts = [r.prompt for r in requests for _ in range(r.num_images)]
+        negatives = [r.negative_prompt for r in requests for _ in range(r.num_images)]
+        generators = [g for r in requests for g in image_generators(r.seed, 0, r.num_images)]
+        shared = dict(call_kwargs[0])
+        shared.pop("negative_prompt", None)
+        if any(n is not None for n in negatives):
+            shared["negative_prompt"] = [n or "" for n in negatives]
+        with self._lock:
+            graphs_before = graph_count()
+            try:
+                self.slots.check_intact()
+                swap = self.slots.assign([resolved[i] for i, r in enumerate(requests) for _ in range(r.num_images)],
+                                         repeat=self._batch_factor(shared))
+                step_began = time.perf_counter()
+                images = self.pipeline(prompt=prompts, num_images_per_prompt=1, generator=generators,
+                                       output_type="pt" if output_type == "pil" else output_type, **shared).images
+                generate_ms = (time.perf_counter() - step_began) * 1000
+            except HotloraError:
+                raise
+            except Exception as exc:
+                raise EngineError(f"generation failed inside the engine: {type(exc).__name__}: {exc}") from exc
+            finally:
+                self._recompiles += graph_count() - graphs_before
+        if not _all_finite(images):
+            raise EngineError("the denoiser produced non-finite values")
+        results, start = [], 0
+        for request, adapters in zip(requests, resolved):
+            part = images[start : start + request.num_images]
+            start += request.num_images
+            if output_type == "pil":
+                part = self.pipeline.image_processor.numpy_to_pil(self.pipeline.image_processor.pt_to_numpy(part))
+            timings = Timings(resolve_ms=resolve_ms, swap_ms=swap.ms, generate_ms=[generate_ms],
+                              total_ms=(time.perf_counter() - began) * 1000)
+            served = {slot: {"sha256": a.sha256, "layout": a.layout, "rank": a.rank, "scale": scale, "name": a.name}
+                      for slot, (a, scale) in adapters.items()}
+            results.append(GenerationResult(images=part, seeds=[request.seed + i for i in range(request.num_images)],
+                                            timings=timings, swap=swap, adapters=served, recompiles=self.recompiles))
+        return results
+
+    def _batch_factor(self, call_kwargs: Mapping) -> int:
+        """SDXL runs classifier-free guidance as one doubled batch [uncond..., cond...]."""
+        return 2 if self.family.name == "sdxl" and call_kwargs["guidance_scale"] > 1 else 1
 
     def check_request(self, prompt, num_images=1, steps=None, guidance=None, height=None, width=None, seed=0,
                       output_type="pil", negative_prompt=None) -> dict:

@@ -52,7 +52,8 @@ def image_generators(seed: int, start: int, count: int) -> list[torch.Generator]
 
 
 def run_pack(pipeline, *, prompt, num_images: int, batch_size: int, seed: int, output_type: str, call_kwargs: dict,
-             timings: Timings, progress: Callable[[int, int], None] | None = None):
+             timings: Timings, progress: Callable[[int, int], None] | None = None,
+             before_chunk: Callable[[int], None] | None = None):
     """Run ``num_images`` through ``pipeline`` in chunks; returns images (list or concatenated tensor).
 
     ``progress(done, total)`` is called after every denoising step of every chunk.
@@ -62,6 +63,8 @@ def run_pack(pipeline, *, prompt, num_images: int, batch_size: int, seed: int, o
     chunks = chunk_sizes(num_images, batch_size)
     steps = call_kwargs["num_inference_steps"]
     for index, size in enumerate(chunks):
+        if before_chunk is not None:
+            before_chunk(size)
         began = time.perf_counter()
         extra = {}
         if progress is not None:

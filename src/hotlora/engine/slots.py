@@ -37,6 +37,8 @@ class SwapReport:
 
 @dataclass
 class _Slot:
+    """One adapter's worth of padded tensors: a PEFT slot, or one entry of a mixed-batch bank."""
+
     name: str
     down: dict[str, torch.Tensor]  # module -> lora_A weight [R, in]
     up: dict[str, torch.Tensor]  # module -> lora_B weight [out, R]
@@ -140,35 +142,39 @@ class SlotBank:
             if adapter is not None and slot.sha256 == adapter.sha256 and slot.scale == scale:
                 report.adapters[name] = adapter.sha256
                 continue  # already in place: the cheapest swap is none
-            self._write(slot, adapter, float(scale), report)
+            write_padded(slot, adapter, float(scale), report)
             slot.sha256, slot.scale = (adapter.sha256, float(scale)) if adapter is not None else (None, None)
             report.adapters[name] = slot.sha256
         report.ms = (time.perf_counter() - start) * 1000
         return report
 
-    def _write(self, slot: _Slot, adapter: Adapter | None, scale: float, report: SwapReport) -> None:
-        incoming = adapter.modules if adapter is not None else {}
-        for module, down in slot.down.items():
-            up = slot.up[module]
-            previous = slot.rank[module]
-            weights = incoming.get(module)
-            if weights is None or scale == 0.0:
-                if previous:
-                    down[:previous].zero_()
-                    up[:, :previous].zero_()
-                    report.modules_zeroed += 1
-                slot.rank[module] = 0
-                continue
-            r = weights.rank
-            down[:r].copy_(weights.down, non_blocking=True)
-            up[:, :r].copy_(weights.up, non_blocking=True)
-            up[:, :r].mul_(weights.scaling * scale)
-            if previous > r:
-                down[r:previous].zero_()
-                up[:, r:previous].zero_()
-            slot.rank[module] = r
-            report.modules_written += 1
-            report.bytes_copied += weights.down.nbytes + weights.up.nbytes
-
     def clear(self) -> SwapReport:
         return self.swap({})
+
+
+@torch.no_grad()
+def write_padded(slot: _Slot, adapter: Adapter | None, scale: float, report: SwapReport) -> None:
+    """Copy ``adapter`` (scale and alpha/r folded into B) into one slot's rank-padded tensors, in
+    place, zeroing only what the previous occupant left beyond the new rank."""
+    incoming = adapter.modules if adapter is not None else {}
+    for module, down in slot.down.items():
+        up = slot.up[module]
+        previous = slot.rank[module]
+        weights = incoming.get(module)
+        if weights is None or scale == 0.0:
+            if previous:
+                down[:previous].zero_()
+                up[:, :previous].zero_()
+                report.modules_zeroed += 1
+            slot.rank[module] = 0
+            continue
+        r = weights.rank
+        down[:r].copy_(weights.down, non_blocking=True)
+        up[:, :r].copy_(weights.up, non_blocking=True)
+        up[:, :r].mul_(weights.scaling * scale)
+        if previous > r:
+            down[r:previous].zero_()
+            up[:, r:previous].zero_()
+        slot.rank[module] = r
+        report.modules_written += 1
+        report.bytes_copied += weights.down.nbytes + weights.up.nbytes

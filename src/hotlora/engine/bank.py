@@ -1,0 +1,158 @@
+"""Mixed-adapter batches: every sample of one compiled forward pass may carry its own adapters.
+
+Each ceiling Linear is replaced by a ``BankedLinear`` holding *banks* of rank-padded adapters
+(``down [E, R, in]``, ``up [E, out, R]``; entry 0 stays zero). A shared ``BankSelector`` buffer
+holds, per adapter kind (identity, style, ...), one entry index per sample; the layer gathers
+each sample's matrices and adds ``up[i] @ down[i] @ x`` per kind. The index is a *tensor* that is
+written in place, so any assignment of adapters to batch positions runs the same graph.
+
+Written here by hand because no library offers it: PEFT's per-sample ``adapter_names`` is a list
+guarded by value under torch.compile (every new list recompiles), and it cannot fold a different
+scale per sample. The LoRA math is the same as PEFT's: ``base(x) + scale * B @ A @ x``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from hotlora.adapters.formats import Adapter
+from hotlora.adapters.validate import SlotCeiling
+from hotlora.engine.slots import SwapReport, _Slot, ceiling_modules, write_padded
+from hotlora.errors import InvalidRequest, SlotStateCorrupt
+
+Assignment = Mapping[str, "tuple[Adapter, float] | None"]  # slot/kind -> adapter and scale
+
+
+class BankSelector(nn.Module):
+    """Per kind, per sample: which bank entry applies. Shared by every BankedLinear."""
+
+    def __init__(self, kinds: int, max_batch: int):
+        super().__init__()
+        self.register_buffer("index", torch.zeros(kinds, max_batch, dtype=torch.long), persistent=False)
+
+
+class BankedLinear(nn.Module):
+    def __init__(self, base: nn.Linear, entries: int, rank: int, selector: BankSelector):
+        super().__init__()
+        self.base = base
+        kwargs = {"dtype": base.weight.dtype, "device": base.weight.device}
+        self.register_buffer("down", torch.zeros(entries, rank, base.in_features, **kwargs), persistent=False)
+        self.register_buffer("up", torch.zeros(entries, base.out_features, rank, **kwargs), persistent=False)
+        self.selector = selector
+
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        index = self.selector.index[:, : x.shape[0]]
+        for kind in range(index.shape[0]):
+            chosen = index[kind]
+            hidden = torch.einsum("b...i,bri->b...r", x, self.down[chosen])
+            y = y + torch.einsum("b...r,bor->b...o", hidden, self.up[chosen])
+        return y
+
+
+class AdapterBank:
+    """The banks of one denoiser, their entries' occupants, and the per-sample selection."""
+
+    def __init__(self, denoiser: nn.Module, family: str, slot_names: Iterable[str], target_rank: int,
+                 target_modules=None, served_models: Iterable[str] = (), *, entries: int, max_batch: int):
+        self.slot_names = tuple(slot_names)
+        if entries < 2:
+            raise ValueError("a bank needs at least 2 entries (entry 0 is the empty adapter)")
+        modules = ceiling_modules(denoiser, target_modules)
+        self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
+                                   served_models=frozenset(n for n in served_models if n))
+        device = next(denoiser.parameters()).device
+        self.selector = BankSelector(len(self.slot_names), max_batch).to(device)
+        self.max_batch = max_batch
+        layers: dict[str, BankedLinear] = {}
+        for name in modules:
+            parent_name, _, child = name.rpartition(".")
+            parent = denoiser.get_submodule(parent_name) if parent_name else denoiser
+            layers[name] = BankedLinear(getattr(parent, child), entries, target_rank, self.selector)
+            setattr(parent, child, layers[name])
+        self._layers = layers
+        self._entries = [
+            _Slot(f"entry-{e}", {m: l.down[e] for m, l in layers.items()}, {m: l.up[e] for m, l in layers.items()},
+                  dict.fromkeys(layers, 0))
+            for e in range(entries)
+        ]
+        # Resident (sha256, scale) -> entry, in least-recently-used order; entry 0 is never given out.
+        self._resident: OrderedDict[tuple[str, float], int] = OrderedDict()
+        self._layout = self._fingerprint()
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(l.down.nbytes + l.up.nbytes for l in self._layers.values())
+
+    def _fingerprint(self):
+        return [(l.down.data_ptr(), l.up.data_ptr(), tuple(l.down.shape)) for l in self._layers.values()]
+
+    def check_intact(self) -> None:
+        if self._fingerprint() != self._layout:
+            raise SlotStateCorrupt("bank tensors were replaced or reshaped outside the adapter bank")
+
+    @torch.no_grad()
+    def assign(self, samples: Sequence[Assignment], repeat: int = 1) -> SwapReport:
+        """Make every sample's adapters resident and point the selector at them.
+
+        ``samples`` lists each real sample's ``{slot: (adapter, scale)}``; ``repeat`` tiles the
+        selection for pipelines that run a doubled batch (classifier-free guidance).
+        """
+        start = time.perf_counter()
+        report = SwapReport()
+        wanted: dict[tuple[str, float], Adapter] = {}
+        for sample in samples:
+            for slot, assigned in sample.items():
+                if slot not in self.slot_names:
+                    raise InvalidRequest(f"unknown slot {slot!r}")
+                if assigned is not None and assigned[1] != 0.0:
+                    wanted[(assigned[0].sha256, float(assigned[1]))] = assigned[0]
+        if len(wanted) > self.entries - 1:
+            raise InvalidRequest(f"{len(wanted)} distinct adapters in one batch; the bank holds {self.entries - 1}")
+        for key in wanted:
+            if key in self._resident:
+                self._resident.move_to_end(key)
+        free = [e for e in range(1, self.entries) if e not in self._resident.values()]
+        for key, adapter in wanted.items():
+            if key in self._resident:
+                continue
+            if free:
+                entry = free.pop()
+            else:  # recycle the least recently used entry this batch does not need
+                victim = next(k for k in self._resident if k not in wanted)
+                entry = self._resident.pop(victim)
+            write_padded(self._entries[entry], adapter, key[1], report)
+            self._resident[key] = entry
+        index = torch.zeros(len(self.slot_names), len(samples), dtype=torch.long)
+        for position, sample in enumerate(samples):
+            for kind, slot in enumerate(self.slot_names):
+                assigned = sample.get(slot)
+                if assigned is not None and assigned[1] != 0.0:
+                    index[kind, position] = self._resident[(assigned[0].sha256, float(assigned[1]))]
+        index = index.repeat(1, repeat)
+        if index.shape[1] > self.max_batch:
+            raise InvalidRequest(f"batch of {index.shape[1]} exceeds the bank's {self.max_batch}")
+        self.selector.index.zero_()
+        self.selector.index[:, : index.shape[1]].copy_(index)
+        for sample in samples:
+            for slot, assigned in sample.items():
+                report.adapters[slot] = assigned[0].sha256 if assigned else None
+        report.ms = (time.perf_counter() - start) * 1000
+        return report
