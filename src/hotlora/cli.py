@@ -108,7 +108,7 @@ def cmd_serve(args) -> int:
     config, store_config = ServerConfig.load(
         args.config, model=args.model, slots=args.slots, target_rank=args.target_rank,
         target_modules=args.target_modules, batch_size=args.batch_size, compile=False if args.no_compile else None,
-        host=args.host, port=args.port, max_queue=args.max_queue,
+        host=args.host, port=args.port, max_queue=args.max_queue, mixed=True if args.mixed else None,
         store_flags={"catalog": args.catalog, "cache_dir": Path(args.cache_dir) if args.cache_dir else None},
     )
     serve(config, store_config)
@@ -156,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int)
     srv.add_argument("--max-queue", type=int)
     srv.add_argument("--no-compile", action="store_true")
+    srv.add_argument("--mixed", action="store_true", help="merge requests with different adapters into one batch")
     srv.set_defaults(run=cmd_serve)
 
     adapters = sub.add_parser("adapters", help="inspect or convert adapters").add_subparsers(dest="action", required=True)

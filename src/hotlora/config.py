@@ -56,6 +56,8 @@ class ServerConfig:
     target_modules: str | None = None  # a regex (full match) over the denoiser's Linear layer names
     batch_size: int = 6
     compile: bool = True
+    mixed: bool = False  # merge requests with different adapters into one forward batch (adapter banks)
+    max_batch_delay_s: float = 0.02  # how long a mixed batch waits for companions
     height: int | None = None
     width: int | None = None
     host: str = "127.0.0.1"

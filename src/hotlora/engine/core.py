@@ -19,7 +19,7 @@ from hotlora.adapters.formats import Adapter
 from hotlora.adapters.resolver import AdapterResolver
 from hotlora.engine.pipeline import compile_denoiser, default_device, default_dtype, graph_count, load_pipeline
 from hotlora.engine.bank import AdapterBank
-from hotlora.engine.runner import Timings, image_generators, run_pack
+from hotlora.engine.runner import Timings, image_generators, run_pack, step_callback
 from hotlora.engine.slots import SlotBank, SwapReport
 from hotlora.errors import EngineError, HotloraError, InvalidRequest
 
@@ -225,7 +225,8 @@ class Engine:
 
     def generate_batch(self, requests: Sequence[PackRequest], *, num_inference_steps: int | None = None,
                        guidance_scale: float | None = None, height: int | None = None, width: int | None = None,
-                       output_type: str = "pil") -> list[GenerationResult]:
+                       output_type: str = "pil",
+                       progress: Callable[[int, int], None] | None = None) -> list[GenerationResult]:
         """Several requests, each with its own adapters, in ONE forward batch (mixed engines only).
 
         The requests share the denoising parameters; their images together fit the compiled batch.
@@ -255,8 +256,12 @@ class Engine:
                 swap = self.slots.assign([resolved[i] for i, r in enumerate(requests) for _ in range(r.num_images)],
                                          repeat=self._batch_factor(shared))
                 step_began = time.perf_counter()
+                extra = {}
+                if progress is not None:
+                    extra["callback_on_step_end"] = step_callback(progress, 0, shared["num_inference_steps"])
                 images = self.pipeline(prompt=prompts, num_images_per_prompt=1, generator=generators,
-                                       output_type="pt" if output_type == "pil" else output_type, **shared).images
+                                       output_type="pt" if output_type == "pil" else output_type, **shared,
+                                       **extra).images
                 generate_ms = (time.perf_counter() - step_began) * 1000
             except HotloraError:
                 raise

@@ -32,7 +32,7 @@ def chunk_sizes(num_images: int, batch_size: int) -> list[int]:
     return [batch_size] * full + ([rest] if rest else [])
 
 
-def _step_callback(progress: Callable[[int, int], None], done_before: int, total: int):
+def step_callback(progress: Callable[[int, int], None], done_before: int, total: int):
     """diffusers' ``callback_on_step_end``; a failing listener must never break generation."""
 
     def on_step_end(pipeline, step, timestep, callback_kwargs):
@@ -68,7 +68,7 @@ def run_pack(pipeline, *, prompt, num_images: int, batch_size: int, seed: int, o
         began = time.perf_counter()
         extra = {}
         if progress is not None:
-            extra["callback_on_step_end"] = _step_callback(progress, index * steps, len(chunks) * steps)
+            extra["callback_on_step_end"] = step_callback(progress, index * steps, len(chunks) * steps)
         result = pipeline(
             prompt=prompt,
             num_images_per_prompt=size,

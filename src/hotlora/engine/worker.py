@@ -2,25 +2,30 @@
 
 Requests resolve their adapters (fetch, convert, validate) *before* they are queued, on other
 threads, so a cold adapter downloads while earlier requests generate, and a bad one fails without
-ever reaching the engine. The worker thread only swaps and generates. A RequestError fails one
-job; an EngineError fails its job, marks the worker not ready, rebuilds the engine and carries on
+ever reaching the engine. The worker thread only swaps and generates. A RequestError fails its
+job(s); an EngineError fails them, marks the worker not ready, rebuilds the engine and carries on
 with the queue: no job is lost, none waits forever.
+
+With a mixed-batch engine the worker merges queued jobs that share denoising parameters into one
+compiled batch (two 3-image packs of different users fill one batch of 6), oldest job first,
+waiting at most ``max_batch_delay_s`` for companions.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hotlora.engine.core import Engine, GenerationResult
+from hotlora.engine.core import Engine, GenerationResult, PackRequest
 from hotlora.errors import EngineError, HotloraError, RequestError
 
 log = logging.getLogger(__name__)
+BATCHED_PARAMS = ("num_inference_steps", "guidance_scale", "height", "width", "output_type")
 
 
 class Overloaded(RequestError):
@@ -59,17 +64,29 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     future: Future = field(default_factory=Future)
 
+    @property
+    def num_images(self) -> int:
+        return self.params.get("num_images", 1)
+
+    def batch_key(self) -> tuple:
+        """Jobs with equal keys can share one forward batch."""
+        return tuple(self.params.get(name) for name in BATCHED_PARAMS)
+
 
 class Worker:
-    def __init__(self, engine_factory: Callable[[], Engine], *, max_queue: int = 16,
+    def __init__(self, engine_factory: Callable[[], Engine], *, max_queue: int = 16, max_batch_delay_s: float = 0.02,
                  on_event: Callable[[str, dict], Any] | None = None):
         self._factory = engine_factory
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._jobs: deque[Job] = deque()
+        self._cond = threading.Condition()
         self.max_queue = max_queue
+        self.max_batch_delay_s = max_batch_delay_s
         self.engine: Engine | None = None
         self.rebuilds = 0
+        self.batches = 0  # forward batches that carried more than one request
         self._ready = threading.Event()
         self._accepting = False
+        self._stopping = False
         self._thread: threading.Thread | None = None
         self.on_event = on_event or (lambda name, data: None)  # metrics hook; must not raise
         self._busy = threading.Event()
@@ -96,7 +113,7 @@ class Worker:
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        return len(self._jobs)
 
     def start(self) -> None:
         """Build and warm the engine (blocking), then start the worker thread."""
@@ -113,18 +130,15 @@ class Worker:
         """Stop taking work and finish what is queued or running. True if everything drained."""
         self._accepting = False
         deadline = time.monotonic() + drain_timeout_s
-        while (self._queue.qsize() or self._busy.is_set()) and time.monotonic() < deadline:
+        while (self._jobs or self._busy.is_set()) and time.monotonic() < deadline:
             time.sleep(0.02)
-        drained = not self._queue.qsize() and not self._busy.is_set()
-        if not drained:
-            while True:  # whatever could not run in time still gets an answer
-                try:
-                    job = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if job is not None:
-                    job.future.set_exception(NotAccepting("the server shut down before this request could run"))
-        self._queue.put(None)
+        with self._cond:
+            drained = not self._jobs and not self._busy.is_set()
+            while self._jobs:  # whatever could not run in time still gets an answer
+                self._jobs.popleft().future.set_exception(
+                    NotAccepting("the server shut down before this request could run"))
+            self._stopping = True
+            self._cond.notify_all()
         if self._thread:
             self._thread.join(timeout=5)
         return drained
@@ -134,59 +148,120 @@ class Worker:
     def submit(self, job: Job) -> Future:
         if not self._accepting:
             raise NotAccepting("the server is not accepting work (starting or shutting down)")
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise Overloaded(f"the queue is full ({self.max_queue} requests waiting)", retry_after_s=self._retry_after()) from None
+        with self._cond:
+            if len(self._jobs) >= self.max_queue:
+                raise Overloaded(f"the queue is full ({self.max_queue} requests waiting)",
+                                 retry_after_s=max(1, self.max_queue // 2))
+            self._jobs.append(job)
+            self._cond.notify_all()
         self.on_event("queued", {"depth": self.depth})
         return job.future
-
-    def _retry_after(self) -> int:
-        return max(1, int(self.max_queue * 0.5))
 
     # ------------------------------------------------------------------ the loop
 
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            self._busy.set()
+            with self._cond:
+                while not self._jobs and not self._stopping:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                first = self._jobs.popleft()
+                self._busy.set()
+            jobs = [first]
             try:
-                self._run_one(job)
+                jobs = [job for job in [first, *self._companions(first)] if self._still_wanted(job)]
+                if jobs:
+                    self._execute(jobs)
             except BaseException as exc:  # the loop must survive anything a job does
                 log.exception("worker loop error")
-                if not job.future.done():
-                    job.future.set_exception(EngineError(f"worker error: {exc}"))
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(EngineError(f"worker error: {exc}"))
             finally:
                 self._busy.clear()
                 self.on_event("dequeued", {"depth": self.depth})
 
-    def _run_one(self, job: Job) -> None:
+    def _companions(self, first: Job) -> list[Job]:
+        """Queued jobs that can ride in ``first``'s forward batch, oldest first, within the delay."""
+        engine = self.engine
+        if engine is None or not engine.mixed or first.num_images >= engine.batch_size:
+            return []
+        room = engine.batch_size - first.num_images
+        key = first.batch_key()
+        taken: list[Job] = []
+        deadline = time.monotonic() + self.max_batch_delay_s
+        with self._cond:
+            while room > 0:
+                for job in list(self._jobs):
+                    if job.batch_key() == key and job.num_images <= room:
+                        self._jobs.remove(job)
+                        taken.append(job)
+                        room -= job.num_images
+                        if room == 0:
+                            break
+                remaining = deadline - time.monotonic()
+                if room == 0 or remaining <= 0 or self._stopping:
+                    break
+                self._cond.wait(remaining)
+        return taken
+
+    def _still_wanted(self, job: Job) -> bool:
         if job.cancelled.is_set():
             job.future.set_exception(ClientGone("the client went away before the request started"))
             self.on_event("dropped", {})
-            return
+            return False
         if job.deadline is not None and time.monotonic() > job.deadline:
             job.future.set_exception(DeadlineExceeded("the request's deadline passed before it could start"))
-            return
+            return False
+        return True
+
+    def _execute(self, jobs: list[Job]) -> None:
         self._ready.wait()
-        job.started = time.monotonic()
+        now = time.monotonic()
+        for job in jobs:
+            job.started = now
         if self._fault_armed:
             self._fault_armed = False
             self._corrupt_a_weight()
         try:
-            result = self.engine.generate(job.prompt, adapters=job.adapters, **job.params)
+            if len(jobs) == 1:
+                job = jobs[0]
+                results = [self.engine.generate(job.prompt, adapters=job.adapters, **job.params)]
+            else:
+                results = self._generate_together(jobs)
         except EngineError as exc:
-            job.future.set_exception(exc)
+            self._fail(jobs, exc)
             self._rebuild(exc)
         except HotloraError as exc:
-            job.future.set_exception(exc)
+            self._fail(jobs, exc)
         except Exception as exc:  # anything unexpected inside the engine is an engine fault
-            job.future.set_exception(EngineError(f"{type(exc).__name__}: {exc}"))
+            self._fail(jobs, EngineError(f"{type(exc).__name__}: {exc}"))
             self._rebuild(exc)
         else:
-            job.future.set_result(result)
+            for job, result in zip(jobs, results):
+                job.future.set_result(result)
+
+    def _generate_together(self, jobs: list[Job]) -> list[GenerationResult]:
+        self.batches += 1
+        listeners = [job.params.get("progress") for job in jobs if job.params.get("progress")]
+
+        def progress(done: int, total: int) -> None:
+            for listener in listeners:
+                listener(done, total)
+
+        shared = {name: jobs[0].params.get(name) for name in BATCHED_PARAMS if jobs[0].params.get(name) is not None}
+        requests = [PackRequest(job.prompt, job.adapters, job.num_images, job.params.get("seed", 0),
+                                job.params.get("negative_prompt")) for job in jobs]
+        return self.engine.generate_batch(requests, progress=progress if listeners else None, **shared)
+
+    @staticmethod
+    def _fail(jobs: list[Job], exc: BaseException) -> None:
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(exc)
+
+    # ------------------------------------------------------------------ faults
 
     def inject_fault(self) -> None:
         """Test hook: the next job runs on a corrupted base weight (NaN), as after a memory fault."""

@@ -46,6 +46,8 @@ class _Live:
         yield GaugeMetricFamily("hotlora_queue_depth", "Jobs waiting for the engine", value=self.worker.depth)
         yield CounterMetricFamily("hotlora_engine_rebuilds", "Engine rebuilds after engine faults",
                                   value=self.worker.rebuilds)
+        yield CounterMetricFamily("hotlora_mixed_batches", "Forward batches that carried several requests",
+                                  value=self.worker.batches)
         yield GaugeMetricFamily("hotlora_recompiles", "Dynamo graphs compiled by requests since warm-up (current engine)",
                                 value=engine.recompiles if engine else 0)
         store = self.worker.store

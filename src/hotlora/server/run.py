@@ -37,12 +37,12 @@ def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
 
     def make_engine() -> Engine:
         first = "store" not in shared
-        log.info("loading %s (slots %s, target rank %d, batch %d, compile %s)", config.model, ",".join(config.slots),
-                 config.target_rank, config.batch_size, config.compile)
+        log.info("loading %s (slots %s, target rank %d, batch %d, compile %s, mixed batches %s)", config.model,
+                 ",".join(config.slots), config.target_rank, config.batch_size, config.compile, config.mixed)
         engine = Engine.from_pretrained(
             config.model, slots=config.slots, target_rank=config.target_rank, target_modules=config.target_modules,
             batch_size=config.batch_size, compile=config.compile, height=config.height, width=config.width,
-            store=shared.get("store", store_config),
+            store=shared.get("store", store_config), mixed=config.mixed,
         )
         shared["store"] = engine.store
         if first and engine.store.catalog:
@@ -52,7 +52,7 @@ def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
                 log.warning("catalog entries that failed: %s", ", ".join(failures))
         return engine
 
-    return Worker(make_engine, max_queue=config.max_queue)
+    return Worker(make_engine, max_queue=config.max_queue, max_batch_delay_s=config.max_batch_delay_s)
 
 
 def serve(config: ServerConfig, store_config: StoreConfig) -> None:
