@@ -109,6 +109,7 @@ def cmd_serve(args) -> int:
         args.config, model=args.model, slots=args.slots, target_rank=args.target_rank,
         target_modules=args.target_modules, batch_size=args.batch_size, compile=False if args.no_compile else None,
         host=args.host, port=args.port, max_queue=args.max_queue, mixed=True if args.mixed else None,
+        attention_backend=args.attention_backend,
         store_flags={"catalog": args.catalog, "cache_dir": Path(args.cache_dir) if args.cache_dir else None},
     )
     serve(config, store_config)
@@ -157,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-queue", type=int)
     srv.add_argument("--no-compile", action="store_true")
     srv.add_argument("--mixed", action="store_true", help="merge requests with different adapters into one batch")
+    srv.add_argument("--attention-backend", help="native (default), fa3, flash, or a diffusers backend name")
     srv.set_defaults(run=cmd_serve)
 
     adapters = sub.add_parser("adapters", help="inspect or convert adapters").add_subparsers(dest="action", required=True)

@@ -57,6 +57,8 @@ class ServerConfig:
     batch_size: int = 6
     compile: bool = True
     mixed: bool = False  # merge requests with different adapters into one forward batch (adapter banks)
+    attention_backend: str = "native"  # native | fa3 | flash | any diffusers dispatcher backend name
+    compile_cache_dir: str | None = ".cache/hotlora/compile"  # compile artifacts kept across restarts
     max_batch_delay_s: float = 0.02  # how long a mixed batch waits for companions
     height: int | None = None
     width: int | None = None

@@ -17,7 +17,17 @@ import torch
 from hotlora.adapters.families import Family
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.resolver import AdapterResolver
-from hotlora.engine.pipeline import compile_denoiser, default_device, default_dtype, graph_count, load_pipeline
+from hotlora.engine.pipeline import (
+    compile_artifacts_path,
+    compile_denoiser,
+    default_device,
+    default_dtype,
+    graph_count,
+    load_compile_artifacts,
+    load_pipeline,
+    save_compile_artifacts,
+    set_attention_backend,
+)
 from hotlora.engine.bank import AdapterBank
 from hotlora.engine.runner import Timings, image_generators, run_pack, step_callback
 from hotlora.engine.slots import SlotBank, SwapReport
@@ -64,7 +74,8 @@ class Engine:
     def __init__(self, pipeline, family: Family, *, slots=("identity", "style"), target_rank: int = 16,
                  target_modules=None, batch_size: int = 6, compile: bool = True, height: int | None = None,
                  width: int | None = None, defaults: Mapping | None = None, model: str | None = None,
-                 store=None, mixed: bool = False, bank_entries: int | None = None):
+                 store=None, mixed: bool = False, bank_entries: int | None = None, attention_backend: str = "native",
+                 compile_cache_dir: str | os.PathLike | None = None):
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.pipeline = pipeline
@@ -91,9 +102,19 @@ class Engine:
         self._recompiles = 0
         self.compile_mode = None
         self.warmup_s = 0.0
+        self.compile_artifacts_loaded = False
+        self.attention_backend = set_attention_backend(self.denoiser, attention_backend)
+        artifacts = None
+        if compile and compile_cache_dir is not None:
+            fingerprint = f"{model}|{family.name}|{slots}|{target_rank}|{target_modules}|{batch_size}|{mixed}|" \
+                          f"{self.height}x{self.width}|{self.attention_backend}|{self.denoiser.dtype}"
+            artifacts = compile_artifacts_path(compile_cache_dir, fingerprint)
+            self.compile_artifacts_loaded = load_compile_artifacts(artifacts)
         if compile:
             self.compile_mode = compile_denoiser(self.denoiser, family)
         self._warm_up()
+        if artifacts is not None and not self.compile_artifacts_loaded:
+            save_compile_artifacts(artifacts)
 
     # ------------------------------------------------------------------ construction
 
@@ -101,7 +122,8 @@ class Engine:
     def from_pretrained(cls, model: str | os.PathLike, *, slots=("identity", "style"), target_rank: int = 16,
                         target_modules=None, batch_size: int = 6, compile: bool = True, dtype=None,
                         device: str | None = None, height: int | None = None, width: int | None = None,
-                        store=None, mixed: bool = False, bank_entries: int | None = None) -> "Engine":
+                        store=None, mixed: bool = False, bank_entries: int | None = None,
+                        attention_backend: str = "native", compile_cache_dir=None) -> "Engine":
         """Load ``model`` (a local directory or a hub id) and make it warm: slots, compile, warm-up."""
         device = device or default_device()
         dtype = dtype or default_dtype(device)
@@ -109,7 +131,8 @@ class Engine:
         defaults = _read_defaults(model)
         return cls(pipeline, family, slots=slots, target_rank=target_rank, target_modules=target_modules,
                    batch_size=batch_size, compile=compile, height=height, width=width, defaults=defaults,
-                   model=str(model), store=store, mixed=mixed, bank_entries=bank_entries)
+                   model=str(model), store=store, mixed=mixed, bank_entries=bank_entries,
+                   attention_backend=attention_backend, compile_cache_dir=compile_cache_dir)
 
     def _pipeline_default_size(self) -> int:
         return int(self.pipeline.default_sample_size * self.pipeline.vae_scale_factor)
@@ -151,6 +174,7 @@ class Engine:
             "target_rank": self.ceiling.target_rank, "ceiling_modules": len(self.ceiling.modules),
             "batch_size": self.batch_size, "height": self.height, "width": self.width,
             "compile": self.compile_mode, "warmup_s": round(self.warmup_s, 2), "recompiles": self.recompiles,
+            "mixed": self.mixed, "attention_backend": self.attention_backend,
             "slot_bytes": self.slots.nbytes,
         }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import torch
 
@@ -57,3 +58,69 @@ def graph_count() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+# ---------------------------------------------------------------------------- attention backends
+
+# Friendly names for diffusers' attention dispatcher backends, in the order they are tried.
+ATTENTION_ALIASES = {
+    "native": ["native"],
+    "sdpa": ["native"],
+    "fa3": ["_flash_3_hub", "_flash_3"],  # FlashAttention 3 from the `kernels` package, then a local build
+    "flash": ["flash_hub", "flash"],
+}
+
+
+def set_attention_backend(denoiser: torch.nn.Module, wanted: str) -> str:
+    """Switch the denoiser's attention through diffusers' dispatcher; fall back to native SDPA,
+    with a log line, when the backend cannot be had here (no kernels package, no Hopper GPU, ...)."""
+    candidates = ATTENTION_ALIASES.get(wanted, [wanted])
+    for backend in candidates:
+        try:
+            denoiser.set_attention_backend(backend)
+            if backend != "native":
+                log.info("attention backend: %s", backend)
+            return backend
+        except (RuntimeError, ValueError, ImportError, OSError) as exc:
+            log.warning("attention backend %s unavailable (%s)", backend, str(exc).splitlines()[0][:200])
+    denoiser.set_attention_backend("native")
+    log.warning("attention backend %r could not be used: falling back to native SDPA", wanted)
+    return "native"
+
+
+# ---------------------------------------------------------------------------- compile cache artifacts
+
+
+def compile_artifacts_path(cache_dir: str | os.PathLike, fingerprint: str) -> Path:
+    import hashlib
+
+    digest = hashlib.sha256(f"{torch.__version__}|{fingerprint}".encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"compile-artifacts-{digest}.bin"
+
+
+def load_compile_artifacts(path: Path) -> bool:
+    """Pre-load the compiler's caches saved by an earlier process (``torch.compiler.load_cache_artifacts``)."""
+    if not path.is_file():
+        log.info("no compile artifacts at %s: compiling from scratch", path)
+        return False
+    try:
+        torch.compiler.load_cache_artifacts(path.read_bytes())
+    except Exception as exc:  # a stale or foreign file must not stop start-up
+        log.warning("ignoring unusable compile artifacts %s: %s", path, exc)
+        return False
+    log.info("loaded compile artifacts from %s", path)
+    return True
+
+
+def save_compile_artifacts(path: Path) -> bool:
+    """Save what warm-up compiled, atomically, for the next process on this machine or volume."""
+    saved = torch.compiler.save_cache_artifacts()
+    if not saved:
+        return False
+    data, _info = saved
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    log.info("saved %d bytes of compile artifacts to %s", len(data), path)
+    return True

@@ -43,6 +43,7 @@ def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
             config.model, slots=config.slots, target_rank=config.target_rank, target_modules=config.target_modules,
             batch_size=config.batch_size, compile=config.compile, height=config.height, width=config.width,
             store=shared.get("store", store_config), mixed=config.mixed,
+            attention_backend=config.attention_backend, compile_cache_dir=config.compile_cache_dir,
         )
         shared["store"] = engine.store
         if first and engine.store.catalog:
