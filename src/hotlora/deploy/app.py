@@ -55,4 +55,8 @@ def run(config: RayServeConfig, *, blocking: bool = True):
     serve.start(http_options={"host": config.host, "port": config.port})
     config = with_tiny_model(config)
     log.info("deploying %s on Ray Serve; listening on http://%s:%d", ", ".join(config.models), config.host, config.port)
-    return serve.run(build_app(config), name=APP_NAME, route_prefix="/", blocking=blocking)
+    try:
+        return serve.run(build_app(config), name=APP_NAME, route_prefix="/", blocking=blocking)
+    except KeyboardInterrupt:  # Ctrl-C: replicas drain their queues (ModelReplica.__del__), then exit
+        log.info("shutting down the Ray application")
+        serve.shutdown()
