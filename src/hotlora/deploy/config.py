@@ -25,11 +25,15 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from hotlora.config import MiB, ServerConfig, StoreConfig, _read_config_file
-from hotlora.errors import InvalidRequest
+from hotlora.errors import HotloraError
 
 # Where a model directory keeps its serving defaults, among them the ids it answers to
 # (hotlora.engine.core reads the same file; read here without loading a model).
 DEFAULTS_FILE = "hotlora.json"
+
+
+class DeployConfigError(HotloraError):
+    """The [ray] settings do not describe a servable application (found at start-up, not per request)."""
 
 
 @dataclass
@@ -48,15 +52,18 @@ class ModelDeployment:
     ray_actor_options: dict = field(default_factory=dict)
     max_ongoing_requests: int | None = None  # None: the worker queue bound (max_queue)
 
-    def model_ids(self) -> list[str]:
-        """Every name a request may use for this model: the deployment name, the aliases, the model path,
-        its directory name, and the ``model_id`` / ``base_model_aliases`` of its hotlora.json."""
-        ids = [self.name, *self.aliases]
+    def declared_ids(self) -> list[str]:
+        """The names the operator gave this model: the deployment name and its aliases."""
+        return [self.name, *self.aliases]
+
+    def derived_ids(self) -> list[str]:
+        """The names the model itself answers to: its path, its directory name, and the ``model_id`` /
+        ``base_model_aliases`` of its hotlora.json (the names adapters declare as their base model)."""
         model = self.server.model
-        if model:
-            ids += [model, Path(model).name]
-            defaults = _model_defaults(model)
-            ids += [defaults.get("model_id"), *defaults.get("base_model_aliases", [])]
+        if not model:
+            return []
+        defaults = _model_defaults(model)
+        ids = [model, Path(model).name, defaults.get("model_id"), *defaults.get("base_model_aliases", [])]
         return list(dict.fromkeys(i for i in ids if i))
 
     @property
@@ -85,21 +92,30 @@ class RayServeConfig:
 
     def __post_init__(self):
         if not self.models:
-            raise InvalidRequest("the Ray application needs at least one model")
+            raise DeployConfigError("the Ray application needs at least one model")
         if self.default_model is None:
             self.default_model = next(iter(self.models))
         if self.default_model not in self.models:
-            raise InvalidRequest(f"default_model {self.default_model!r} is not one of {sorted(self.models)}")
+            raise DeployConfigError(f"default_model {self.default_model!r} is not one of {sorted(self.models)}")
+        self.routing_table()  # refuse an ambiguous table now, not on the first request
 
     def routing_table(self) -> dict[str, str]:
-        """model id -> deployment name. An id claimed by two models is refused: a request must not
-        reach a model by accident."""
+        """model id -> deployment name. A declared id claimed by two models is refused (a request must
+        not reach a model by accident); a derived id two models share (two directories both named
+        ``model``) is left out, and those models are reached by their declared ids."""
         table: dict[str, str] = {}
         for name, spec in self.models.items():
-            for model_id in spec.model_ids():
+            for model_id in spec.declared_ids():
                 owner = table.setdefault(model_id, name)
                 if owner != name:
-                    raise InvalidRequest(f"model id {model_id!r} is claimed by both {owner!r} and {name!r}")
+                    raise DeployConfigError(f"model id {model_id!r} is claimed by both {owner!r} and {name!r}")
+        derived: dict[str, set[str]] = {}
+        for name, spec in self.models.items():
+            for model_id in spec.derived_ids():
+                derived.setdefault(model_id, set()).add(name)
+        for model_id, owners in derived.items():
+            if model_id not in table and len(owners) == 1:
+                table[model_id] = owners.pop()
         return table
 
     @classmethod
@@ -116,7 +132,7 @@ class RayServeConfig:
         known = {f.name for f in fields(cls)} - {"models"}
         unknown = set(data) - known
         if unknown:
-            raise InvalidRequest(f"unknown [ray] settings {sorted(unknown)}; known: {sorted(known)}")
+            raise DeployConfigError(f"unknown [ray] settings {sorted(unknown)}; known: {sorted(known)}")
         data.setdefault("host", server.host)
         data.setdefault("port", server.port)
         models = {name: _model_deployment(name, dict(spec), server, store) for name, spec in models_data.items()}
@@ -131,7 +147,7 @@ def _model_deployment(name: str, spec: dict, server: ServerConfig, store: StoreC
     known = {f.name for f in fields(ModelDeployment)} - {"name", "server", "store"}
     unknown = set(spec) - known
     if unknown:
-        raise InvalidRequest(f"unknown settings {sorted(unknown)} for model {name!r}; known: {sorted(known)}")
+        raise DeployConfigError(f"unknown settings {sorted(unknown)} for model {name!r}; known: {sorted(known)}")
     if "aliases" in spec:
         spec["aliases"] = tuple(spec["aliases"])
     return ModelDeployment(name=name, server=replace(server, **server_overrides),
