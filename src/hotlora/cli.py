@@ -112,6 +112,11 @@ def cmd_serve(args) -> int:
         attention_backend=args.attention_backend,
         store_flags={"catalog": args.catalog, "cache_dir": Path(args.cache_dir) if args.cache_dir else None},
     )
+    if args.ray:  # one deployment per base model on Ray Serve; see docs/scale-out.md
+        from hotlora.deploy import RayServeConfig, run
+
+        run(RayServeConfig.load(args.config, config, store_config))
+        return 0
     serve(config, store_config)
     return 0
 
@@ -159,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--no-compile", action="store_true")
     srv.add_argument("--mixed", action="store_true", help="merge requests with different adapters into one batch")
     srv.add_argument("--attention-backend", help="native (default), fa3, flash, or a diffusers backend name")
+    srv.add_argument("--ray", action="store_true", help="scale out on Ray Serve (models from the config's [ray] table)")
     srv.set_defaults(run=cmd_serve)
 
     adapters = sub.add_parser("adapters", help="inspect or convert adapters").add_subparsers(dest="action", required=True)

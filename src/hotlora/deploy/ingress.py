@@ -1,0 +1,106 @@
+"""The HTTP entry of the Ray application: route by base model, forward with the identity as affinity key.
+
+Serve's HTTP proxy hands every request to this deployment. It answers what needs no model
+(liveness, the model list, requests no model could serve) and forwards the rest, unparsed beyond
+routing, to one replica of the chosen model's deployment through a Serve handle with
+``multiplexed_model_id`` set to the identity adapter's reference: Serve then prefers a replica
+that already holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hotlora.deploy.config import RayServeConfig
+from hotlora.deploy.replica import ForwardedReply, ForwardedRequest
+from hotlora.deploy.routing import ATTEMPTS_HEADER, Route, error_body, route
+from hotlora.errors import HotloraError
+
+log = logging.getLogger(__name__)
+# A replica process that died (killed, OOM, node lost) under a request, or one Serve already
+# knows to be gone. Serve's router does not resend such a request; the ingress does (below).
+REPLICA_GONE = (RayActorError, ReplicaUnavailableError)
+
+
+class ReplicasUnavailable(HotloraError):
+    """Every try of a request landed on a replica that died, or no answer came in time."""
+
+    status_code = 503
+    retry_after_s = 5
+
+
+class ModelsOverloaded(HotloraError):
+    """Serve's own back-pressure: every replica of the model is at max_ongoing_requests and its queue is full."""
+
+    status_code = 429
+    retry_after_s = 5
+
+
+@serve.deployment
+class Ingress:
+    def __init__(self, models: dict, config: RayServeConfig):
+        self.handles = models  # deployment name -> DeploymentHandle (Serve resolves the bound apps)
+        self.config = config
+        self.table = config.routing_table()
+        self.identity_slot = {name: spec.server.lora_header_slot for name, spec in config.models.items()}
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path
+        if request.method == "GET" and path == "/healthz":
+            return JSONResponse({"status": "alive"})
+        if request.method == "GET" and path == "/v1/models":
+            return JSONResponse({"default": self.config.default_model, "routes": self.table})
+        body = await request.body()
+        try:
+            chosen = route(request.method, path, request.query_params, request.headers, body, self.table,
+                           self.config.default_model, self.identity_slot)
+            forwarded = ForwardedRequest(request.method, path, request.url.query, list(request.headers.items()),
+                                         chosen.body)
+            reply, attempts = await self._forward(chosen, forwarded)
+        except HotloraError as exc:
+            headers = {"Retry-After": str(exc.retry_after_s)} if getattr(exc, "retry_after_s", None) else {}
+            return JSONResponse(error_body(exc, path), status_code=exc.status_code, headers=headers)
+        headers = dict(reply.headers)
+        headers[ATTEMPTS_HEADER] = str(attempts)
+        return Response(reply.body, status_code=reply.status, headers=headers)
+
+    async def _forward(self, chosen: Route, forwarded: ForwardedRequest) -> tuple[ForwardedReply, int]:
+        """Send to the model's deployment; resend, boundedly, when the replica died under the request.
+
+        Written by hand because Serve does not retry a request whose replica died. Resending is safe:
+        a request is deterministic (its seed defaults to 0) and a dead replica returned nothing.
+        """
+        handle = self.handles[chosen.deployment]
+        if chosen.identity:
+            handle = handle.options(multiplexed_model_id=chosen.identity)
+        config = self.config
+        problems = []
+        for attempt in range(1, config.max_attempts + 1):
+            response = handle.handle.remote(forwarded)
+            try:
+                return await asyncio.wait_for(_result(response), config.request_timeout_s), attempt
+            except asyncio.TimeoutError:
+                response.cancel()
+                raise ReplicasUnavailable(f"no answer from model {chosen.deployment!r} within "
+                                          f"{config.request_timeout_s:g}s") from None
+            except BackPressureError as exc:
+                raise ModelsOverloaded(f"model {chosen.deployment!r} is at capacity: {exc}") from None
+            except REPLICA_GONE as exc:
+                problems.append(f"try {attempt}: {type(exc).__name__}")
+                log.warning("replica of %s lost a request (try %d/%d): %s", chosen.deployment, attempt,
+                            config.max_attempts, exc)
+                if attempt < config.max_attempts:
+                    await asyncio.sleep(config.retry_backoff_s * attempt)
+        raise ReplicasUnavailable(f"model {chosen.deployment!r}: the replica died under the request "
+                                  f"{config.max_attempts} times ({'; '.join(problems)})")
+
+
+async def _result(response):
+    return await response

@@ -1,0 +1,111 @@
+"""Which deployment a request goes to, and which identity adapter it carries (the affinity key).
+
+Pure functions over the raw request (method, path, query, headers, body), no Ray: testable without
+a cluster. The request schemas and the error shape are the HTTP server's own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping
+
+from pydantic import ValidationError
+
+from hotlora.errors import InvalidRequest, RequestError
+from hotlora.server.app import error_body as _server_error_body
+from hotlora.server.schemas import GenerateRequest, OpenAIImagesRequest
+
+MODEL_HEADER = "x-hotlora-model"  # names the model when neither the path nor the body does
+REPLICA_HEADER = "x-hotlora-replica"  # which replica answered (its Serve replica id)
+ATTEMPTS_HEADER = "x-hotlora-attempts"  # how many replicas the ingress tried
+HF_MODEL_PREFIX = "/models/"
+# /v1/generate forbids unknown fields, so the ingress-only `model` field is taken out before forwarding;
+# the OpenAI API has a `model` field of its own and keeps it.
+STRIP_MODEL_FIELD = {"/v1/generate"}
+SCHEMAS = {"/v1/generate": GenerateRequest, "/v1/images/generations": OpenAIImagesRequest}
+
+
+class UnknownModel(RequestError):
+    status_code = 404
+
+
+@dataclass(frozen=True)
+class Route:
+    deployment: str
+    identity: str | None  # the identity adapter's reference; None: no affinity, any replica
+    body: bytes  # what the replica receives
+
+
+def route(method: str, path: str, query: Mapping[str, str], headers: Mapping[str, str], body: bytes,
+          table: Mapping[str, str], default: str, identity_slot: Mapping[str, str]) -> Route:
+    """Pick the deployment (path ``/models/{id}``, body ``model``, header, query ``model``, else the
+    default) and read the identity adapter. Raises RequestError for what no replica could serve."""
+    data = _json_body(path, headers, body) if method == "POST" else None
+    model_id = _model_id(path, query, headers, data)
+    if model_id is None:
+        deployment = default
+    elif model_id in table:
+        deployment = table[model_id]
+    else:
+        raise UnknownModel(f"no model {model_id!r} is served here; models: {', '.join(sorted(table))}")
+    if data is not None and path in STRIP_MODEL_FIELD and "model" in data:
+        del data["model"]
+        body = json.dumps(data).encode()
+    if data is not None and path in SCHEMAS:
+        _validate(SCHEMAS[path], data)
+    slot = identity_slot[deployment]
+    return Route(deployment, _identity(path, headers, data, slot), body)
+
+
+def _json_body(path: str, headers: Mapping[str, str], body: bytes) -> dict | None:
+    """The JSON object of a POST, or None for a raw prompt (the inference API takes plain text)."""
+    json_expected = path in SCHEMAS or "json" in headers.get("content-type", "")
+    if not json_expected and not body.lstrip().startswith(b"{"):
+        return None
+    try:
+        data = json.loads(body or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        if not json_expected:
+            return None  # a raw prompt that happens to start with "{": the replica decides
+        raise InvalidRequest(f"invalid request: body is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("invalid request: body must be a JSON object")
+    return data
+
+
+def _model_id(path, query, headers, data) -> str | None:
+    if path.startswith(HF_MODEL_PREFIX) and len(path) > len(HF_MODEL_PREFIX):
+        return path[len(HF_MODEL_PREFIX):]
+    if data is not None and isinstance(data.get("model"), str) and data["model"]:
+        return data["model"]
+    return headers.get(MODEL_HEADER) or query.get("model") or None
+
+
+def _identity(path: str, headers: Mapping[str, str], data: dict | None, slot: str) -> str | None:
+    """The identity adapter's reference as written in the request: the inference API's ``lora``
+    header (it fills the identity slot), else ``adapters[slot]`` (``parameters.adapters`` there)."""
+    if path == "/" or path.startswith(HF_MODEL_PREFIX):
+        if headers.get("lora"):
+            return headers["lora"]
+        data = (data or {}).get("parameters")
+    adapters = data.get("adapters") if isinstance(data, dict) else None
+    spec = adapters.get(slot) if isinstance(adapters, dict) else None
+    if isinstance(spec, dict):
+        spec = spec.get("ref")
+    return spec if isinstance(spec, str) and spec else None
+
+
+def _validate(schema, data: dict) -> None:
+    """The replica validates again (it is the same app as ``hotlora serve``); this answers a malformed
+    request at the edge, without taking a slot on a model replica."""
+    try:
+        schema.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+        raise InvalidRequest(f"invalid request: {problems}") from None
+
+
+def error_body(exc: Exception, path: str) -> dict:
+    """The error shape of ``hotlora serve``: the OpenAI routes nest it, the others do not."""
+    return _server_error_body(exc, openai=path.startswith("/v1/images"))

@@ -1,0 +1,59 @@
+"""A local Ray cluster (2 CPUs) serving the tiny Flux model on two replicas and the tiny SDXL
+model on one, behind hotlora's ingress on 127.0.0.1. Started and shut down here, once per module."""
+
+import logging
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+from ray import serve  # noqa: E402
+
+from hotlora.config import ServerConfig, StoreConfig  # noqa: E402
+from hotlora.deploy.app import APP_NAME, build_app  # noqa: E402
+from hotlora.deploy.config import RayServeConfig  # noqa: E402
+
+from ..conftest import TARGET_RANK  # noqa: E402
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ray_config(tiny_models, cache: Path, port: int) -> RayServeConfig:
+    # compile=False: the Ray tests are about routing, affinity and failure, not the compiled engine.
+    server = ServerConfig(target_rank=TARGET_RANK, batch_size=2, compile=False, max_queue=16, drain_timeout_s=10)
+    store = StoreConfig(cache_dir=cache, local_roots=tuple(tiny_models.values()))
+
+    def model(family, replicas):
+        adapters = tiny_models[family] / "adapters"
+        # Half a CPU each: three replicas and their replacement fit in the 2-CPU cluster.
+        return {"model": str(tiny_models[family]), "num_replicas": replicas, "aliases": [f"tiny-{family}"],
+                "ray_actor_options": {"num_cpus": 0.5},
+                "store": {"catalog": str(adapters / "catalog.toml"), "cache_dir": str(cache / family)}}
+
+    return RayServeConfig.from_dict({"port": port, "max_attempts": 4, "retry_backoff_s": 0.5,
+                                     "request_timeout_s": 120, "models": {"flux": model("flux", 2),
+                                                                          "sdxl": model("sdxl", 1)}},
+                                    server, store)
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_models, tmp_path_factory):
+    """(base url, RayServeConfig) of the running application."""
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    config = ray_config(tiny_models, tmp_path_factory.mktemp("ray-cache"), free_port())
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+             logging_level=logging.WARNING, configure_logging=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": config.port})
+        serve.run(build_app(config), name=APP_NAME, route_prefix="/")
+        url = f"http://127.0.0.1:{config.port}"  # serve.run returned: every replica is warm
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+        yield url, config
+    finally:
+        serve.shutdown()
+        ray.shutdown()

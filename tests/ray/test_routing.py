@@ -1,0 +1,108 @@
+"""The ingress's routing decisions and the Ray settings, without a cluster."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hotlora.config import ServerConfig, StoreConfig
+from hotlora.deploy.config import DeployConfigError, RayServeConfig
+from hotlora.deploy.routing import UnknownModel, route
+from hotlora.errors import InvalidRequest
+
+
+@pytest.fixture
+def config(tmp_path):
+    model = tmp_path / "flux-dev"
+    model.mkdir()
+    (model / "hotlora.json").write_text(json.dumps({"model_id": "org/flux", "base_model_aliases": ["flux-1"]}))
+    return RayServeConfig.from_dict({"models": {
+        "flux": {"model": str(model), "num_replicas": 2, "server": {"lora_header_slot": "face"}},
+        "sdxl": {"model": "org/sdxl", "aliases": ["sdxl-base"], "autoscaling": {"min_replicas": 1, "max_replicas": 4}},
+    }}, ServerConfig(), StoreConfig(cache_dir=tmp_path / "cache"))
+
+
+def routed(config, path="/v1/generate", body=None, headers=None, query=None, method="POST"):
+    raw = body if isinstance(body, bytes) else json.dumps(body or {"prompt": "x"}).encode()
+    slots = {name: spec.server.lora_header_slot for name, spec in config.models.items()}
+    return route(method, path, query or {}, headers or {}, raw, config.routing_table(), config.default_model, slots)
+
+
+def test_routing_table_holds_every_name_a_model_answers_to(config):
+    table = config.routing_table()
+    assert {k for k, v in table.items() if v == "flux"} >= {"flux", "flux-dev", "org/flux", "flux-1"}
+    assert {k for k, v in table.items() if v == "sdxl"} == {"sdxl", "sdxl-base", "org/sdxl"}
+    assert config.default_model == "flux"
+
+
+def test_model_from_path_body_header_query_else_default(config):
+    assert routed(config, "/models/org/sdxl", b"a dog").deployment == "sdxl"
+    assert routed(config, body={"prompt": "x", "model": "sdxl-base"}).deployment == "sdxl"
+    assert routed(config, headers={"x-hotlora-model": "sdxl"}).deployment == "sdxl"
+    assert routed(config, "/v1/adapters", b"", query={"model": "org/sdxl"}, method="GET").deployment == "sdxl"
+    assert routed(config).deployment == "flux"
+    with pytest.raises(UnknownModel, match="org/flux"):
+        routed(config, body={"prompt": "x", "model": "someone/else"})
+
+
+def test_the_model_field_is_taken_out_where_the_api_forbids_it(config):
+    generate = routed(config, body={"prompt": "x", "model": "sdxl"})
+    assert "model" not in json.loads(generate.body)
+    openai = routed(config, "/v1/images/generations", {"prompt": "x", "model": "sdxl"})
+    assert json.loads(openai.body)["model"] == "sdxl"  # the OpenAI API's own field
+
+
+def test_the_identity_adapter_is_the_affinity_key(config):
+    spec = {"prompt": "x", "model": "sdxl", "adapters": {"identity": {"ref": "s3://u/42.safetensors", "scale": 0.5},
+                                                        "style": "watercolor"}}
+    assert routed(config, body=spec).identity == "s3://u/42.safetensors"
+    assert routed(config, body={**spec, "adapters": {"style": "watercolor"}}).identity is None
+    # The flux deployment's identity slot is named "face"; the inference API's `lora` header fills it.
+    assert routed(config, body={"prompt": "x", "adapters": {"face": "u7"}}).identity == "u7"
+    assert routed(config, "/", b"a dog", headers={"lora": "hf://u/8"}).identity == "hf://u/8"
+    hf_body = {"inputs": "a dog", "parameters": {"adapters": {"face": "u9"}}}
+    assert routed(config, "/models/flux", hf_body, headers={"content-type": "application/json"}).identity == "u9"
+
+
+def test_malformed_requests_are_refused_at_the_edge(config):
+    with pytest.raises(InvalidRequest, match="not JSON"):
+        routed(config, body=b"{oops")
+    with pytest.raises(InvalidRequest, match="num_images"):
+        routed(config, body={"prompt": "x", "num_images": "many"})
+    with pytest.raises(InvalidRequest, match="JSON object"):
+        routed(config, "/v1/images/generations", b"[1, 2]")
+    assert routed(config, "/", b"{a raw prompt in braces").body == b"{a raw prompt in braces"  # the replica decides
+
+
+def test_serve_options_carry_replicas_or_autoscaling(config):
+    flux, sdxl = config.models["flux"].serve_options, config.models["sdxl"].serve_options
+    assert flux["num_replicas"] == 2 and "autoscaling_config" not in flux and flux["name"] == "model-flux"
+    assert sdxl["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4} and "num_replicas" not in sdxl
+    assert flux["max_ongoing_requests"] == ServerConfig().max_queue
+
+
+def test_bad_settings_are_refused(tmp_path):
+    server, store = ServerConfig(model="m"), StoreConfig(cache_dir=tmp_path)
+    with pytest.raises(DeployConfigError, match="claimed by both"):
+        RayServeConfig.from_dict({"models": {"a": {"aliases": ["x/y"]}, "b": {"aliases": ["x/y"]}}}, server, store)
+    # Two directories named alike: neither gets the shared name, both keep their own.
+    twins = RayServeConfig.from_dict({"models": {"a": {"model": "/p/model"}, "b": {"model": "/q/model"}}}, server, store)
+    assert "model" not in twins.routing_table() and twins.routing_table()["/q/model"] == "b"
+    with pytest.raises(DeployConfigError, match="unknown"):
+        RayServeConfig.from_dict({"models": {"a": {"replicas": 2}}}, server, store)
+    with pytest.raises(DeployConfigError, match="default_model"):
+        RayServeConfig.from_dict({"default_model": "zz"}, server, store)
+    single = RayServeConfig.from_dict({}, server, store)  # no [ray.models]: the one --model, one replica
+    assert list(single.models) == ["default"] and single.models["default"].server.model == "m"
+
+
+def test_a_config_file_layers_ray_tables_over_the_server_settings(tmp_path):
+    path = Path(tmp_path / "serve.toml")
+    path.write_text('[server]\ntarget_rank = 32\n[ray]\nmax_attempts = 5\n'
+                    '[ray.models.flux]\nmodel = "org/flux"\nserver = { batch_size = 2 }\n'
+                    'store = { ram_budget_bytes = 1024 }\n[ray.models.flux.autoscaling]\nmax_replicas = 3\n')
+    server, store = ServerConfig.load(path)
+    config = RayServeConfig.load(path, server, store)
+    flux = config.models["flux"]
+    assert (config.max_attempts, flux.server.target_rank, flux.server.batch_size) == (5, 32, 2)
+    assert flux.store.ram_budget_bytes == 1024 and flux.autoscaling == {"max_replicas": 3}
