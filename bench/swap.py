@@ -1,0 +1,151 @@
+"""Swap cost against the memory-copy limit, and the steady-state cost of carrying adapter slots.
+
+Usage: .venv/bin/python bench/swap.py [--family flux] [--target-rank 16] [--pack 6] [--runs 5]
+
+1. For ranks 1..target: time to swap both slots from RAM-cached adapters (every ceiling module)
+   against one plain ``copy_`` of the same number of bytes on the same device. Target: <= 1.5x.
+2. Compiled generation of one pack with both slots filled, against the same model compiled with
+   no adapter slots at all, for the full ceiling and for an attention-only ceiling. Target: < 10%.
+Writes bench/results/swap.{json,md}. Ratios are measured side by side in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
+
+import torch  # noqa: E402
+
+
+def timed(fn, repeats: int) -> float:
+    """Median milliseconds of ``fn`` (synchronised on CUDA)."""
+    samples = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        began = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        samples.append((time.perf_counter() - began) * 1000)
+    return statistics.median(samples)
+
+
+def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
+    from hotlora.adapters.formats import Adapter
+    from hotlora.testing import random_lora
+
+    linears = dict(engine.ceiling.modules)
+    device = next(engine.denoiser.parameters()).device
+    dtype = next(engine.denoiser.parameters()).dtype
+    rows = []
+    rank = 1
+    while rank <= target_rank:
+        pair = []
+        for seed in (1, 2):
+            sd = random_lora(linears, rank, seed=seed)
+            from hotlora.adapters.formats import LoraWeights
+
+            modules = {m: LoraWeights(sd[f"{m}.lora_A.weight"].to(dtype), sd[f"{m}.lora_B.weight"].to(dtype), 1.0)
+                       for m in linears}
+            adapter = Adapter(f"r{rank}-{seed}", engine.family.name, "diffusers", modules, sha256=f"{rank}-{seed}")
+            if device.type == "cuda":
+                modules = {m: LoraWeights(w.down.pin_memory(), w.up.pin_memory(), 1.0) for m, w in modules.items()}
+                adapter = Adapter(adapter.name, adapter.family, "diffusers", modules, sha256=adapter.sha256)
+            pair.append(adapter)
+        state = {"i": 0}
+
+        def swap():
+            state["i"] += 1
+            a, b = (pair[0], pair[1]) if state["i"] % 2 else (pair[1], pair[0])
+            engine.slots.swap({"identity": (a, 0.9), "style": (b, 0.7)})
+
+        nbytes = 2 * pair[0].nbytes  # both slots
+        source = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        target = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        swap_ms = timed(swap, repeats)
+        copy_ms = timed(lambda: target.copy_(source, non_blocking=True), repeats)
+        rows.append({"rank": rank, "bytes": nbytes, "swap_ms": round(swap_ms, 3), "copy_ms": round(copy_ms, 3),
+                     "swap_over_copy": round(swap_ms / copy_ms, 2)})
+        rank *= 2
+    return rows
+
+
+def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: int) -> list[dict]:
+    from hotlora import Engine
+
+    adapters = model / "adapters"
+    request = {"identity": (str(adapters / "identity-diffusers"), 1.0), "style": (str(adapters / "style-diffusers"), 0.8)}
+    ceilings = {"every Linear": None, "attention only": r".*attn.*"}
+    engines = {"no slots": Engine.from_pretrained(model, slots=(), target_rank=target_rank, batch_size=pack)}
+    for label, pattern in ceilings.items():
+        engines[f"2 slots, {label}"] = Engine.from_pretrained(model, target_rank=target_rank, batch_size=pack,
+                                                              target_modules=pattern)
+    samples = {label: [] for label in engines}
+    for _ in range(runs):  # interleaved, so every configuration sees the same machine noise
+        for label, engine in engines.items():
+            adapters_here = {} if label == "no slots" else {
+                slot: (engine.load_adapter(path), scale) for slot, (path, scale) in request.items()}
+            if label.endswith("attention only"):  # keep only what the narrower ceiling holds
+                adapters_here = {slot: (_restrict(a, engine.ceiling.modules), s) for slot, (a, s) in adapters_here.items()}
+            result = engine.generate("a portrait", adapters=adapters_here, num_images=pack, num_inference_steps=steps,
+                                     output_type="latent")
+            samples[label].append(sum(result.timings.generate_ms))
+    base = statistics.median(samples["no slots"])
+    return [{"config": label, "pack_ms": round(statistics.median(v), 1),
+             "overhead_pct": round(100 * (statistics.median(v) / base - 1), 1),
+             "slot_bytes": engines[label].slots.nbytes, "recompiles": engines[label].recompiles}
+            for label, v in samples.items()]
+
+
+def _restrict(adapter, modules):
+    from hotlora.adapters.formats import Adapter
+
+    kept = {m: w for m, w in adapter.modules.items() if m in modules}
+    return Adapter(adapter.name, adapter.family, adapter.layout, kept, adapter.sha256 + "-attn", adapter.base_model)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--family", default="flux")
+    parser.add_argument("--target-rank", type=int, default=16)
+    parser.add_argument("--pack", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--model", help="a local model directory (default: a tiny model built now)")
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+    from hotlora import Engine
+    from hotlora.testing import save_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(args.model) if args.model else save_tiny_model(Path(tmp) / args.family, args.family)
+        engine = Engine.from_pretrained(model, target_rank=args.target_rank, batch_size=args.pack)
+        swaps = swap_rows(engine, args.target_rank, repeats=max(20, args.runs))
+        overhead = overhead_rows(model, args.target_rank, args.pack, args.steps, args.runs)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}" + (
+        f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "swap.json").write_text(json.dumps({"machine": machine, "args": vars(args), "swap": swaps,
+                                               "overhead": overhead}, indent=2))
+    lines = ["| rank | bytes (both slots) | swap ms | copy_ ms | swap / copy |", "|---|---|---|---|---|"]
+    lines += [f"| {r['rank']} | {r['bytes']} | {r['swap_ms']} | {r['copy_ms']} | {r['swap_over_copy']}x |" for r in swaps]
+    lines += ["", "| configuration | pack ms | overhead vs no slots | slot bytes | recompiles |", "|---|---|---|---|---|"]
+    lines += [f"| {r['config']} | {r['pack_ms']} | {r['overhead_pct']}% | {r['slot_bytes']} | {r['recompiles']} |"
+              for r in overhead]
+    table = "\n".join(lines)
+    (out / "swap.md").write_text(f"Machine: {machine}. {args}\n\n{table}\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
