@@ -24,6 +24,11 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().pa
 
 import torch  # noqa: E402
 
+# Several compiled engines share the same block code objects in one process: allow their graphs
+# to coexist (a server runs one engine and never comes near the default limit of 8).
+torch._dynamo.config.recompile_limit = 64
+torch._dynamo.config.accumulated_recompile_limit = 1024
+
 
 def timed(fn, repeats: int) -> float:
     """Median milliseconds of ``fn`` (synchronised on CUDA)."""
