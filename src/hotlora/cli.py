@@ -121,6 +121,19 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    """Benchmarks live in the repository's bench/ folder (a source checkout, as `make` installs)."""
+    import runpy
+
+    script = Path(__file__).resolve().parents[2] / "bench" / f"{args.name}.py"
+    if not script.is_file():
+        print(f"error: no benchmark {args.name!r} at {script} (benchmarks need a source checkout)", file=sys.stderr)
+        return 2
+    sys.argv = [str(script), *args.rest]
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hotlora", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -166,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--attention-backend", help="native (default), fa3, flash, or a diffusers backend name")
     srv.add_argument("--ray", action="store_true", help="scale out on Ray Serve (models from the config's [ray] table)")
     srv.set_defaults(run=cmd_serve)
+
+    bench = sub.add_parser("bench", help="run a benchmark from bench/ (ablation, swap, mixed, affinity, ...)")
+    bench.add_argument("name", help="ablation | swap | mixed | affinity | engine_figures")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
+    bench.set_defaults(run=cmd_bench)
 
     adapters = sub.add_parser("adapters", help="inspect or convert adapters").add_subparsers(dest="action", required=True)
     for name, run, text in (("inspect", cmd_adapters_inspect, "layout, rank, alpha, targets, base model, size, sha256"),
