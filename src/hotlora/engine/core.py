@@ -8,6 +8,7 @@ import math
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -210,42 +211,50 @@ class Engine:
                                          seed, output_type, negative_prompt)
         resolved = self.resolve(adapters)
         timings.resolve_ms = (time.perf_counter() - began) * 1000
+        with self._engine_section():
+            before_chunk = None
+            if self.mixed:  # every sample of every chunk selects this request's bank entries
+                swap = SwapReport()
+
+                def before_chunk(size: int) -> None:
+                    report = self.slots.assign([resolved] * size, repeat=self._batch_factor(call_kwargs))
+                    swap.ms += report.ms
+                    swap.adapters = report.adapters
+            else:
+                swap = self.slots.swap(resolved)
+            images = run_pack(self.pipeline, prompt=prompt, num_images=num_images, batch_size=self.batch_size,
+                              seed=seed, output_type="pt" if output_type == "pil" else output_type,
+                              call_kwargs=call_kwargs, timings=timings, progress=progress,
+                              before_chunk=before_chunk)
+            timings.swap_ms = swap.ms
+        images = self._finish(images, output_type)
+        timings.total_ms = (time.perf_counter() - began) * 1000
+        return GenerationResult(images=images, seeds=[seed + i for i in range(num_images)], timings=timings,
+                                swap=swap, adapters=_served(resolved), recompiles=self.recompiles)
+
+    @contextmanager
+    def _engine_section(self):
+        """One pack at a time on the shared slots; graphs compiled inside are counted; anything
+        unexpected raised inside is an engine fault (EngineError: the worker rebuilds)."""
         with self._lock:
             graphs_before = graph_count()
             try:
                 self.slots.check_intact()
-                before_chunk = None
-                if self.mixed:  # every sample of every chunk selects this request's bank entries
-                    swap = SwapReport()
-
-                    def before_chunk(size: int) -> None:
-                        report = self.slots.assign([resolved] * size, repeat=self._batch_factor(call_kwargs))
-                        swap.ms += report.ms
-                        swap.adapters = report.adapters
-                else:
-                    swap = self.slots.swap(resolved)
-                images = run_pack(self.pipeline, prompt=prompt, num_images=num_images, batch_size=self.batch_size,
-                                  seed=seed, output_type="pt" if output_type == "pil" else output_type,
-                                  call_kwargs=call_kwargs, timings=timings, progress=progress,
-                                  before_chunk=before_chunk)
-                timings.swap_ms = swap.ms
+                yield
             except HotloraError:
                 raise
             except Exception as exc:
                 raise EngineError(f"generation failed inside the engine: {type(exc).__name__}: {exc}") from exc
             finally:
                 self._recompiles += graph_count() - graphs_before
+
+    def _finish(self, images, output_type: str):
+        """Refuse non-finite output (a corrupted engine, not a bad request), then encode PIL."""
         if not _all_finite(images):
             raise EngineError("the denoiser produced non-finite values")
         if output_type == "pil":
             images = self.pipeline.image_processor.numpy_to_pil(self.pipeline.image_processor.pt_to_numpy(images))
-        timings.total_ms = (time.perf_counter() - began) * 1000
-        served = {
-            slot: {"sha256": a.sha256, "layout": a.layout, "rank": a.rank, "scale": scale, "name": a.name}
-            for slot, (a, scale) in resolved.items()
-        }
-        return GenerationResult(images=images, seeds=[seed + i for i in range(num_images)], timings=timings,
-                                swap=swap, adapters=served, recompiles=self.recompiles)
+        return images
 
     def generate_batch(self, requests: Sequence[PackRequest], *, num_inference_steps: int | None = None,
                        guidance_scale: float | None = None, height: int | None = None, width: int | None = None,
@@ -273,40 +282,26 @@ class Engine:
         shared.pop("negative_prompt", None)
         if any(n is not None for n in negatives):
             shared["negative_prompt"] = [n or "" for n in negatives]
-        with self._lock:
-            graphs_before = graph_count()
-            try:
-                self.slots.check_intact()
-                swap = self.slots.assign([resolved[i] for i, r in enumerate(requests) for _ in range(r.num_images)],
-                                         repeat=self._batch_factor(shared))
-                step_began = time.perf_counter()
-                extra = {}
-                if progress is not None:
-                    extra["callback_on_step_end"] = step_callback(progress, 0, shared["num_inference_steps"])
-                images = self.pipeline(prompt=prompts, num_images_per_prompt=1, generator=generators,
-                                       output_type="pt" if output_type == "pil" else output_type, **shared,
-                                       **extra).images
-                generate_ms = (time.perf_counter() - step_began) * 1000
-            except HotloraError:
-                raise
-            except Exception as exc:
-                raise EngineError(f"generation failed inside the engine: {type(exc).__name__}: {exc}") from exc
-            finally:
-                self._recompiles += graph_count() - graphs_before
-        if not _all_finite(images):
-            raise EngineError("the denoiser produced non-finite values")
+        with self._engine_section():
+            swap = self.slots.assign([resolved[i] for i, r in enumerate(requests) for _ in range(r.num_images)],
+                                     repeat=self._batch_factor(shared))
+            step_began = time.perf_counter()
+            extra = {}
+            if progress is not None:
+                extra["callback_on_step_end"] = step_callback(progress, 0, shared["num_inference_steps"])
+            images = self.pipeline(prompt=prompts, num_images_per_prompt=1, generator=generators,
+                                   output_type="pt" if output_type == "pil" else output_type, **shared,
+                                   **extra).images
+            generate_ms = (time.perf_counter() - step_began) * 1000
         results, start = [], 0
         for request, adapters in zip(requests, resolved):
-            part = images[start : start + request.num_images]
+            part = self._finish(images[start : start + request.num_images], output_type)
             start += request.num_images
-            if output_type == "pil":
-                part = self.pipeline.image_processor.numpy_to_pil(self.pipeline.image_processor.pt_to_numpy(part))
             timings = Timings(resolve_ms=resolve_ms, swap_ms=swap.ms, generate_ms=[generate_ms],
                               total_ms=(time.perf_counter() - began) * 1000)
-            served = {slot: {"sha256": a.sha256, "layout": a.layout, "rank": a.rank, "scale": scale, "name": a.name}
-                      for slot, (a, scale) in adapters.items()}
             results.append(GenerationResult(images=part, seeds=[request.seed + i for i in range(request.num_images)],
-                                            timings=timings, swap=swap, adapters=served, recompiles=self.recompiles))
+                                            timings=timings, swap=swap, adapters=_served(adapters),
+                                            recompiles=self.recompiles))
         return results
 
     def _batch_factor(self, call_kwargs: Mapping) -> int:
@@ -344,6 +339,12 @@ class Engine:
         if negative_prompt is not None:
             kwargs["negative_prompt"] = negative_prompt
         return kwargs
+
+
+def _served(resolved: Mapping[str, tuple[Adapter, float]]) -> dict:
+    """What a response reports about each slot's adapter."""
+    return {slot: {"sha256": a.sha256, "layout": a.layout, "rank": a.rank, "scale": scale, "name": a.name}
+            for slot, (a, scale) in resolved.items()}
 
 
 def _make_store(store, family: Family, denoiser_config):
