@@ -59,6 +59,8 @@ class ServerConfig:
     mixed: bool = False  # merge requests with different adapters into one forward batch (adapter banks)
     attention_backend: str = "native"  # native | fa3 | flash | any diffusers dispatcher backend name
     compile_cache_dir: str | None = ".cache/hotlora/compile"  # compile artifacts kept across restarts
+    step_cache: str | None = None  # dbcache | taylorseer | fbcache (off by default: it trades quality)
+    step_cache_threshold: float = 0.12
     max_batch_delay_s: float = 0.02  # how long a mixed batch waits for companions
     height: int | None = None
     width: int | None = None

@@ -32,6 +32,7 @@ from hotlora.engine.pipeline import (
 from hotlora.engine.bank import AdapterBank
 from hotlora.engine.runner import Timings, image_generators, run_pack, step_callback
 from hotlora.engine.slots import SlotBank, SwapReport
+from hotlora.engine.stepcache import StepCache, apply_step_cache
 from hotlora.errors import EngineError, HotloraError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class Engine:
                  target_modules=None, batch_size: int = 6, compile: bool = True, height: int | None = None,
                  width: int | None = None, defaults: Mapping | None = None, model: str | None = None,
                  store=None, mixed: bool = False, bank_entries: int | None = None, attention_backend: str = "native",
-                 compile_cache_dir: str | os.PathLike | None = None):
+                 compile_cache_dir: str | os.PathLike | None = None, step_cache: StepCache | None = None):
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.pipeline = pipeline
@@ -108,11 +109,15 @@ class Engine:
         artifacts = None
         if compile and compile_cache_dir is not None:
             fingerprint = f"{model}|{family.name}|{slots}|{target_rank}|{target_modules}|{batch_size}|{mixed}|" \
-                          f"{self.height}x{self.width}|{self.attention_backend}|{self.denoiser.dtype}"
+                          f"{self.height}x{self.width}|{self.attention_backend}|{self.denoiser.dtype}|{step_cache}"
             artifacts = compile_artifacts_path(compile_cache_dir, fingerprint)
             self.compile_artifacts_loaded = load_compile_artifacts(artifacts)
+        self.step_cache = step_cache
+        if step_cache is not None:  # installed before compile: the compiled blocks include it
+            apply_step_cache(pipeline, self.denoiser, step_cache)
         if compile:
-            self.compile_mode = compile_denoiser(self.denoiser, family)
+            self.compile_mode = compile_denoiser(self.denoiser, family,
+                                                 fullgraph=step_cache.fullgraph if step_cache else True)
         self._warm_up()
         if artifacts is not None and not self.compile_artifacts_loaded:
             save_compile_artifacts(artifacts)
@@ -124,7 +129,8 @@ class Engine:
                         target_modules=None, batch_size: int = 6, compile: bool = True, dtype=None,
                         device: str | None = None, height: int | None = None, width: int | None = None,
                         store=None, mixed: bool = False, bank_entries: int | None = None,
-                        attention_backend: str = "native", compile_cache_dir=None) -> "Engine":
+                        attention_backend: str = "native", compile_cache_dir=None,
+                        step_cache: StepCache | None = None) -> "Engine":
         """Load ``model`` (a local directory or a hub id) and make it warm: slots, compile, warm-up."""
         device = device or default_device()
         dtype = dtype or default_dtype(device)
@@ -133,7 +139,7 @@ class Engine:
         return cls(pipeline, family, slots=slots, target_rank=target_rank, target_modules=target_modules,
                    batch_size=batch_size, compile=compile, height=height, width=width, defaults=defaults,
                    model=str(model), store=store, mixed=mixed, bank_entries=bank_entries,
-                   attention_backend=attention_backend, compile_cache_dir=compile_cache_dir)
+                   attention_backend=attention_backend, compile_cache_dir=compile_cache_dir, step_cache=step_cache)
 
     def _pipeline_default_size(self) -> int:
         return int(self.pipeline.default_sample_size * self.pipeline.vae_scale_factor)
@@ -176,6 +182,7 @@ class Engine:
             "batch_size": self.batch_size, "height": self.height, "width": self.width,
             "compile": self.compile_mode, "warmup_s": round(self.warmup_s, 2), "recompiles": self.recompiles,
             "mixed": self.mixed, "attention_backend": self.attention_backend,
+            "step_cache": self.step_cache.backend if self.step_cache else None,
             "slot_bytes": self.slots.nbytes,
         }
 

@@ -32,6 +32,7 @@ def prepare_tiny_model(config: ServerConfig, store_config: StoreConfig) -> tuple
 def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
     """A worker whose engines (the first and any rebuilt one) share one adapter store."""
     from hotlora import Engine
+    from hotlora.engine.stepcache import StepCache
 
     shared: dict = {}
 
@@ -44,6 +45,7 @@ def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
             batch_size=config.batch_size, compile=config.compile, height=config.height, width=config.width,
             store=shared.get("store", store_config), mixed=config.mixed,
             attention_backend=config.attention_backend, compile_cache_dir=config.compile_cache_dir,
+            step_cache=StepCache(config.step_cache, config.step_cache_threshold) if config.step_cache else None,
         )
         shared["store"] = engine.store
         if first and engine.store.catalog:
