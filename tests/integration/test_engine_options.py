@@ -64,3 +64,29 @@ def test_compile_artifacts_are_saved_after_warm_up_and_loaded_by_the_next_proces
     saved = list((tmp_path / "compile").glob("compile-artifacts-*.bin"))
     assert len(saved) == 1 and saved[0].stat().st_size > 0
     assert start("second") == {"loaded": True, "recompiles": 0}
+
+
+def held_bytes(pipeline) -> int:
+    """Bytes of every distinct storage the pipeline's modules hold (parameters and buffers)."""
+    seen, total = set(), 0
+    for component in pipeline.components.values():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        for tensor in [*component.parameters(), *component.buffers()]:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total
+
+
+def test_the_engine_holds_the_model_and_its_slots_and_nothing_else(tiny_models):
+    """The article's fuse_qkv lesson: no hidden copies of weights (4 GB held for nothing)."""
+    from diffusers import DiffusionPipeline
+
+    base = held_bytes(DiffusionPipeline.from_pretrained(str(tiny_models["sdxl"]), local_files_only=True))
+    slots = Engine.from_pretrained(tiny_models["sdxl"], target_rank=8, batch_size=2, compile=False)
+    assert held_bytes(slots.pipeline) == base + slots.slots.nbytes
+    mixed = Engine.from_pretrained(tiny_models["sdxl"], target_rank=8, batch_size=2, compile=False, mixed=True)
+    selector = mixed.slots.selector.index
+    assert held_bytes(mixed.pipeline) == base + mixed.slots.nbytes + selector.untyped_storage().nbytes()
