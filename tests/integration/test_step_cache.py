@@ -9,7 +9,8 @@ from hotlora.engine.stepcache import StepCache, StepCacheError
 STEPS = 10
 
 
-def test_a_threshold_that_skips_steps_stays_close_and_never_recompiles(tiny_models):
+@pytest.mark.parametrize("backend", ["dbcache", "taylorseer", "fbcache"])
+def test_a_threshold_that_skips_steps_stays_close_and_never_recompiles(tiny_models, backend):
     model = tiny_models["flux"]
     adapters = model / "adapters"
     requests = [{"identity": (str(adapters / "identity-diffusers"), 0.9), "style": (str(adapters / "style-kohya.safetensors"), 0.6)},
@@ -18,8 +19,8 @@ def test_a_threshold_that_skips_steps_stays_close_and_never_recompiles(tiny_mode
     plain = Engine.from_pretrained(model, target_rank=8, batch_size=2, compile=False)
     # Random weights move the first block's residual by ~0.2-0.5 per step: 0.8 lets steps be skipped.
     cached = Engine.from_pretrained(model, target_rank=8, batch_size=2, compile=True,
-                                    step_cache=StepCache(threshold=0.8, warmup_steps=2))
-    assert cached.describe()["step_cache"] == "dbcache"
+                                    step_cache=StepCache(backend, threshold=0.8, warmup_steps=2))
+    assert cached.describe()["step_cache"] == backend
     previous = torch._dynamo.config.error_on_recompile
     torch._dynamo.config.error_on_recompile = True
     try:
@@ -37,6 +38,7 @@ def test_a_threshold_that_skips_steps_stays_close_and_never_recompiles(tiny_mode
     finally:
         torch._dynamo.config.error_on_recompile = previous
     assert cached.recompiles == 0
+    torch._dynamo.reset()  # the next backend compiles the same block classes afresh
 
 
 def test_unknown_backends_and_unsupported_models_fail_at_start_up(tiny_models):
