@@ -8,10 +8,11 @@ Configurations (per-pack time; each request uses a different adapter pair, as in
   + batched pack   the same, the whole pack in one call
   + compile        the same, regionally compiled (every load changes the model: it recompiles)
   + hot-swapped    hotlora's engine: compiled once, slots swapped in place, batched (the full engine)
+  + step cache     the full engine with cache-dit DBCache
   full - compile, full - batching   leave-one-out from the full engine
 Plus the seed article's recipe run literally (enable_lora_hotswap, placeholders, set_adapters,
 compile_repeated_blocks(fullgraph=True), hotswap loads + set_adapters per request) in a fresh
-process: what breaks and the graph count per request. Step caching is not measured (not built).
+process: what breaks and the graph count per request.
 Writes bench/results/ablation.{json,md}; ratios against naive from the same run.
 """
 
@@ -130,6 +131,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--cache-threshold", type=float, default=0.9,
+                        help="random-weight models need a high threshold for the step cache to skip anything")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--article-only", nargs=2, metavar=("MODEL", "PAIRS_JSON"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -149,6 +152,7 @@ def main() -> None:
     article = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-500:]}
 
     # From here several compiled models share block code objects in one process.
+    torch._dynamo.reset()
     torch._dynamo.config.recompile_limit = 64
     torch._dynamo.config.accumulated_recompile_limit = 1024
     rows = {}
@@ -165,8 +169,12 @@ def main() -> None:
         return lambda p: engine.generate(PROMPT, adapters={"identity": (str(p[0]), 1.0), "style": (str(p[1]), 0.8)},
                                          num_images=args.pack, num_inference_steps=args.steps, output_type="latent")
 
-    for label, kwargs in (("+ hot-swapped slots (full engine)", {}), ("full - compile", {"compile": False}),
-                          ("full - batching", {"batch_size": 1})):
+    from hotlora.engine.stepcache import StepCache
+
+    for label, kwargs in (("+ hot-swapped slots (full engine)", {}),
+                          (f"+ step cache (dbcache {args.cache_threshold})",
+                           {"step_cache": StepCache(threshold=args.cache_threshold, warmup_steps=2)}),
+                          ("full - compile", {"compile": False}), ("full - batching", {"batch_size": 1})):
         options = {"target_rank": args.rank, "batch_size": args.pack, "compile": True, **kwargs}
         began = time.perf_counter()
         engine = Engine.from_pretrained(model, **options)

@@ -21,7 +21,6 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 

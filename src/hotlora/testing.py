@@ -44,7 +44,7 @@ def _t5_tokenizer():
     return T5TokenizerFast(vocab=pieces, model_max_length=512)
 
 
-def _clip_config(with_projection: bool = False):
+def _clip_config():
     from transformers import CLIPTextConfig
 
     return CLIPTextConfig(

@@ -4,7 +4,6 @@ import logging
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import torch
 

@@ -3,7 +3,6 @@
 import asyncio
 import hashlib
 import http.server
-import json
 import shutil
 import socket
 import subprocess

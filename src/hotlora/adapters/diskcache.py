@@ -18,7 +18,6 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
 from hotlora.adapters.formats import Adapter, LoraWeights
 

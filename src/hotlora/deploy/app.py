@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from hotlora.config import ServerConfig, StoreConfig
+from hotlora.config import ServerConfig
 from hotlora.deploy.config import RayServeConfig
 from hotlora.deploy.ingress import Ingress
 from hotlora.deploy.replica import ModelReplica

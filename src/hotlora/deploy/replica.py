@@ -9,7 +9,6 @@ RAM cache, Serve reports the replica as holding it, and later requests for it ar
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 

@@ -219,20 +219,19 @@ class Engine:
         resolved = self.resolve(adapters)
         timings.resolve_ms = (time.perf_counter() - began) * 1000
         with self._engine_section():
-            before_chunk = None
             if self.mixed:  # every sample of every chunk selects this request's bank entries
                 swap = SwapReport()
 
-                def before_chunk(size: int) -> None:
+                def select(size: int) -> None:
                     report = self.slots.assign([resolved] * size, repeat=self._batch_factor(call_kwargs))
                     swap.ms += report.ms
                     swap.adapters = report.adapters
             else:
-                swap = self.slots.swap(resolved)
+                swap, select = self.slots.swap(resolved), None
             images = run_pack(self.pipeline, prompt=prompt, num_images=num_images, batch_size=self.batch_size,
                               seed=seed, output_type="pt" if output_type == "pil" else output_type,
                               call_kwargs=call_kwargs, timings=timings, progress=progress,
-                              before_chunk=before_chunk)
+                              before_chunk=select)
             timings.swap_ms = swap.ms
         images = self._finish(images, output_type)
         timings.total_ms = (time.perf_counter() - began) * 1000
