@@ -7,15 +7,14 @@ Writes engine_figures.json and engine_figures.md. Ratios are measured side by si
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
+from hotlora.benchmarking import markdown_table, use_repo_compile_cache, write_results  # noqa: E402
+
+use_repo_compile_cache()
 
 
 def measure(family: str, model_dir: Path, runs: int, pack: int, steps: int) -> dict:
@@ -63,24 +62,13 @@ def main() -> None:
         for family in ("flux", "sdxl"):
             model = save_tiny_model(Path(tmp) / family, family)
             rows.append(measure(family, model, args.runs, args.pack, args.steps))
-    import torch
-
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "engine_figures.json").write_text(json.dumps({"machine": machine, "args": vars(args), "rows": rows}, indent=2))
-    header = ("| family | warm-up compiled (s) | ready eager (s) | swap both slots (ms) | pack eager (ms) "
-              "| pack compiled (ms) | speedup | recompiles |")
-    lines = [header, "|" + "---|" * 8]
-    for r in rows:
-        lines.append(f"| {r['family']} | {r['compiled_ready_s']} | {r['eager_ready_s']} | {r['compiled_swap_ms']} | "
-                     f"{r['eager_pack_ms']} | {r['compiled_pack_ms']} | {r['compiled_speedup']}x | {r['recompiles']} |")
-    table = "\n".join(lines)
-    (out / "engine_figures.md").write_text(
-        f"Machine: {machine}. Pack of {args.pack} at batch {args.pack}, {args.steps} steps, median of {args.runs}.\n\n"
-        + table + "\n"
-    )
-    print(table)
+    table = markdown_table(
+        ["family", "warm-up compiled (s)", "ready eager (s)", "swap both slots (ms)", "pack eager (ms)",
+         "pack compiled (ms)", "speedup", "recompiles"],
+        [[r["family"], r["compiled_ready_s"], r["eager_ready_s"], r["compiled_swap_ms"], r["eager_pack_ms"],
+          r["compiled_pack_ms"], f"{r['compiled_speedup']}x", r["recompiles"]] for r in rows])
+    write_results(args.out, "engine_figures", {"args": vars(args), "rows": rows}, table,
+                  f"Pack of {args.pack} at batch {args.pack}, {args.steps} steps, median of {args.runs}.")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -47,6 +45,7 @@ def main() -> None:
     parser.add_argument("--pack", type=int, default=6)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
+    from hotlora.benchmarking import markdown_table, write_results
     from hotlora.testing import TINY_SIZE, save_tiny_model
 
     size = TINY_SIZE[args.family]
@@ -66,17 +65,9 @@ def main() -> None:
             result = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-300:]}
             rows.append({"config": config["label"], **result})
             print(rows[-1], flush=True)
-    import torch
-
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "memory.json").write_text(json.dumps({"machine": machine, "args": vars(args), "rows": rows}, indent=2))
-    lines = ["| configuration | peak RSS (MiB) |", "|---|---|"]
-    lines += [f"| {r['config']} | {r.get('peak_rss_mib', r.get('error'))} |" for r in rows]
-    table = "\n".join(lines)
-    (out / "memory.md").write_text(f"Machine: {machine}. {vars(args)}\n\n{table}\n")
-    print(table)
+    table = markdown_table(["configuration", "peak RSS (MiB)"],
+                           [[r["config"], r.get("peak_rss_mib", r.get("error"))] for r in rows])
+    write_results(args.out, "memory", {"args": vars(args), "rows": rows}, table, str(vars(args)))
 
 
 if __name__ == "__main__":

@@ -11,16 +11,15 @@ request per forward pass, `mixed=False`) and a bank engine (`mixed=True`). Repor
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
+from hotlora.benchmarking import markdown_table, use_repo_compile_cache, write_results  # noqa: E402
+
+use_repo_compile_cache()
 
 
 def run_load(engine, jobs_spec, arrival_s: float, steps: int) -> dict:
@@ -59,7 +58,6 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
-    import torch
 
     from hotlora import Engine
     from hotlora.testing import save_tiny_model
@@ -86,21 +84,13 @@ def main() -> None:
     base = summary[0]["images_per_s"]
     for row in summary:
         row["throughput_ratio"] = round(row["images_per_s"] / base, 2)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "mixed.json").write_text(json.dumps({"machine": machine, "args": vars(args), "runs": rows,
-                                                "summary": summary}, indent=2))
-    lines = ["| config | images/s | ratio | p50 ms | p95 ms | merged batches | adapter memory (bytes) | recompiles |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in summary:
-        lines.append(f"| {r['config']} | {r['images_per_s']} | {r['throughput_ratio']}x | {r['p50_ms']} | {r['p95_ms']} | "
-                     f"{r['merged_batches']} | {r['adapter_bytes']} | {r['recompiles']} |")
-    table = "\n".join(lines)
-    (out / "mixed.md").write_text(f"Machine: {machine}. {args.users} users, packs of 1-3, batch {args.batch}, "
-                                  f"{args.steps} steps, arrivals every {args.arrival_ms} ms, median of {args.runs}.\n\n"
-                                  + table + "\n")
-    print(table)
+    table = markdown_table(
+        ["config", "images/s", "ratio", "p50 ms", "p95 ms", "merged batches", "adapter memory (bytes)", "recompiles"],
+        [[r["config"], r["images_per_s"], f"{r['throughput_ratio']}x", r["p50_ms"], r["p95_ms"], r["merged_batches"],
+          r["adapter_bytes"], r["recompiles"]] for r in summary])
+    write_results(args.out, "mixed", {"args": vars(args), "runs": rows, "summary": summary}, table,
+                  f"{args.users} users, packs of 1-3, batch {args.batch}, {args.steps} steps, arrivals every "
+                  f"{args.arrival_ms} ms, median of {args.runs}.")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,7 @@ bench/results/startup.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -41,6 +39,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
+    from hotlora.benchmarking import markdown_table, write_results
     from hotlora.testing import save_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -53,18 +52,11 @@ def main() -> None:
             warm.append(start(model, artifacts, tmp / f"inductor-warm-{run}", args.batch))  # loads them
     row = {"without_artifacts_s": round(statistics.median(cold), 1), "with_artifacts_s": round(statistics.median(warm), 1)}
     row["speedup"] = round(row["without_artifacts_s"] / row["with_artifacts_s"], 2)
-    import torch
-
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "startup.json").write_text(json.dumps({"machine": machine, "args": vars(args), "row": row}, indent=2))
-    table = ("| start to ready, empty inductor cache | seconds |\n|---|---|\n"
-             f"| without compile artifacts | {row['without_artifacts_s']} |\n"
-             f"| with the artifacts of an earlier process | {row['with_artifacts_s']} |\n"
-             f"| ratio | {row['speedup']}x |")
-    (out / "startup.md").write_text(f"Machine: {machine}. {vars(args)}\n\n{table}\n")
-    print(table)
+    table = markdown_table(["start to ready, empty inductor cache", "seconds"],
+                           [["without compile artifacts", row["without_artifacts_s"]],
+                            ["with the artifacts of an earlier process", row["with_artifacts_s"]],
+                            ["ratio", f"{row['speedup']}x"]])
+    write_results(args.out, "startup", {"args": vars(args), "row": row}, table, str(vars(args)))
 
 
 if __name__ == "__main__":

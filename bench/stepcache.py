@@ -8,21 +8,20 @@ decoded images against the uncached output. Random-weight tiny models need high 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
 import statistics
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
+from hotlora.benchmarking import (  # noqa: E402
+    allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results,
+)
+
+use_repo_compile_cache()
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
-torch._dynamo.config.recompile_limit = 64  # several compiled engines in one process
-torch._dynamo.config.accumulated_recompile_limit = 1024
+allow_many_compiled_engines()
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -65,16 +64,10 @@ def main() -> None:
              "psnr_db": round(psnr(images[label], images["uncached"]), 2),
              "max_abs_diff": round(float(np.abs(images[label] - images["uncached"]).max()), 4),
              "recompiles": engines[label].recompiles} for label, v in times.items()]
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "stepcache.json").write_text(json.dumps({"machine": machine, "args": vars(args), "rows": rows}, indent=2))
-    lines = ["| config | pack ms | speedup | PSNR vs uncached (dB) | max abs diff | recompiles |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['config']} | {r['pack_ms']} | {r['speedup']}x | {r['psnr_db']} | {r['max_abs_diff']} | {r['recompiles']} |"
-              for r in rows]
-    table = "\n".join(lines)
-    (out / "stepcache.md").write_text(f"Machine: {machine}. {vars(args)}\n\n{table}\n")
-    print(table)
+    table = markdown_table(
+        ["config", "pack ms", "speedup", "PSNR vs uncached (dB)", "max abs diff", "recompiles"],
+        [[r["config"], r["pack_ms"], f"{r['speedup']}x", r["psnr_db"], r["max_abs_diff"], r["recompiles"]] for r in rows])
+    write_results(args.out, "stepcache", {"args": vars(args), "rows": rows}, table, str(vars(args)))
 
 
 if __name__ == "__main__":

@@ -12,22 +12,20 @@ Writes bench/results/swap.{json,md}. Ratios are measured side by side in one run
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "inductor"))
+from hotlora.benchmarking import (  # noqa: E402
+    allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results,
+)
+
+use_repo_compile_cache()
 
 import torch  # noqa: E402
 
-# Several compiled engines share the same block code objects in one process: allow their graphs
-# to coexist (a server runs one engine and never comes near the default limit of 8).
-torch._dynamo.config.recompile_limit = 64
-torch._dynamo.config.accumulated_recompile_limit = 1024
+allow_many_compiled_engines()
 
 
 def timed(fn, repeats: int) -> float:
@@ -132,24 +130,18 @@ def main() -> None:
     from hotlora.testing import save_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
-        model = Path(args.model) if args.model else save_tiny_model(Path(tmp) / args.family, args.family)
+        model = Path(args.model) if args.model else save_tiny_model(Path(tmp) / args.family, args.family,
+                                                                   target_rank=args.target_rank)
         engine = Engine.from_pretrained(model, target_rank=args.target_rank, batch_size=args.pack)
         swaps = swap_rows(engine, args.target_rank, repeats=max(20, args.runs))
         overhead = overhead_rows(model, args.target_rank, args.pack, args.steps, args.runs)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}" + (
-        f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "swap.json").write_text(json.dumps({"machine": machine, "args": vars(args), "swap": swaps,
-                                               "overhead": overhead}, indent=2))
-    lines = ["| rank | bytes (both slots) | swap ms | copy_ ms | swap / copy |", "|---|---|---|---|---|"]
-    lines += [f"| {r['rank']} | {r['bytes']} | {r['swap_ms']} | {r['copy_ms']} | {r['swap_over_copy']}x |" for r in swaps]
-    lines += ["", "| configuration | pack ms | overhead vs no slots | slot bytes | recompiles |", "|---|---|---|---|---|"]
-    lines += [f"| {r['config']} | {r['pack_ms']} | {r['overhead_pct']}% | {r['slot_bytes']} | {r['recompiles']} |"
-              for r in overhead]
-    table = "\n".join(lines)
-    (out / "swap.md").write_text(f"Machine: {machine}. {args}\n\n{table}\n")
-    print(table)
+    table = markdown_table(
+        ["rank", "bytes (both slots)", "swap ms", "copy_ ms", "swap / copy"],
+        [[r["rank"], r["bytes"], r["swap_ms"], r["copy_ms"], f"{r['swap_over_copy']}x"] for r in swaps])
+    table += "\n\n" + markdown_table(
+        ["configuration", "pack ms", "overhead vs no slots", "slot bytes", "recompiles"],
+        [[r["config"], r["pack_ms"], f"{r['overhead_pct']}%", r["slot_bytes"], r["recompiles"]] for r in overhead])
+    write_results(args.out, "swap", {"args": vars(args), "swap": swaps, "overhead": overhead}, table, str(vars(args)))
 
 
 if __name__ == "__main__":

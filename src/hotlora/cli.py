@@ -125,7 +125,9 @@ def cmd_bench(args) -> int:
     """Benchmarks live in the repository's bench/ folder (a source checkout, as `make` installs)."""
     import runpy
 
-    script = Path(__file__).resolve().parents[2] / "bench" / f"{args.name}.py"
+    from hotlora.benchmarking import REPO
+
+    script = REPO / "bench" / f"{args.name}.py"
     if not script.is_file():
         print(f"error: no benchmark {args.name!r} at {script} (benchmarks need a source checkout)", file=sys.stderr)
         return 2

@@ -1,0 +1,50 @@
+"""What the benchmarks in bench/ share: where compile caches go, the machine line, Markdown
+tables and results files (``bench/results/NAME.json`` + ``NAME.md``). No torch import at module
+level: the compile-cache location must be set before torch reads it."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Iterable, Sequence
+
+REPO = Path(__file__).resolve().parents[2]  # a source checkout, as `make` installs it
+
+
+def use_repo_compile_cache() -> None:
+    """Benchmarks reuse the repository's inductor cache unless told otherwise."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
+
+
+def allow_many_compiled_engines() -> None:
+    """Several compiled engines in one process share the blocks' code objects: let their graphs
+    coexist (a server runs one engine and never comes near dynamo's default limit of 8)."""
+    import torch
+
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.accumulated_recompile_limit = 1024
+
+
+def machine() -> str:
+    import torch
+
+    line = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    return line + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_results(out: str | Path, name: str, data: dict, table: str, description: str) -> None:
+    """``NAME.json`` (the machine plus ``data``) and ``NAME.md`` (description and table); prints the table."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    where = machine()
+    (out / f"{name}.json").write_text(json.dumps({"machine": where, **data}, indent=2))
+    (out / f"{name}.md").write_text(f"Machine: {where}. {description}\n\n{table}\n")
+    print(table)
