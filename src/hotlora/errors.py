@@ -8,11 +8,20 @@
     │   ├── AdapterFormatError    a file we cannot read or convert (layout, dtype, header)
     │   ├── AdapterRejected       a readable adapter that does not fit the served engine;
     │   │                         carries every problem found, not just the first
-    │   └── InvalidRequest        bad generation parameters
+    │   ├── InvalidRequest        bad generation parameters
+    │   │   └── UnsafeReference       (adapters.references) a path or host outside what is allowed
+    │   └── Overloaded, NotAccepting, DeadlineExceeded, ClientGone
+    │                             (engine.worker) the queue's answers: 429, 503, 504, 499
     ├── SourceUnavailable     a remote source failed after retries: 502, nobody's fault here,
     │                         nothing to rebuild
-    └── EngineError           our fault: 5xx, the engine is rebuilt
-        └── SlotStateCorrupt      slot tensors found in a state no swap can produce
+    ├── EngineError           our fault: 5xx, the engine is rebuilt
+    │   └── SlotStateCorrupt      slot tensors found in a state no swap can produce
+    ├── ReplicasUnavailable (503), ModelsOverloaded (429)
+    │                         (deploy.ingress) the Ray ingress's answers; nothing to rebuild
+    └── start-up faults, raised before anything serves: ModelLoadError (engine.pipeline),
+        StepCacheError (engine.stepcache), CatalogError (adapters.catalog)
+
+The subclasses that belong to one module are defined next to it; they all derive from this tree.
 
 Foreign exceptions (diffusers, safetensors, huggingface_hub, botocore) are translated into this
 tree at the boundary where they are raised, so callers only ever catch these.

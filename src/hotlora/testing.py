@@ -118,10 +118,11 @@ def build_tiny_pipeline(family: str, seed: int = 0):
 
 
 def denoiser_linears(pipeline) -> dict[str, tuple[int, int]]:
+    """Every Linear layer of the pipeline's denoiser: the widest slot ceiling."""
     from hotlora.adapters.families import family_of_pipeline
+    from hotlora.engine.slots import ceiling_modules
 
-    denoiser = getattr(pipeline, family_of_pipeline(pipeline).denoiser)
-    return {n: (m.in_features, m.out_features) for n, m in denoiser.named_modules() if isinstance(m, torch.nn.Linear)}
+    return ceiling_modules(getattr(pipeline, family_of_pipeline(pipeline).denoiser), None)
 
 
 def random_lora(

@@ -6,6 +6,7 @@ caller fixes their file once instead of discovering problems one round-trip at a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -78,7 +79,7 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
                 )
         if not (torch.isfinite(w.down).all() and torch.isfinite(w.up).all()):
             non_finite.append(module)
-        if not torch.isfinite(torch.tensor(w.scaling)):
+        if not math.isfinite(w.scaling):
             bad_scale.append(module)
     if bad_dtype:
         problems.append(f"non-floating dtype in {_listed(bad_dtype)}")
