@@ -2,8 +2,10 @@
 
 Usage: .venv/bin/python bench/swap.py [--family flux] [--target-rank 16] [--pack 6] [--runs 5]
 
-1. For ranks 1..target: time to swap both slots from RAM-cached adapters (every ceiling module)
-   against one plain ``copy_`` of the same number of bytes on the same device. Target: <= 1.5x.
+1. For ranks 1..target: time to swap both slots from RAM-cached adapters (every ceiling module,
+   packed for the slots as the resolver packs them) against one plain ``copy_`` of the same number
+   of bytes on the same device. Target: <= 1.5x. On the tiny model, then on real-width Flux
+   blocks (``--full-width-rank``), where the adapters are megabytes.
 2. Compiled generation of one pack with both slots filled, against the same model compiled with
    no adapter slots at all, for the full ceiling and for an attention-only ceiling. Target: < 10%.
 Writes bench/results/swap.{json,md}. Ratios are measured side by side in one run.
@@ -13,13 +15,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from hotlora.benchmarking import (  # noqa: E402
-    allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results,
+    REPO, allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results,
 )
+
+if str(REPO) not in sys.path:  # run as a file (hotlora bench swap): bench.gpu_flux is imported from the repo root
+    sys.path.insert(0, str(REPO))
 
 use_repo_compile_cache()
 
@@ -43,7 +49,8 @@ def timed(fn, repeats: int) -> float:
 
 
 def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
-    from hotlora.adapters.formats import Adapter
+    from hotlora.adapters.formats import Adapter, LoraWeights
+    from hotlora.adapters.packing import pack
     from hotlora.testing import random_lora
 
     linears = dict(engine.ceiling.modules)
@@ -55,31 +62,54 @@ def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
         pair = []
         for seed in (1, 2):
             sd = random_lora(linears, rank, seed=seed)
-            from hotlora.adapters.formats import LoraWeights
-
             modules = {m: LoraWeights(sd[f"{m}.lora_A.weight"].to(dtype), sd[f"{m}.lora_B.weight"].to(dtype), 1.0)
                        for m in linears}
             adapter = Adapter(f"r{rank}-{seed}", engine.family.name, "diffusers", modules, sha256=f"{rank}-{seed}")
             if device.type == "cuda":
                 modules = {m: LoraWeights(w.down.pin_memory(), w.up.pin_memory(), 1.0) for m, w in modules.items()}
                 adapter = Adapter(adapter.name, adapter.family, "diffusers", modules, sha256=adapter.sha256)
+            pack(adapter, engine.slots.layout)  # what the resolver does on a request's thread
             pair.append(adapter)
         state = {"i": 0}
 
         def swap():
             state["i"] += 1
             a, b = (pair[0], pair[1]) if state["i"] % 2 else (pair[1], pair[0])
-            engine.slots.swap({"identity": (a, 0.9), "style": (b, 0.7)})
+            report = engine.slots.swap({"identity": (a, 0.9), "style": (b, 0.7)})
+            assert report.packed_writes == 2, "the bench measures the packed path"
 
         nbytes = 2 * pair[0].nbytes  # both slots
-        source = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        # Two sources, alternated like the swap's two adapters: the same bytes, the same working
+        # set, so neither side gets a cache the other does not.
+        sources = [torch.ones(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda") for _ in range(2)]
         target = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+        def copy():
+            state["i"] += 1
+            target.copy_(sources[state["i"] % 2], non_blocking=True)
+
         swap_ms = timed(swap, repeats)
-        copy_ms = timed(lambda: target.copy_(source, non_blocking=True), repeats)
+        copy_ms = timed(copy, repeats)
         rows.append({"rank": rank, "bytes": nbytes, "swap_ms": round(swap_ms, 3), "copy_ms": round(copy_ms, 3),
                      "swap_over_copy": round(swap_ms / copy_ms, 2)})
         rank *= 2
     return rows
+
+
+def full_width_rows(target_rank: int, repeats: int) -> list[dict]:
+    """The swap rows on real Flux blocks (width 3072, one double and one single block, random
+    weights built in memory), where an adapter is megabytes rather than kilobytes."""
+    from bench.gpu_flux import build_full_flux
+    from hotlora import Engine
+    from hotlora.adapters.families import family_named
+    from hotlora.engine.pipeline import default_device, default_dtype
+
+    device = default_device()
+    pipeline = build_full_flux(1, 1, device).to(default_dtype(device))
+    pipeline.set_progress_bar_config(disable=True)
+    engine = Engine(pipeline, family_named("flux"), target_rank=target_rank, batch_size=1, compile=False,
+                    height=64, width=64, defaults={"num_inference_steps": 1})
+    return swap_rows(engine, target_rank, repeats)
 
 
 def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: int) -> list[dict]:
@@ -124,6 +154,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--model", help="a local model directory (default: a tiny model built now)")
+    parser.add_argument("--full-width-rank", type=int, default=64,
+                        help="target rank of the swap rows on full-width Flux blocks (0: skip them)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     from hotlora import Engine
@@ -135,13 +167,17 @@ def main() -> None:
         engine = Engine.from_pretrained(model, target_rank=args.target_rank, batch_size=args.pack)
         swaps = swap_rows(engine, args.target_rank, repeats=max(20, args.runs))
         overhead = overhead_rows(model, args.target_rank, args.pack, args.steps, args.runs)
-    table = markdown_table(
-        ["rank", "bytes (both slots)", "swap ms", "copy_ ms", "swap / copy"],
-        [[r["rank"], r["bytes"], r["swap_ms"], r["copy_ms"], f"{r['swap_over_copy']}x"] for r in swaps])
+        del engine
+    wide = full_width_rows(args.full_width_rank, repeats=max(20, args.runs)) if args.full_width_rank else []
+    header = ["model", "rank", "bytes (both slots)", "swap ms", "copy_ ms", "swap / copy"]
+    table = markdown_table(header, [
+        [model_label, r["rank"], r["bytes"], r["swap_ms"], r["copy_ms"], f"{r['swap_over_copy']}x"]
+        for model_label, rows in (("tiny", swaps), ("full-width blocks", wide)) for r in rows])
     table += "\n\n" + markdown_table(
         ["configuration", "pack ms", "overhead vs no slots", "slot bytes", "recompiles"],
         [[r["config"], r["pack_ms"], f"{r['overhead_pct']}%", r["slot_bytes"], r["recompiles"]] for r in overhead])
-    write_results(args.out, "swap", {"args": vars(args), "swap": swaps, "overhead": overhead}, table, str(vars(args)))
+    write_results(args.out, "swap", {"args": vars(args), "swap": swaps, "swap_full_width": wide, "overhead": overhead},
+                  table, str(vars(args)))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hotlora import Engine
+from hotlora.adapters.packing import pack
 from hotlora.errors import AdapterNotFound, AdapterRejected, InvalidRequest
 from hotlora.testing import (
     kohya_flux_lora,
@@ -100,8 +101,13 @@ def test_hot_swapped_engine_equals_plain_diffusers(warm, tmp_path):
     linears = dict(engine.ceiling.modules)
     base = served(engine, {})
     torch.testing.assert_close(base, reference(engine, model_dir, {}), atol=TOLERANCE, rtol=0)
+    writes = {"packed": 0, "per module": 0}
     for i, pair in enumerate(random_pairs(family, model_dir, linears, tmp_path)):
-        ours = served(engine, as_request(pair))
+        result = engine.generate(PROMPT, adapters=as_request(pair), num_images=N, num_inference_steps=STEPS,
+                                 output_type="latent")
+        ours = result.images
+        writes["packed"] += result.swap.packed_writes
+        writes["per module"] += result.swap.per_module_writes
         theirs = reference(engine, model_dir, pair)
         diff = (ours - theirs).abs().max().item()
         assert diff <= TOLERANCE, f"pair {i}: max |engine - diffusers| = {diff}"
@@ -110,6 +116,9 @@ def test_hot_swapped_engine_equals_plain_diffusers(warm, tmp_path):
             # The test can fail: the adapters must visibly move the output.
             assert (theirs - base).abs().max().item() > 100 * TOLERANCE, f"pair {i}: adapters had no effect"
     assert engine.recompiles == 0
+    # Both ways into a slot were checked: adapters packed for the slots' layout (one copy per
+    # buffer) and the sparse ones left per-module (adapters/packing.py).
+    assert writes["packed"] > 0 and writes["per module"] > 0, writes
 
 
 def test_same_images_whatever_the_chunking(warm):
@@ -121,7 +130,8 @@ def test_same_images_whatever_the_chunking(warm):
 
 
 def slot_snapshot(engine):
-    return [t.detach().clone() for s in engine.slots._slots.values() for t in (*s.down.values(), *s.up.values())]
+    return [t.detach().clone() for s in engine.slots._slots.values()
+            for t in (*s.down.values(), *s.up.values(), *([s.factor] if s.factor is not None else []))]
 
 
 def test_rejections_leave_the_engine_warm_and_unchanged(warm, tmp_path):
@@ -172,6 +182,8 @@ def test_swaps_copy_in_place_without_growth(warm):
     family, model_dir, engine = warm
     adapters = [model_dir / "adapters" / n for n in ("identity-diffusers", "style-diffusers", "identity-peft")]
     loaded = [engine.load_adapter(str(p)) for p in adapters]  # converted once, like the RAM cache will
+    for adapter in loaded[:2]:  # two packed for the slots, one left per-module: both paths swap in place
+        assert pack(adapter, engine.slots.layout) is not None
     params_before = [(n, p.data_ptr(), tuple(p.shape)) for n, p in engine.denoiser.named_parameters()]
     engine.slots.swap({"identity": (loaded[0], 1.0), "style": (loaded[1], 0.5)})
     gc.collect()

@@ -31,8 +31,9 @@ def serialize(adapter: Adapter) -> bytes:
     tensors = {}
     for module, w in adapter.modules.items():
         # clone: converters share one down matrix between q, k and v; safetensors refuses shared storage.
-        tensors[f"{module}::down"] = w.down.detach().cpu().clone()
-        tensors[f"{module}::up"] = w.up.detach().cpu().clone()
+        # contiguous: a packed adapter's weights are strided views (adapters/packing.py).
+        tensors[f"{module}::down"] = w.down.detach().cpu().clone().contiguous()
+        tensors[f"{module}::up"] = w.up.detach().cpu().clone().contiguous()
     info = {
         "format": FORMAT, "name": adapter.name, "family": adapter.family, "layout": adapter.layout,
         "sha256": adapter.sha256, "base_model": adapter.base_model, "skipped_keys": adapter.skipped_keys,

@@ -18,8 +18,9 @@ def save_as_diffusers(adapter: Adapter, out_dir: str | Path) -> Path:
     layers = {}
     ranks = {}
     for module, w in adapter.modules.items():
-        layers[f"{module}.lora_A.weight"] = w.down.detach().cpu().clone()
-        layers[f"{module}.lora_B.weight"] = (w.up.detach().cpu().float() * w.scaling).to(w.up.dtype)
+        # contiguous: a packed adapter's weights are strided views (adapters/packing.py).
+        layers[f"{module}.lora_A.weight"] = w.down.detach().cpu().clone().contiguous()
+        layers[f"{module}.lora_B.weight"] = (w.up.detach().cpu().float() * w.scaling).to(w.up.dtype).contiguous()
         ranks[module] = w.rank
     common = Counter(ranks.values()).most_common(1)[0][0]
     pattern = {f"^{m}$": r for m, r in ranks.items() if r != common}

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from hotlora.adapters.families import Family
 from hotlora.adapters.formats import Adapter, load_adapter
+from hotlora.adapters.packing import PackLayout, pack
 from hotlora.adapters.validate import SlotCeiling, problems_with
 from hotlora.errors import AdapterRejected, InvalidRequest
 
@@ -21,9 +22,13 @@ _MEMO = 1024  # validation results remembered by content hash (checking finitene
 
 
 class AdapterResolver:
-    def __init__(self, slot_names, ceiling: SlotCeiling, family: Family, store=None, denoiser_config=None):
+    def __init__(self, slot_names, ceiling: SlotCeiling, family: Family, store=None, denoiser_config=None,
+                 layout: PackLayout | None = None):
         self.slot_names = tuple(slot_names)
         self.ceiling = ceiling
+        # The slots' layout, when they have one: valid adapters are packed for it here, on the
+        # request's thread, so the engine's swap is a plain copy (adapters/packing.py).
+        self.layout = layout
         self.family = family
         self.store = store
         self.denoiser_config = denoiser_config
@@ -66,6 +71,9 @@ class AdapterResolver:
             resolved[slot] = (adapter, scale)
         if problems:
             raise AdapterRejected(", ".join(names), problems)
+        if self.layout is not None:
+            for adapter, _ in resolved.values():
+                pack(adapter, self.layout)
         return resolved
 
     def _problems(self, adapter: Adapter) -> list[str]:

@@ -99,7 +99,7 @@ class Engine:
             self.slots = SlotBank(self.denoiser, family.name, slots, target_rank, target_modules, served_models=served)
         config = self.denoiser.config if family.name == "sdxl" else None
         self.resolver = AdapterResolver(self.slots.slot_names, self.slots.ceiling, family, _make_store(store, family, config),
-                                        denoiser_config=config)
+                                        denoiser_config=config, layout=getattr(self.slots, "layout", None))
         self._lock = threading.Lock()  # one pack at a time: slots are shared state
         self._recompiles = 0
         self.compile_mode = None

@@ -1,15 +1,28 @@
 """Adapter slots: created once before compile, then only ever written in place.
 
-Each slot is a PEFT LoRA adapter on every ceiling module, padded to ``target_rank`` with
-``lora_alpha == target_rank`` so PEFT's scaling is the constant 1.0. A swap copies the request's
-``A`` into ``lora_A[:r]`` and ``B * scale * alpha / r`` into ``lora_B[:, :r]`` and zeroes what the
-previous occupant left beyond ``r``. Nothing the compiled graph guards on (shapes, the scaling
-floats, the active-adapter list) ever changes, so swaps never recompile.
+Each slot is a PEFT LoRA adapter on every ceiling module, padded to ``target_rank``. Its weights
+are views into two rank-major buffers (``adapters/packing.py`` has the layout): every module's
+``lora_A`` is ``down[:, columns]`` and its ``lora_B`` is ``up[:, columns].T``; they are
+re-pointed once, before compile. PEFT's per-module ``scaling`` float is replaced by one 0-dim
+tensor per slot, shared by all of the slot's modules (PEFT's own mechanism for compiled hotswap:
+a tensor's value is not guarded, a float's is).
 
-Why not PEFT's ``hotswap_adapter_from_state_dict``: it writes the new adapter's ``alpha / r`` into
-``scaling`` (a guarded float, or a tensor only after ``prepare_model_for_compiled_hotswap``) and has
-no notion of a per-request weight; the ``set_adapters`` weight is silently lost. Folding the scale
-into ``B`` at copy time is the one thing none of the libraries does, so it is written here.
+A swap writes the request's adapter into the first ``r`` rows and zeroes what the previous
+occupant left beyond them:
+
+- an adapter packed for this layout (the usual case): one ``copy_`` per buffer, and the
+  adapter's ``alpha / r`` times the request's weight into the slot's scale tensor. That is the
+  memory-copy limit: no per-module work, no arithmetic on the weights.
+- any other adapter, module by module: ``A`` into ``lora_A[:r]``, ``B * weight * alpha / r``
+  into ``lora_B[:, :r]`` (each module's own alpha), and the scale tensor set to 1.0.
+
+Nothing the compiled graph guards on (shapes, strides, the active-adapter list) ever changes, so
+swaps never recompile.
+
+Why not PEFT's ``hotswap_adapter_from_state_dict``: it allocates nothing new either, but copies
+per module, writes the new adapter's ``alpha / r`` per module, and has no notion of a per-request
+weight (the ``set_adapters`` weight is silently lost). Padding, the shared scale and the packed
+layout are what none of the libraries does, so they are written here.
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ from typing import Iterable, Mapping
 import torch
 
 from hotlora.adapters.formats import Adapter
+from hotlora.adapters.packing import PackedWeights, PackLayout
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.errors import SlotStateCorrupt
 
@@ -32,6 +46,8 @@ class SwapReport:
     bytes_copied: int = 0
     modules_written: int = 0
     modules_zeroed: int = 0
+    packed_writes: int = 0  # slots written with one copy per buffer
+    per_module_writes: int = 0  # slots given an adapter module by module (not packed for this layout)
     adapters: dict[str, str | None] = field(default_factory=dict)  # slot -> sha256
 
 
@@ -45,6 +61,9 @@ class _Slot:
     rank: dict[str, int]  # module -> rank of the current occupant (0 = empty)
     sha256: str | None = None
     scale: float | None = None
+    flat_down: torch.Tensor | None = None  # [R, sum(in)]: every module's down is a view of it
+    flat_up: torch.Tensor | None = None  # [R, sum(out)]: every module's up is a transposed view of it
+    factor: torch.Tensor | None = None  # 0-dim: the PEFT scaling of every module of the slot
 
 
 def ceiling_modules(denoiser: torch.nn.Module, target_modules: Iterable[str] | str | None) -> dict[str, tuple[int, int]]:
@@ -91,21 +110,26 @@ class SlotBank:
         # No slots at all is the baseline the benchmarks measure the adapters' cost against.
         if self.slot_names:
             denoiser.set_adapters(list(self.slot_names), [1.0] * len(self.slot_names))
-        self._slots = {slot: self._collect(denoiser, slot, modules) for slot in self.slot_names}
+        self.layout = PackLayout.of(modules)
+        self._slots = {slot: self._flatten(denoiser, slot, modules) for slot in self.slot_names}
         self._layout = self._fingerprint()
-        with torch.no_grad():
-            for slot in self._slots.values():
-                for tensor in (*slot.down.values(), *slot.up.values()):
-                    tensor.zero_()
 
-    @staticmethod
-    def _collect(denoiser, slot: str, modules) -> _Slot:
+    def _flatten(self, denoiser, slot: str, modules) -> _Slot:
+        """Re-point the slot's PEFT weights to views of two zeroed rank-major buffers."""
+        rank = self.ceiling.target_rank
+        first = denoiser.get_submodule(next(iter(modules))).lora_A[slot].weight
+        flat_down = torch.zeros(rank, self.layout.down_width, dtype=first.dtype, device=first.device)
+        flat_up = torch.zeros(rank, self.layout.up_width, dtype=first.dtype, device=first.device)
+        factor = torch.ones((), dtype=torch.float32, device=first.device)
         down, up = {}, {}
         for name in modules:
             layer = denoiser.get_submodule(name)
-            down[name] = layer.lora_A[slot].weight
-            up[name] = layer.lora_B[slot].weight
-        return _Slot(slot, down, up, dict.fromkeys(modules, 0))
+            down[name] = self.layout.down_view(flat_down, name)
+            up[name] = self.layout.up_view(flat_up, name)
+            layer.lora_A[slot].weight = torch.nn.Parameter(down[name], requires_grad=False)
+            layer.lora_B[slot].weight = torch.nn.Parameter(up[name], requires_grad=False)
+            layer.scaling[slot] = factor
+        return _Slot(slot, down, up, dict.fromkeys(modules, 0), flat_down=flat_down, flat_up=flat_up, factor=factor)
 
     def _fingerprint(self):
         return [
@@ -144,7 +168,11 @@ class SlotBank:
             if adapter is not None and slot.sha256 == adapter.sha256 and slot.scale == scale:
                 report.adapters[name] = adapter.sha256
                 continue  # already in place: the cheapest swap is none
-            write_padded(slot, adapter, float(scale), report)
+            packed = adapter.packed if adapter is not None else None
+            if packed is not None and packed.layout_key == self.layout.key and scale != 0.0:
+                write_packed(slot, packed, float(scale), report)
+            else:
+                write_padded(slot, adapter, float(scale), report)
             slot.sha256, slot.scale = (adapter.sha256, float(scale)) if adapter is not None else (None, None)
             report.adapters[name] = slot.sha256
         report.ms = (time.perf_counter() - start) * 1000
@@ -164,6 +192,8 @@ def write_padded(slot: _Slot, adapter: Adapter | None, scale: float, report: Swa
     near the plain memory-copy limit on a GPU.
     """
     incoming = adapter.modules if adapter is not None else {}
+    if incoming and scale != 0.0:
+        report.per_module_writes += 1
     copy_dst, copy_src, scaled, factors, zero = [], [], [], [], []
     for module, down in slot.down.items():
         up = slot.up[module]
@@ -185,8 +215,30 @@ def write_padded(slot: _Slot, adapter: Adapter | None, scale: float, report: Swa
         slot.rank[module] = r
         report.modules_written += 1
         report.bytes_copied += weights.down.nbytes + weights.up.nbytes
+    if slot.factor is not None:  # each module's own alpha/r and the weight are in B
+        slot.factor.fill_(1.0)
     if zero:
         torch._foreach_zero_(zero)
     if copy_dst:
         torch._foreach_copy_(copy_dst, copy_src, non_blocking=True)
         torch._foreach_mul_(scaled, factors)
+
+
+@torch.no_grad()
+def write_packed(slot: _Slot, packed: PackedWeights, scale: float, report: SwapReport) -> None:
+    """Copy a packed adapter into a slot's flat buffers (one copy each for A and B), set the slot's
+    scale, then zero the rows the previous occupant used beyond this one's rank."""
+    rows = packed.rows
+    previous = max(slot.rank.values(), default=0)
+    slot.flat_down[:rows].copy_(packed.down, non_blocking=True)
+    slot.flat_up[:rows].copy_(packed.up, non_blocking=True)
+    slot.factor.fill_(packed.scaling * scale)
+    if previous > rows:
+        slot.flat_down[rows:previous].zero_()
+        slot.flat_up[rows:previous].zero_()
+    # Rows below ``rows`` that a module does not use are zeros in the packing: the module's
+    # occupied rank is ``rows`` as far as later per-module writes are concerned.
+    slot.rank = dict.fromkeys(slot.rank, rows)
+    report.packed_writes += 1
+    report.modules_written += len(slot.rank)
+    report.bytes_copied += packed.down.nbytes + packed.up.nbytes

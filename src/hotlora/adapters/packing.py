@@ -1,0 +1,133 @@
+"""An adapter laid out exactly as the engine's slots hold it, so a swap is one copy per matrix.
+
+A slot keeps every ceiling module's ``A`` side by side in one rank-major buffer ``[R, sum(in)]``
+and every ``B`` (transposed) in another ``[R, sum(out)]``. An adapter of rank ``r`` packed in the
+same layout is then two contiguous blocks, ``[r, sum(in)]`` and ``[r, sum(out)]``, and writing it
+into a slot is one ``copy_`` for each (its ``alpha / r`` and the request's weight go into the
+slot's scale tensor): the memory-copy limit, with no per-module work on the serving thread. Per-module copies (hundreds of small launches on a
+GPU, one per tensor on a CPU) are what kept swaps far above a plain copy before.
+
+Packing happens once per adapter, on the thread that resolves a request, and the packed buffers
+become the adapter's storage: each module's ``down``/``up`` is re-pointed to a view into them, so
+the RAM cache holds one copy, not two. An adapter covering only a few of the ceiling's modules
+(or with very uneven ranks) would pack into mostly zeros; it is left per-module (see
+``MAX_PADDING``) and the slot copies it module by module.
+
+Written by hand: no library lays LoRA weights out for in-place serving.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from hotlora.adapters.formats import Adapter, LoraWeights
+
+# A packed adapter may hold at most this much more than its own weights (zero padding for
+# modules it does not cover and for ranks below its largest); beyond it, it stays per-module.
+MAX_PADDING = 1.25
+
+_lock = threading.Lock()  # packing replaces an adapter's storage; two threads must not race on it
+
+
+@dataclass(frozen=True)
+class PackLayout:
+    """Where each ceiling module sits in a slot's two rank-major buffers."""
+
+    key: tuple  # identifies the layout: the ordered (module, in, out) triples
+    down_columns: Mapping[str, tuple[int, int]]  # module -> [start, end) in the A buffer
+    up_columns: Mapping[str, tuple[int, int]]  # module -> [start, end) in the B buffer
+    down_width: int
+    up_width: int
+
+    @classmethod
+    def of(cls, modules: Mapping[str, tuple[int, int]]) -> "PackLayout":
+        """``modules``: name -> (in_features, out_features), in the order the slots hold them."""
+        down, up, a, b = {}, {}, 0, 0
+        for name, (in_features, out_features) in modules.items():
+            down[name], up[name] = (a, a + in_features), (b, b + out_features)
+            a, b = a + in_features, b + out_features
+        key = tuple((name, i, o) for name, (i, o) in modules.items())
+        return cls(key, down, up, a, b)
+
+    def down_view(self, buffer: torch.Tensor, module: str, rows: int | None = None) -> torch.Tensor:
+        """Module's ``A`` ([rows, in]) as a view of a ``[R, down_width]`` buffer."""
+        start, end = self.down_columns[module]
+        return buffer[:rows, start:end]
+
+    def up_view(self, buffer: torch.Tensor, module: str, rows: int | None = None) -> torch.Tensor:
+        """Module's ``B`` ([out, rows]) as a view of a ``[R, up_width]`` buffer."""
+        start, end = self.up_columns[module]
+        return buffer[:rows, start:end].t()
+
+
+@dataclass(frozen=True)
+class PackedWeights:
+    """An adapter in a slot's layout: ``delta W_m = scaling * up_m @ down_m`` for every module."""
+
+    layout_key: tuple
+    down: torch.Tensor  # [rows, down_width]
+    up: torch.Tensor  # [rows, up_width]; B transposed, per-module scalings folded in when they differ
+    scaling: float  # the one scaling left to apply (1.0 when folded in)
+    folded: bool  # True when each module's own scaling is already in ``up``
+
+    @property
+    def rows(self) -> int:
+        return self.down.shape[0]
+
+
+def pack(adapter: Adapter, layout: PackLayout) -> PackedWeights | None:
+    """Pack ``adapter`` for ``layout`` once (validated adapters only), or None if it stays per-module.
+
+    Returns the existing packing when the adapter is already packed for this layout; an adapter
+    packed for another layout (another engine in the same process) is left as it is.
+    """
+    with _lock:
+        existing = adapter.packed
+        if existing is not None:
+            return existing if existing.layout_key == layout.key else None
+        packed = _packed_copy(adapter, layout)
+        if packed is None:
+            return None
+        adapter.modules = _views(adapter, layout, packed)
+        adapter.packed = packed
+        return packed
+
+
+def _packed_copy(adapter: Adapter, layout: PackLayout) -> PackedWeights | None:
+    weights = adapter.modules
+    if not weights or any(m not in layout.down_columns for m in weights):
+        return None
+    dtypes = {w.down.dtype for w in weights.values()} | {w.up.dtype for w in weights.values()}
+    if len(dtypes) != 1:
+        return None
+    rows = adapter.rank
+    if rows * (layout.down_width + layout.up_width) > MAX_PADDING * sum(w.down.numel() + w.up.numel()
+                                                                         for w in weights.values()):
+        return None
+    first = next(iter(weights.values())).down
+    dtype, pinned = dtypes.pop(), first.is_pinned()
+    down = torch.zeros(rows, layout.down_width, dtype=dtype, device=first.device, pin_memory=pinned)
+    up = torch.zeros(rows, layout.up_width, dtype=dtype, device=first.device, pin_memory=pinned)
+    scalings = {w.scaling for w in weights.values()}
+    uniform = len(scalings) == 1
+    with torch.no_grad():
+        for module, w in weights.items():
+            layout.down_view(down, module, w.rank).copy_(w.down)
+            if uniform:
+                layout.up_view(up, module, w.rank).copy_(w.up)
+            else:  # fold each module's own alpha/r in now; one scalar is left for the request's weight
+                layout.up_view(up, module, w.rank).copy_(w.up.float() * w.scaling)
+    return PackedWeights(layout.key, down, up, scalings.pop() if uniform else 1.0, folded=not uniform)
+
+
+def _views(adapter: Adapter, layout: PackLayout, packed: PackedWeights) -> dict[str, LoraWeights]:
+    """The same per-module weights as before, now views into the packed buffers."""
+    return {
+        module: LoraWeights(layout.down_view(packed.down, module, w.rank), layout.up_view(packed.up, module, w.rank),
+                            1.0 if packed.folded else w.scaling)
+        for module, w in adapter.modules.items()
+    }

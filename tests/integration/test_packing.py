@@ -1,0 +1,132 @@
+"""Packed adapters (adapters/packing.py) and the slots' flat buffers (engine/slots.py).
+
+The packed layout must change nothing an adapter means, and a slot must hold exactly the
+request's update after any sequence of packed and per-module swaps of any ranks and scales."""
+
+import random
+
+import pytest
+import torch
+
+from hotlora import Engine
+from hotlora.adapters.formats import Adapter, LoraWeights
+from hotlora.adapters.packing import MAX_PADDING, PackLayout, pack
+from hotlora.testing import random_lora
+
+from ..conftest import TARGET_RANK
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    return Engine.from_pretrained(tiny_models["flux"], target_rank=TARGET_RANK, batch_size=1, compile=False)
+
+
+def make_adapter(linears, rank, seed, modules=None, scalings=None, dtype=torch.float32) -> Adapter:
+    modules = list(modules or linears)
+    sd = random_lora(linears, rank, seed, modules=modules)
+    rng = random.Random(seed)
+    weights = {
+        m: LoraWeights(sd[f"{m}.lora_A.weight"].to(dtype), sd[f"{m}.lora_B.weight"].to(dtype),
+                       scalings[m] if scalings else 0.5)
+        for m in modules
+    }
+    name = f"r{rank}-s{seed}-{rng.random():.6f}"
+    return Adapter(name, "flux", "diffusers", weights, sha256=name)
+
+
+def deltas(adapter: Adapter) -> dict[str, torch.Tensor]:
+    return {m: w.scaling * (w.up.double() @ w.down.double()) for m, w in adapter.modules.items()}
+
+
+def test_packing_keeps_every_weight_and_shares_one_storage(engine):
+    linears = dict(engine.ceiling.modules)
+    adapter = make_adapter(linears, 5, seed=1)
+    before = {m: (w.down.clone(), w.up.clone(), w.scaling) for m, w in adapter.modules.items()}
+    packed = pack(adapter, engine.slots.layout)
+    assert packed is not None and packed.rows == 5 and packed.scaling == 0.5 and not packed.folded
+    for module, (down, up, scaling) in before.items():
+        w = adapter.modules[module]
+        assert torch.equal(w.down, down) and torch.equal(w.up, up) and w.scaling == scaling
+        # The modules' tensors are now views of the packed buffers: one copy in RAM, not two.
+        assert w.down.untyped_storage().data_ptr() == packed.down.untyped_storage().data_ptr()
+        assert w.up.untyped_storage().data_ptr() == packed.up.untyped_storage().data_ptr()
+    assert pack(adapter, engine.slots.layout) is packed  # once per adapter
+    assert adapter.nbytes == sum(d.nbytes + u.nbytes for d, u, _ in before.values())
+
+
+def test_uneven_alphas_are_folded_and_the_update_is_unchanged(engine):
+    linears = dict(engine.ceiling.modules)
+    scalings = {m: 0.25 + (i % 5) / 4 for i, m in enumerate(linears)}
+    adapter = make_adapter(linears, 4, seed=2, scalings=scalings)
+    expected = deltas(adapter)
+    packed = pack(adapter, engine.slots.layout)
+    assert packed is not None and packed.folded and packed.scaling == 1.0
+    for module, delta in deltas(adapter).items():
+        torch.testing.assert_close(delta, expected[module], rtol=1e-6, atol=1e-7)
+
+
+def test_what_stays_per_module(engine):
+    linears = dict(engine.ceiling.modules)
+    names = sorted(linears)
+    few = make_adapter(linears, 4, seed=3, modules=names[: max(1, len(names) // 4)])
+    assert pack(few, engine.slots.layout) is None and few.packed is None, \
+        f"an adapter on a quarter of the modules would pack into more than {MAX_PADDING}x its size"
+    mixed = make_adapter(linears, 4, seed=4)
+    first = next(iter(mixed.modules))
+    w = mixed.modules[first]
+    mixed.modules[first] = LoraWeights(w.down.half(), w.up.half(), w.scaling)
+    assert pack(mixed, engine.slots.layout) is None  # one buffer holds one dtype
+    other_layout = PackLayout.of(dict(list(linears.items())[::-1]))
+    elsewhere = make_adapter(linears, 4, seed=5)
+    assert pack(elsewhere, other_layout) is not None
+    assert pack(elsewhere, engine.slots.layout) is None  # packed for another engine: stays as it is there
+
+
+def slot_deltas(engine, slot) -> dict[str, torch.Tensor]:
+    state = engine.slots._slots[slot]
+    factor = state.factor.item()
+    return {m: factor * (state.up[m].double() @ state.down[m].double()) for m in state.down}
+
+
+def test_any_sequence_of_swaps_leaves_exactly_the_requested_update(engine):
+    """Packed and per-module writes, ranks up and down, scales including 0 and empty slots: after
+    every swap each module of each slot holds ``weight * alpha / r * B @ A`` of its adapter, or 0."""
+    linears = dict(engine.ceiling.modules)
+    names = sorted(linears)
+    rng = random.Random(7)
+    pool = []
+    for k, rank in enumerate((1, 3, TARGET_RANK, 2, 6, TARGET_RANK)):
+        if k % 3 == 1:  # sparse: stays per-module
+            adapter = make_adapter(linears, rank, seed=10 + k, modules=rng.sample(names, len(names) // 3))
+        elif k == 5:  # uneven alphas: folded when packed
+            adapter = make_adapter(linears, rank, seed=10 + k, scalings={m: 0.1 * (1 + i % 7) for i, m in enumerate(names)})
+        else:
+            adapter = make_adapter(linears, rank, seed=10 + k)
+        expected = deltas(adapter)
+        packed = pack(adapter, engine.slots.layout)
+        assert (packed is None) == (k % 3 == 1)
+        pool.append((adapter, expected))
+    kinds = {"packed": 0, "per module": 0}
+    for step in range(40):
+        request = {}
+        for slot in engine.slots.slot_names:
+            if rng.random() < 0.15:
+                continue  # empty slot
+            adapter, expected = rng.choice(pool)
+            scale = rng.choice([0.0, 0.35, 1.0, 1.4])
+            request[slot] = (adapter, scale, expected)
+        report = engine.slots.swap({slot: (a, s) for slot, (a, s, _) in request.items()})
+        kinds["packed"] += report.packed_writes
+        kinds["per module"] += report.per_module_writes
+        for slot in engine.slots.slot_names:
+            held = slot_deltas(engine, slot)
+            adapter, scale, expected = request.get(slot, (None, 0.0, {}))
+            # Nothing of an earlier occupant lingers beyond this one's rank, in A or in B.
+            state, rank = engine.slots._slots[slot], adapter.rank if adapter is not None and scale else 0
+            assert not state.flat_down[rank:].any() and not state.flat_up[rank:].any(), f"step {step}, slot {slot}"
+            for module in names:
+                want = scale * expected[module] if module in expected else torch.zeros_like(held[module])
+                torch.testing.assert_close(held[module], want, rtol=1e-5, atol=1e-6,
+                                           msg=lambda m: f"step {step}, slot {slot}, {module}: {m}")
+    assert kinds["packed"] > 5 and kinds["per module"] > 5, kinds
+    engine.slots.check_intact()
