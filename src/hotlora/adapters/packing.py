@@ -3,9 +3,10 @@
 A slot keeps every ceiling module's ``A`` side by side in one rank-major buffer ``[R, sum(in)]``
 and every ``B`` (transposed) in another ``[R, sum(out)]``. An adapter of rank ``r`` packed in the
 same layout is then two contiguous blocks, ``[r, sum(in)]`` and ``[r, sum(out)]``, and writing it
-into a slot is one ``copy_`` for each (its ``alpha / r`` and the request's weight go into the
-slot's scale tensor): the memory-copy limit, with no per-module work on the serving thread. Per-module copies (hundreds of small launches on a
-GPU, one per tensor on a CPU) are what kept swaps far above a plain copy before.
+into a slot is one ``copy_`` for ``A`` and one scaled copy for ``B`` (its ``alpha / r`` times the
+request's weight): the memory-copy limit, with no per-module work on the serving thread.
+Per-module copies (hundreds of small launches on a GPU, one per tensor on a CPU) are what kept
+swaps far above a plain copy before.
 
 Packing happens once per adapter, on the thread that resolves a request, and the packed buffers
 become the adapter's storage: each module's ``down``/``up`` is re-pointed to a view into them, so
@@ -28,6 +29,8 @@ from hotlora.adapters.formats import Adapter, LoraWeights
 
 # A packed adapter may hold at most this much more than its own weights (zero padding for
 # modules it does not cover and for ranks below its largest); beyond it, it stays per-module.
+# The RAM cache budgets an adapter by its own weights (``Adapter.nbytes``), so it can under-count
+# a packed adapter by up to this factor.
 MAX_PADDING = 1.25
 
 _lock = threading.Lock()  # packing replaces an adapter's storage; two threads must not race on it
