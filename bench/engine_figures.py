@@ -27,11 +27,14 @@ def measure(family: str, model_dir: Path, runs: int, pack: int, steps: int) -> d
         began = time.perf_counter()
         engine = Engine.from_pretrained(model_dir, target_rank=8, batch_size=pack, compile=compiled)
         ready = time.perf_counter() - began
-        loaded = {slot: (engine.load_adapter(str(path)), scale) for slot, (path, scale) in request.items()}
+        # Resolved as a request's are: validated, then packed for the slots' layout.
+        loaded = engine.resolve({slot: (str(path), scale) for slot, (path, scale) in request.items()})
         other = {"identity": loaded["style"], "style": loaded["identity"]}
-        swaps = []
+        swaps, packed_writes = [], 0
         for i in range(50):
-            swaps.append(engine.slots.swap(loaded if i % 2 else other).ms)
+            report = engine.slots.swap(loaded if i % 2 else other)
+            swaps.append(report.ms)
+            packed_writes += report.packed_writes
         packs = []
         for _ in range(runs):
             result = engine.generate("a portrait", adapters=request, num_images=pack, num_inference_steps=steps,
@@ -41,6 +44,7 @@ def measure(family: str, model_dir: Path, runs: int, pack: int, steps: int) -> d
         row[f"{key}_ready_s"] = round(ready, 2)
         row[f"{key}_pack_ms"] = round(statistics.median(packs), 1)
         row[f"{key}_swap_ms"] = round(statistics.median(swaps), 3)
+        row[f"{key}_packed_share"] = round(packed_writes / (2 * 50), 2)
         row["slot_bytes"] = engine.slots.nbytes
         row["recompiles"] = engine.recompiles
         row["compile_mode"] = engine.compile_mode or row.get("compile_mode")

@@ -33,6 +33,11 @@ class StoreConfig:
     s3_region: str | None = None
     catalog: str | None = None  # TOML/YAML file of adapters to pre-cache at start-up
     hf_cache_dir: str | None = None  # None: huggingface_hub's own (HF_HOME / HF_HUB_CACHE)
+    # How long a remote reference's content identity (ETag, S3 ETag, hub revision) is trusted
+    # before asking the server again. 0: ask on every request (never stale, one round trip per
+    # request even when the adapter is in RAM); N: an object replaced at the same address may be
+    # served for up to N seconds after the change.
+    revalidate_after_s: float = 0.0
 
     @classmethod
     def from_env(cls, file_values: dict | None = None, **overrides) -> "StoreConfig":

@@ -129,3 +129,17 @@ def test_any_sequence_of_swaps_leaves_exactly_the_requested_update(engine):
                                            msg=lambda m: f"step {step}, slot {slot}, {module}: {m}")
     assert kinds["packed"] > 5 and kinds["per module"] > 5, kinds
     engine.slots.check_intact()
+
+
+def test_a_weight_moved_away_from_the_slot_buffers_is_caught(tiny_models):
+    from hotlora.engine.slots import PEFT_ADAPTER
+    from hotlora.errors import SlotStateCorrupt
+
+    engine = Engine.from_pretrained(tiny_models["flux"], target_rank=TARGET_RANK, batch_size=1, compile=False)
+    engine.slots.check_intact()
+    layer = engine.denoiser.get_submodule(next(iter(engine.ceiling.modules)))
+    weight = layer.lora_B[PEFT_ADAPTER].weight
+    # What Module.to() or a careless load would do: the same values, no longer a view of the slots.
+    layer.lora_B[PEFT_ADAPTER].weight = torch.nn.Parameter(weight.detach().clone(), requires_grad=False)
+    with pytest.raises(SlotStateCorrupt):
+        engine.slots.check_intact()

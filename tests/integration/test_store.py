@@ -238,6 +238,7 @@ def test_size_cap(adapters, tmp_path):
 class Files(http.server.BaseHTTPRequestHandler):
     files: dict = {}
     gets: dict = {}
+    heads: dict = {}
     fail_next: dict = {}
     delay = 0.0
 
@@ -253,6 +254,8 @@ class Files(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         data = self.files[path]
+        if not body:
+            self.heads[path] = self.heads.get(path, 0) + 1
         if body:
             self.gets[path] = self.gets.get(path, 0) + 1
             time.sleep(self.delay)
@@ -276,7 +279,7 @@ class Files(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def http_files(adapters):
     Files.files = {"/style.safetensors": (adapters / "style-kohya.safetensors").read_bytes()}
-    Files.gets, Files.fail_next, Files.delay = {}, {}, 0.0
+    Files.gets, Files.heads, Files.fail_next, Files.delay = {}, {}, {}, 0.0
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -294,6 +297,24 @@ def test_https_download_is_cached_by_etag(http_files, adapters, tmp_path):
     restarted = make_store(tmp_path, [adapters])
     restarted.get(url)
     assert Files.gets["/style.safetensors"] == 1 and restarted.disk.stats.hits == 1
+
+
+def test_remote_identity_is_rechecked_every_request_unless_told_otherwise(http_files, adapters, tmp_path):
+    url = f"{http_files}/style.safetensors"
+    always = make_store(tmp_path / "a", [adapters])
+    for _ in range(3):
+        always.get(url)
+    assert Files.heads["/style.safetensors"] == 3 and Files.gets["/style.safetensors"] == 1
+
+    Files.heads.clear()
+    trusting = make_store(tmp_path / "b", [adapters], revalidate_after_s=0.5)
+    first = trusting.get(url)
+    Files.files["/style.safetensors"] = (adapters / "style-xlabs.safetensors").read_bytes()  # replaced in place
+    assert trusting.get(url).sha256 == first.sha256  # within the window: remembered, no round trip
+    assert Files.heads["/style.safetensors"] == 1
+    time.sleep(0.6)
+    assert trusting.get(url).sha256 != first.sha256  # after it: asked again, the new object served
+    assert Files.heads["/style.safetensors"] == 2
 
 
 def test_concurrent_requests_for_one_adapter_cause_one_fetch(http_files, adapters, tmp_path):

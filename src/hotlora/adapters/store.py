@@ -36,6 +36,7 @@ from hotlora.errors import AdapterNotFound
 
 log = logging.getLogger(__name__)
 KEY_VERSION = "v1"
+_REMEMBERED_IDENTITIES = 4096  # remote references whose identity is remembered (revalidate_after_s)
 
 
 @dataclass
@@ -128,6 +129,7 @@ class AdapterStore:
         self._work.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._inflight: dict[str, Future] = {}
+        self._identities: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()  # see _probe
 
     # ------------------------------------------------------------------ public
 
@@ -135,7 +137,7 @@ class AdapterStore:
         """The adapter ``ref`` names, from the cheapest tier that has it."""
         reference, pin = self._resolve_catalog(ref)
         source = self.sources[reference.kind]
-        identity = source.probe(reference)
+        identity = self._probe(reference, source)
         if identity is not None:
             key = self._key(identity)
             return self._single_flight(key, lambda: self._from_tiers(key, pin) or self._fetch(reference, source, pin))
@@ -182,6 +184,27 @@ class AdapterStore:
         if inner.kind == "catalog":
             raise AdapterNotFound(f"catalog entry {entry.name!r} points at another catalog entry")
         return inner, entry.pin
+
+    def _probe(self, reference: Reference, source: Source) -> str | None:
+        """The content identity of ``reference``: asked of its source, or, for remote references
+        within ``revalidate_after_s`` of the last answer, remembered (no round trip)."""
+        ttl = self.config.revalidate_after_s
+        if ttl <= 0 or reference.kind == "file":  # a local stat is cheaper than any bookkeeping
+            return source.probe(reference)
+        address = (reference.kind, reference.location)
+        now = time.monotonic()
+        with self._lock:
+            known = self._identities.get(address)
+        if known is not None and known[1] > now:
+            return known[0]
+        identity = source.probe(reference)
+        if identity is not None:
+            with self._lock:
+                self._identities[address] = (identity, now + ttl)
+                self._identities.move_to_end(address)
+                while len(self._identities) > _REMEMBERED_IDENTITIES:
+                    self._identities.popitem(last=False)
+        return identity
 
     def _key(self, identity: str) -> str:
         return hashlib.sha256(f"{KEY_VERSION}|{self.family.name}|{identity}".encode()).hexdigest()

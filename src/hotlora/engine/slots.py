@@ -99,6 +99,7 @@ class SlotBank:
                                    served_models=frozenset(n for n in served_models if n))
         self.layout = PackLayout.of(modules)
         self._slots: dict[str, _Slot] = {}
+        self._peft_weights: list[torch.nn.ModuleDict] = []  # every lora_A / lora_B the model reads
         if self.slot_names:  # no slots at all is the baseline the benchmarks measure the slots' cost against
             self._slots = self._install(denoiser, modules)
         self._layout = self._fingerprint()
@@ -132,6 +133,7 @@ class SlotBank:
                                                                    requires_grad=False)
             layer.lora_B[PEFT_ADAPTER].weight = torch.nn.Parameter(self.layout.up_view(all_up, name),
                                                                    requires_grad=False)
+            self._peft_weights += [layer.lora_A, layer.lora_B]
         slots = {}
         for k, slot in enumerate(self.slot_names):
             flat_down, flat_up = all_down[k * rank:(k + 1) * rank], all_up[k * rank:(k + 1) * rank]
@@ -141,11 +143,13 @@ class SlotBank:
         return slots
 
     def _fingerprint(self):
+        # The slots' own views, and what the model actually reads: a PEFT weight re-pointed away
+        # from the slot buffers would silently drop every later swap.
         return [
             (t.data_ptr(), tuple(t.shape))
             for slot in self._slots.values()
             for t in (*slot.down.values(), *slot.up.values())
-        ]
+        ] + [(w[PEFT_ADAPTER].weight.data_ptr(), w[PEFT_ADAPTER].weight.stride()) for w in self._peft_weights]
 
     @property
     def nbytes(self) -> int:
