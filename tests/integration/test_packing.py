@@ -143,3 +143,23 @@ def test_a_weight_moved_away_from_the_slot_buffers_is_caught(tiny_models):
     layer.lora_B[PEFT_ADAPTER].weight = torch.nn.Parameter(weight.detach().clone(), requires_grad=False)
     with pytest.raises(SlotStateCorrupt):
         engine.slots.check_intact()
+
+
+def test_a_packed_adapter_still_serialises_and_exports(engine, tmp_path):
+    """Its weights are strided views now; the disk cache and ``adapters convert`` must not care."""
+    from hotlora.adapters.diskcache import deserialize, serialize
+    from hotlora.adapters.export import save_as_diffusers
+    from hotlora.adapters.formats import load_adapter
+    from hotlora.adapters.families import family_named
+
+    linears = dict(engine.ceiling.modules)
+    # Uneven alphas: the packed B holds them folded in, and the views carry scaling 1.0.
+    adapter = make_adapter(linears, 3, seed=21, scalings={m: 0.2 * (1 + i % 3) for i, m in enumerate(linears)})
+    expected = deltas(adapter)
+    assert pack(adapter, engine.slots.layout) is not None
+    for copy in (deserialize(serialize(adapter)),
+                 load_adapter(save_as_diffusers(adapter, tmp_path / "exported"), family_named("flux"))):
+        got = deltas(copy)
+        assert set(got) == set(expected)
+        for module, delta in expected.items():
+            torch.testing.assert_close(got[module], delta, rtol=1e-5, atol=1e-6)
