@@ -7,7 +7,8 @@ Usage: .venv/bin/python bench/swap.py [--family flux] [--target-rank 16] [--pack
    of bytes on the same device. Target: <= 1.5x. On the tiny model, then on real-width Flux
    blocks (``--full-width-rank``), where the adapters are megabytes.
 2. Compiled generation of one pack with both slots filled, against the same model compiled with
-   no adapter slots at all, for the full ceiling and for an attention-only ceiling. Target: < 10%.
+   no adapter slots at all: the full ceiling with full-rank and quarter-rank requests, the same
+   with rank buckets, and an attention-only ceiling. Target: < 10%.
 Writes bench/results/swap.{json,md}. Ratios are measured side by side in one run.
 """
 
@@ -113,30 +114,52 @@ def full_width_rows(target_rank: int, repeats: int) -> list[dict]:
 
 
 def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: int) -> list[dict]:
+    """Compiled pack time against the same model with no slots: the full ceiling with a request
+    that needs the full rank and one that needs a quarter of it, the same with rank buckets, and
+    an attention-only ceiling."""
     from hotlora import Engine
 
     adapters = model / "adapters"
-    request = {"identity": (str(adapters / "identity-diffusers"), 1.0), "style": (str(adapters / "style-diffusers"), 0.8)}
-    ceilings = {"every Linear": None, "attention only": r".*attn.*"}
-    engines = {"no slots": Engine.from_pretrained(model, slots=(), target_rank=target_rank, batch_size=pack)}
-    for label, pattern in ceilings.items():
-        engines[f"2 slots, {label}"] = Engine.from_pretrained(model, target_rank=target_rank, batch_size=pack,
-                                                              target_modules=pattern)
-    samples = {label: [] for label in engines}
+    low = target_rank // 4  # the tiny model's identity-diffusers and style-kohya samples
+    requests = {
+        f"r{low} + r{target_rank}": {"identity": (adapters / "identity-diffusers", 1.0),
+                                     "style": (adapters / "style-diffusers", 0.8)},
+        f"r{low} + r{low}": {"identity": (adapters / "identity-diffusers", 1.0),
+                             "style": (adapters / "style-kohya.safetensors", 0.8)},
+    }
+    full, small = requests
+    buckets = tuple(sorted({low, target_rank // 2}))
+    configs = [  # (label, engine options, request)
+        ("no slots", {"slots": ()}, None),
+        ("2 slots, every Linear", {}, full),
+        ("2 slots, every Linear", {}, small),
+        (f"2 slots, every Linear, rank buckets {','.join(map(str, buckets))}", {"rank_buckets": buckets}, small),
+        ("2 slots, attention only", {"target_modules": r".*attn.*"}, full),
+    ]
+    engines = {}
+    for label, options, _ in configs:
+        if label not in engines:
+            engines[label] = Engine.from_pretrained(model, target_rank=target_rank, batch_size=pack, **options)
+    samples = {(label, request): [] for label, _, request in configs}
+    buckets_run = {}
     for _ in range(runs):  # interleaved, so every configuration sees the same machine noise
-        for label, engine in engines.items():
-            adapters_here = {} if label == "no slots" else {
-                slot: (engine.load_adapter(path), scale) for slot, (path, scale) in request.items()}
+        for label, _, request in configs:
+            engine = engines[label]
+            adapters_here = {}
+            if request is not None:
+                adapters_here = {slot: (engine.load_adapter(str(path)), scale)
+                                 for slot, (path, scale) in requests[request].items()}
             if label.endswith("attention only"):  # keep only what the narrower ceiling holds
                 adapters_here = {slot: (_restrict(a, engine.ceiling.modules), s) for slot, (a, s) in adapters_here.items()}
             result = engine.generate("a portrait", adapters=adapters_here, num_images=pack, num_inference_steps=steps,
                                      output_type="latent")
-            samples[label].append(sum(result.timings.generate_ms))
-    base = statistics.median(samples["no slots"])
-    return [{"config": label, "pack_ms": round(statistics.median(v), 1),
-             "overhead_pct": round(100 * (statistics.median(v) / base - 1), 1),
+            samples[(label, request)].append(sum(result.timings.generate_ms))
+            buckets_run[(label, request)] = result.swap.rank_bucket
+    base = statistics.median(samples[("no slots", None)])
+    return [{"config": label, "request": request or "-", "rank_bucket": buckets_run[(label, request)],
+             "pack_ms": round(statistics.median(v), 1), "overhead_pct": round(100 * (statistics.median(v) / base - 1), 1),
              "slot_bytes": engines[label].slots.nbytes, "recompiles": engines[label].recompiles}
-            for label, v in samples.items()]
+            for (label, request), v in samples.items()]
 
 
 def _restrict(adapter, modules):
@@ -174,8 +197,9 @@ def main() -> None:
         [model_label, r["rank"], r["bytes"], r["swap_ms"], r["copy_ms"], f"{r['swap_over_copy']}x"]
         for model_label, rows in (("tiny", swaps), ("full-width blocks", wide)) for r in rows])
     table += "\n\n" + markdown_table(
-        ["configuration", "pack ms", "overhead vs no slots", "slot bytes", "recompiles"],
-        [[r["config"], r["pack_ms"], f"{r['overhead_pct']}%", r["slot_bytes"], r["recompiles"]] for r in overhead])
+        ["configuration", "request", "rank run", "pack ms", "overhead vs no slots", "slot bytes", "recompiles"],
+        [[r["config"], r["request"], r["rank_bucket"], r["pack_ms"], f"{r['overhead_pct']}%", r["slot_bytes"],
+          r["recompiles"]] for r in overhead])
     write_results(args.out, "swap", {"args": vars(args), "swap": swaps, "swap_full_width": wide, "overhead": overhead},
                   table, str(vars(args)))
 

@@ -109,7 +109,7 @@ def cmd_serve(args) -> int:
         args.config, model=args.model, slots=args.slots, target_rank=args.target_rank,
         target_modules=args.target_modules, batch_size=args.batch_size, compile=False if args.no_compile else None,
         host=args.host, port=args.port, max_queue=args.max_queue, mixed=True if args.mixed else None,
-        attention_backend=args.attention_backend,
+        attention_backend=args.attention_backend, rank_buckets=args.rank_buckets,
         store_flags={"catalog": args.catalog, "cache_dir": Path(args.cache_dir) if args.cache_dir else None},
     )
     if args.ray:  # one deployment per base model on Ray Serve; see docs/scale-out.md
@@ -179,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--no-compile", action="store_true")
     srv.add_argument("--mixed", action="store_true", help="merge requests with different adapters into one batch")
     srv.add_argument("--attention-backend", help="native (default), fa3, flash, or a diffusers backend name")
+    srv.add_argument("--rank-buckets", help="extra ranks to compile for, e.g. 4,8: a request runs the smallest "
+                                            "that holds its adapters (default: target rank only)")
     srv.add_argument("--ray", action="store_true", help="scale out on Ray Serve (models from the config's [ray] table)")
     srv.set_defaults(run=cmd_serve)
 

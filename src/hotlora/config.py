@@ -62,6 +62,9 @@ class ServerConfig:
     batch_size: int = 6
     compile: bool = True
     mixed: bool = False  # merge requests with different adapters into one forward batch (adapter banks)
+    # Extra ranks to compile for besides target_rank (e.g. 4,8): a request runs the smallest that
+    # holds its adapters instead of the full padded rank. Each costs one more warm-up.
+    rank_buckets: tuple[int, ...] = ()
     attention_backend: str = "native"  # native | fa3 | flash | any diffusers dispatcher backend name
     compile_cache_dir: str | None = ".cache/hotlora/compile"  # compile artifacts kept across restarts
     step_cache: str | None = None  # dbcache | taylorseer | fbcache (off by default: it trades quality)
@@ -90,6 +93,12 @@ class ServerConfig:
         if isinstance(self.slots, str):
             self.slots = tuple(s.strip() for s in self.slots.split(",") if s.strip())
         self.slots = tuple(self.slots)
+        if isinstance(self.rank_buckets, (str, int)):
+            self.rank_buckets = str(self.rank_buckets).split(",")
+        try:
+            self.rank_buckets = tuple(int(str(b).strip()) for b in self.rank_buckets if str(b).strip())
+        except ValueError:
+            raise ValueError(f"rank_buckets must be integers, got {self.rank_buckets!r}") from None
 
 
 def _read_config_file(path) -> dict:

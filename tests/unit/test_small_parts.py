@@ -32,3 +32,17 @@ def test_error_tree_splits_caller_faults_from_engine_faults():
     assert isinstance(rejected, RequestError) and rejected.status_code == 422
     assert "2 problem(s)" in str(rejected) and "NaN in a.b" in str(rejected)
     assert issubclass(SlotStateCorrupt, EngineError) and not issubclass(SlotStateCorrupt, RequestError)
+
+
+def test_rank_buckets_come_from_flags_env_and_files(monkeypatch, tmp_path):
+    from hotlora.config import ServerConfig
+
+    assert ServerConfig.load(rank_buckets="4, 8")[0].rank_buckets == (4, 8)
+    monkeypatch.setenv("HOTLORA_RANK_BUCKETS", "2,16")
+    assert ServerConfig.load()[0].rank_buckets == (2, 16)
+    config_file = tmp_path / "serve.toml"
+    config_file.write_text("[server]\nrank_buckets = [4]\n")
+    monkeypatch.delenv("HOTLORA_RANK_BUCKETS")
+    assert ServerConfig.load(config_file)[0].rank_buckets == (4,)
+    with pytest.raises(ValueError, match="integers"):
+        ServerConfig(rank_buckets="four")

@@ -77,7 +77,8 @@ class Engine:
                  target_modules=None, batch_size: int = 6, compile: bool = True, height: int | None = None,
                  width: int | None = None, defaults: Mapping | None = None, model: str | None = None,
                  store=None, mixed: bool = False, bank_entries: int | None = None, attention_backend: str = "native",
-                 compile_cache_dir: str | os.PathLike | None = None, step_cache: StepCache | None = None):
+                 compile_cache_dir: str | os.PathLike | None = None, step_cache: StepCache | None = None,
+                 rank_buckets: Sequence[int] = ()):
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.pipeline = pipeline
@@ -92,11 +93,14 @@ class Engine:
         served = [model, Path(model).name if model else None, self.defaults.get("model_id"),
                   *self.defaults.get("base_model_aliases", [])]
         self.mixed = mixed
+        if mixed and rank_buckets:
+            raise ValueError("rank buckets apply to the slots of single-request packs, not to mixed batches")
         if mixed:  # per-sample adapters in one forward pass (see engine/bank.py)
             self.slots = AdapterBank(self.denoiser, family.name, slots, target_rank, target_modules, served,
                                      entries=bank_entries or 2 * batch_size + 1, max_batch=2 * batch_size)
         else:
-            self.slots = SlotBank(self.denoiser, family.name, slots, target_rank, target_modules, served_models=served)
+            self.slots = SlotBank(self.denoiser, family.name, slots, target_rank, target_modules, served_models=served,
+                                  rank_buckets=rank_buckets)
         config = self.denoiser.config if family.name == "sdxl" else None
         self.resolver = AdapterResolver(self.slots.slot_names, self.slots.ceiling, family, _make_store(store, family, config),
                                         denoiser_config=config, layout=getattr(self.slots, "layout", None))
@@ -109,9 +113,18 @@ class Engine:
         artifacts = None
         if compile and compile_cache_dir is not None:
             fingerprint = f"{model}|{family.name}|{slots}|{target_rank}|{target_modules}|{batch_size}|{mixed}|" \
-                          f"{self.height}x{self.width}|{self.attention_backend}|{self.denoiser.dtype}|{step_cache}"
+                          f"{self.height}x{self.width}|{self.attention_backend}|{self.denoiser.dtype}|{step_cache}|" \
+                          f"{self.rank_buckets}"
             artifacts = compile_artifacts_path(compile_cache_dir, fingerprint)
             self.compile_artifacts_loaded = load_compile_artifacts(artifacts)
+        if len(self.rank_buckets) > 1:
+            # Each bucket is another set of graphs for the same blocks; dynamo's default of 8 per
+            # code object covers the batch and CFG variants of one.
+            per_bucket = 8
+            needed = per_bucket * len(self.rank_buckets)
+            if torch._dynamo.config.recompile_limit < needed:
+                log.info("rank buckets %s: dynamo recompile_limit raised to %d", self.rank_buckets, needed)
+                torch._dynamo.config.recompile_limit = needed
         self.step_cache = step_cache
         if step_cache is not None:  # installed before compile: the compiled blocks include it
             apply_step_cache(pipeline, self.denoiser, step_cache)
@@ -130,7 +143,7 @@ class Engine:
                         device: str | None = None, height: int | None = None, width: int | None = None,
                         store=None, mixed: bool = False, bank_entries: int | None = None,
                         attention_backend: str = "native", compile_cache_dir=None,
-                        step_cache: StepCache | None = None) -> "Engine":
+                        step_cache: StepCache | None = None, rank_buckets: Sequence[int] = ()) -> "Engine":
         """Load ``model`` (a local directory or a hub id) and make it warm: slots, compile, warm-up."""
         device = device or default_device()
         dtype = dtype or default_dtype(device)
@@ -139,7 +152,8 @@ class Engine:
         return cls(pipeline, family, slots=slots, target_rank=target_rank, target_modules=target_modules,
                    batch_size=batch_size, compile=compile, height=height, width=width, defaults=defaults,
                    model=str(model), store=store, mixed=mixed, bank_entries=bank_entries,
-                   attention_backend=attention_backend, compile_cache_dir=compile_cache_dir, step_cache=step_cache)
+                   attention_backend=attention_backend, compile_cache_dir=compile_cache_dir, step_cache=step_cache,
+                   rank_buckets=rank_buckets)
 
     def _pipeline_default_size(self) -> int:
         return int(self.pipeline.default_sample_size * self.pipeline.vae_scale_factor)
@@ -155,12 +169,17 @@ class Engine:
         if self.family.name == "sdxl":
             guidance.append(1.0)  # SDXL without CFG runs a batch half as big
         began = time.perf_counter()
-        for scale in guidance:
-            for size in sizes:
-                log.info("warm-up: batch %d, guidance %.1f (%s)", size, scale, self.compile_mode or "eager")
-                self.pipeline(prompt="warm-up", num_images_per_prompt=size, num_inference_steps=2,
-                              guidance_scale=scale, height=self.height, width=self.width,
-                              generator=[torch.Generator().manual_seed(i) for i in range(size)], output_type="latent")
+        for bucket in reversed(self.rank_buckets):  # each rank bucket is its own set of shapes
+            if bucket is not None:
+                self.slots.use_bucket(bucket)
+            for scale in guidance:
+                for size in sizes:
+                    log.info("warm-up: batch %d, guidance %.1f, rank bucket %s (%s)", size, scale, bucket,
+                             self.compile_mode or "eager")
+                    self.pipeline(prompt="warm-up", num_images_per_prompt=size, num_inference_steps=2,
+                                  guidance_scale=scale, height=self.height, width=self.width,
+                                  generator=[torch.Generator().manual_seed(i) for i in range(size)],
+                                  output_type="latent")
         self.warmup_s = time.perf_counter() - began
         log.info("warm: %.1fs, %d graphs compiled, %s", self.warmup_s, graph_count(), self.compile_mode or "eager")
 
@@ -175,6 +194,11 @@ class Engine:
     def ceiling(self):
         return self.slots.ceiling
 
+    @property
+    def rank_buckets(self) -> tuple:
+        """The ranks compiled for (SlotBank.rank_buckets); (None,) for the mixed-batch bank."""
+        return getattr(self.slots, "rank_buckets", (None,))
+
     def describe(self) -> dict:
         return {
             "model": self.model, "family": self.family.name, "slots": list(self.slots.slot_names),
@@ -183,7 +207,7 @@ class Engine:
             "compile": self.compile_mode, "warmup_s": round(self.warmup_s, 2), "recompiles": self.recompiles,
             "mixed": self.mixed, "attention_backend": self.attention_backend,
             "step_cache": self.step_cache.backend if self.step_cache else None,
-            "slot_bytes": self.slots.nbytes,
+            "slot_bytes": self.slots.nbytes, "rank_buckets": [b for b in self.rank_buckets if b is not None],
         }
 
     # ------------------------------------------------------------------ adapters

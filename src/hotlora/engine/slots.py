@@ -1,20 +1,23 @@
 """Adapter slots: created once before compile, then only ever written in place.
 
 All slots together are one PEFT LoRA adapter on every ceiling module, of rank
-``len(slots) * target_rank`` with ``lora_alpha`` equal to it (PEFT's scaling is the constant
-1.0); slot ``k`` is the band of rows ``[k*R, (k+1)*R)``. The adapter's weights are views into two
+``n * target_rank`` (``n`` slots) with ``lora_alpha`` equal to it (PEFT's scaling is the constant
+1.0); slot ``k`` owns rows ``k, k + n, k + 2n, ...``. The adapter's weights are views into two
 rank-major buffers (``adapters/packing.py`` has the layout): every module's ``lora_A`` is
-``down[:, columns]`` and its ``lora_B`` is ``up[:, columns].T``, re-pointed once, before compile.
+``down[:rows, columns]`` and its ``lora_B`` is ``up[:rows, columns].T``. With the rows
+interleaved, the first ``n * b`` rows hold every slot's ranks below ``b``: a **rank bucket** ``b``
+is the model reading only those (the Parameters for each bucket are made once and compiled for
+at warm-up; a swap re-points the weights to the smallest bucket that holds the request).
 
-A swap writes a slot's adapter into the first ``r`` rows of its band, ``B`` multiplied by the
+A swap writes a slot's adapter into the first ``r`` of its rows, ``B`` multiplied by the
 request's weight and ``alpha / r``, and zeroes what the previous occupant left beyond them:
 
 - an adapter packed for this layout (the usual case): one ``copy_`` for ``A`` and one scaled copy
   for ``B`` per slot, the memory-copy limit, with no per-module work.
 - any other adapter, module by module, with ``torch._foreach_*`` ops.
 
-Nothing the compiled graph guards on (shapes, strides, the scaling floats, the active-adapter
-list) ever changes, so swaps never recompile.
+Nothing the compiled graphs guard on (shapes, strides, the scaling floats, the active-adapter
+list) ever changes outside the buckets warmed up, so swaps never recompile.
 
 Why not PEFT's ``hotswap_adapter_from_state_dict``: it copies module by module, writes the new
 adapter's ``alpha / r`` into ``scaling`` (a guarded float, or a tensor only after
@@ -37,7 +40,7 @@ from hotlora.adapters.packing import PackedWeights, PackLayout
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.errors import SlotStateCorrupt
 
-PEFT_ADAPTER = "hotlora_slots"  # the one PEFT adapter every slot is a band of rows in
+PEFT_ADAPTER = "hotlora_slots"  # the one PEFT adapter all slots are rows of
 
 
 @dataclass
@@ -48,6 +51,7 @@ class SwapReport:
     modules_zeroed: int = 0
     packed_writes: int = 0  # slots written with one copy per buffer
     per_module_writes: int = 0  # slots given an adapter module by module (not packed for this layout)
+    rank_bucket: int = 0  # the rank the model runs for this request (see SlotBank.rank_buckets)
     adapters: dict[str, str | None] = field(default_factory=dict)  # slot -> sha256
 
 
@@ -88,25 +92,34 @@ class SlotBank:
     """The slots of one denoiser. Owns every LoRA tensor in it; nothing else writes them."""
 
     def __init__(self, denoiser, family: str, slot_names: Iterable[str], target_rank: int, target_modules=None,
-                 served_models: Iterable[str] = ()):
+                 served_models: Iterable[str] = (), rank_buckets: Iterable[int] = ()):
         self.slot_names = tuple(slot_names)
         if len(set(self.slot_names)) != len(self.slot_names):
             raise ValueError(f"slot names must be unique, got {self.slot_names}")
         if target_rank < 1:
             raise ValueError("target_rank must be >= 1")
+        bad = [b for b in rank_buckets if not isinstance(b, int) or not 1 <= b <= target_rank]
+        if bad:
+            raise ValueError(f"rank buckets must be integers in 1..target_rank ({target_rank}), got {bad}")
+        # The ranks the model is compiled for; a request runs the smallest that holds its adapters.
+        self.rank_buckets = tuple(sorted({*rank_buckets, target_rank}))
         modules = ceiling_modules(denoiser, target_modules)
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
                                    served_models=frozenset(n for n in served_models if n))
         self.layout = PackLayout.of(modules)
         self._slots: dict[str, _Slot] = {}
-        self._peft_weights: list[torch.nn.ModuleDict] = []  # every lora_A / lora_B the model reads
+        self._peft: list[tuple[str, torch.nn.ModuleDict, torch.nn.ModuleDict]] = []  # what the model reads
+        self._bucket_weights: dict[int, list[tuple[torch.nn.Parameter, torch.nn.Parameter]]] = {}
+        self.bucket = target_rank
         if self.slot_names:  # no slots at all is the baseline the benchmarks measure the slots' cost against
             self._slots = self._install(denoiser, modules)
         self._layout = self._fingerprint()
 
     def _install(self, denoiser, modules) -> dict[str, _Slot]:
         """One PEFT adapter of rank ``len(slots) * target_rank`` on the ceiling, whose weights are
-        views into two zeroed rank-major buffers; slot ``k`` owns rows ``[k*R, (k+1)*R)``.
+        views into two zeroed rank-major buffers, the slots' rows interleaved: row ``i * n + k``
+        is rank ``i`` of slot ``k``, so the ranks below ``b`` of every slot are the first ``n * b``
+        rows (what a rank bucket ``b`` runs).
 
         One adapter instead of one per slot: a Linear then runs one pair of low-rank products of
         rank 2R instead of two pairs of rank R, reading its input and adding into its output once
@@ -115,12 +128,13 @@ class SlotBank:
         """
         from peft import LoraConfig
 
-        rank = self.ceiling.target_rank
-        total = rank * len(self.slot_names)
+        n, rank = len(self.slot_names), self.ceiling.target_rank
+        total = rank * n
         # An anchored alternation of exact names: PEFT's list matching is by suffix and would
         # widen the ceiling ("proj_out" would match every ".proj_out").
-        exact = "|".join(re.escape(n) for n in modules)
-        # alpha == r: PEFT's scaling is the constant 1.0; each slot's weight and alpha/r go into B.
+        exact = "|".join(re.escape(m) for m in modules)
+        # alpha == r: PEFT's scaling is the constant 1.0 whatever rows a bucket runs; each slot's
+        # weight and alpha/r go into B.
         config = LoraConfig(r=total, lora_alpha=total, target_modules=f"^(?:{exact})$", lora_dropout=0.0)
         denoiser.add_adapter(config, adapter_name=PEFT_ADAPTER)
         denoiser.set_adapters([PEFT_ADAPTER], [1.0])  # once, before compile
@@ -129,27 +143,62 @@ class SlotBank:
         all_up = torch.zeros(total, self.layout.up_width, dtype=first.dtype, device=first.device)
         for name in modules:
             layer = denoiser.get_submodule(name)
-            layer.lora_A[PEFT_ADAPTER].weight = torch.nn.Parameter(self.layout.down_view(all_down, name),
-                                                                   requires_grad=False)
-            layer.lora_B[PEFT_ADAPTER].weight = torch.nn.Parameter(self.layout.up_view(all_up, name),
-                                                                   requires_grad=False)
-            self._peft_weights += [layer.lora_A, layer.lora_B]
-        slots = {}
-        for k, slot in enumerate(self.slot_names):
-            flat_down, flat_up = all_down[k * rank:(k + 1) * rank], all_up[k * rank:(k + 1) * rank]
-            slots[slot] = _Slot(slot, {m: self.layout.down_view(flat_down, m) for m in modules},
-                                {m: self.layout.up_view(flat_up, m) for m in modules}, dict.fromkeys(modules, 0),
-                                flat_down=flat_down, flat_up=flat_up)
-        return slots
+            self._peft.append((name, layer.lora_A, layer.lora_B))
+        # One set of Parameters per bucket, made once: switching buckets re-points the PEFT
+        # weights to the same objects every time, which is what the compiled graphs were made for.
+        for bucket in self.rank_buckets:
+            rows = bucket * n
+            self._bucket_weights[bucket] = [
+                (torch.nn.Parameter(self.layout.down_view(all_down, name, rows), requires_grad=False),
+                 torch.nn.Parameter(self.layout.up_view(all_up, name, rows), requires_grad=False))
+                for name, _, _ in self._peft
+            ]
+        self._point(rank)
+        return {
+            slot: _Slot(slot, {m: self.layout.down_view(all_down[k::n], m) for m in modules},
+                        {m: self.layout.up_view(all_up[k::n], m) for m in modules}, dict.fromkeys(modules, 0),
+                        flat_down=all_down[k::n], flat_up=all_up[k::n])
+            for k, slot in enumerate(self.slot_names)
+        }
+
+    def _point(self, bucket: int) -> None:
+        """Make the model read the first ``slots * bucket`` rows of the slot buffers."""
+        for (_, down, up), (a, b) in zip(self._peft, self._bucket_weights[bucket]):
+            down[PEFT_ADAPTER].weight = a
+            up[PEFT_ADAPTER].weight = b
+        self.bucket = bucket
+
+    def use_bucket(self, bucket: int) -> None:
+        """Run the rank bucket ``bucket`` (warm-up visits each); slots must fit in it."""
+        if bucket not in self.rank_buckets:
+            raise ValueError(f"{bucket} is not one of the rank buckets {self.rank_buckets}")
+        needed = self.rows_in_use()
+        if needed > bucket:
+            raise ValueError(f"the slots hold rank {needed}, more than bucket {bucket}")
+        if self.slot_names and bucket != self.bucket:
+            self._point(bucket)
+
+    def rows_in_use(self) -> int:
+        """The highest rank any slot's occupant uses (its zero-padded rows beyond it are unread)."""
+        return max((max(s.rank.values(), default=0) for s in self._slots.values()), default=0)
 
     def _fingerprint(self):
-        # The slots' own views, and what the model actually reads: a PEFT weight re-pointed away
-        # from the slot buffers would silently drop every later swap.
         return [
             (t.data_ptr(), tuple(t.shape))
             for slot in self._slots.values()
             for t in (*slot.down.values(), *slot.up.values())
-        ] + [(w[PEFT_ADAPTER].weight.data_ptr(), w[PEFT_ADAPTER].weight.stride()) for w in self._peft_weights]
+        ]
+
+    def check_intact(self) -> None:
+        """Raise SlotStateCorrupt if any slot tensor was replaced or reshaped behind our back, or
+        if a weight the model reads is not the current bucket's view of the slot buffers (a
+        re-pointed weight would silently drop every later swap)."""
+        if self._fingerprint() != self._layout:
+            raise SlotStateCorrupt("slot tensors were replaced or reshaped outside the slot bank")
+        expected = self._bucket_weights.get(self.bucket, [])
+        for (name, down, up), (a, b) in zip(self._peft, expected):
+            if down[PEFT_ADAPTER].weight is not a or up[PEFT_ADAPTER].weight is not b:
+                raise SlotStateCorrupt(f"{name}: the LoRA weights the model reads are no longer the slots'")
 
     @property
     def nbytes(self) -> int:
@@ -157,11 +206,6 @@ class SlotBank:
 
     def occupants(self) -> dict[str, tuple[str | None, float | None]]:
         return {name: (s.sha256, s.scale) for name, s in self._slots.items()}
-
-    def check_intact(self) -> None:
-        """Raise SlotStateCorrupt if any slot tensor was replaced or reshaped behind our back."""
-        if self._fingerprint() != self._layout:
-            raise SlotStateCorrupt("slot tensors were replaced or reshaped outside the slot bank")
 
     @torch.no_grad()
     def swap(self, assignments: Mapping[str, tuple[Adapter, float] | None]) -> SwapReport:
@@ -188,6 +232,12 @@ class SlotBank:
                 write_padded(slot, adapter, float(scale), report)
             slot.sha256, slot.scale = (adapter.sha256, float(scale)) if adapter is not None else (None, None)
             report.adapters[name] = slot.sha256
+        if len(self.rank_buckets) > 1:
+            needed = self.rows_in_use()
+            bucket = next(b for b in self.rank_buckets if b >= needed)
+            if bucket != self.bucket:
+                self._point(bucket)
+        report.rank_bucket = self.bucket
         report.ms = (time.perf_counter() - start) * 1000
         return report
 

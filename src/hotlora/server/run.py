@@ -46,6 +46,7 @@ def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
             store=shared.get("store", store_config), mixed=config.mixed,
             attention_backend=config.attention_backend, compile_cache_dir=config.compile_cache_dir,
             step_cache=StepCache(config.step_cache, config.step_cache_threshold) if config.step_cache else None,
+            rank_buckets=config.rank_buckets,
         )
         shared["store"] = engine.store
         if first and engine.store.catalog:
