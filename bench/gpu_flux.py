@@ -1,7 +1,7 @@
 """Full-size Flux on a GPU with no network: random bf16 weights, the engine's figures at production size.
 
 Usage (bench/gpu.sh runs it): python bench/gpu_flux.py [--height 1024 --width 1536 --steps 30 --pack 6 --rank 128]
-                              [--budget-s 420] [--layers N --single-layers M]
+                              [--budget-s 420] [--layers N --single-layers M] [--bucket-rank N]
 
 Builds a Flux pipeline with the real transformer architecture (19 double + 38 single blocks, width
 3072; fewer with --layers/--single-layers) and random bf16 weights in memory (no download), small
@@ -10,7 +10,8 @@ side by side in one process, as far as the time budget allows (results are writt
 step, so a cut-off run still leaves numbers):
   1. swap of both slots (rank 1..R, every Linear) against one plain copy_ of the same bytes;
   2. compiled pack with both slots filled against the same compiled model with no slots
-     (steady-state adapter cost), for every Linear and for attention only;
+     (steady-state adapter cost), for every Linear and for attention only, and with
+     --bucket-rank N for every Linear with a rank bucket N and rank-N adapters;
   3. eager against compiled pack time, and the compile warm-up.
 Never run yet: no session so far had a GPU. Check bench/results/gpu.json after the first run.
 """
@@ -68,6 +69,9 @@ def main() -> None:
     parser.add_argument("--single-layers", type=int, default=38)
     parser.add_argument("--budget-s", type=float, default=420)
     parser.add_argument("--device", default="cuda", help="cpu only for a smoke test of this script with tiny sizes")
+    parser.add_argument("--bucket-rank", type=int, default=0,
+                        help="also run every Linear with a rank bucket at this rank (besides --rank) and adapters "
+                             "of this rank, after the no-slots run (0: off)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_flux.py needs a CUDA device (or --device cpu for a smoke test)")
@@ -101,6 +105,7 @@ def main() -> None:
         ("every_linear", {}),
         ("attention_only", {"target_modules": r".*attn.*"}),
         ("no_slots", {"slots": ()}),
+        *([("every_linear_rank_bucket", {"rank_buckets": (args.bucket_rank,)})] if args.bucket_rank else []),
         ("eager_every_linear", {"compile": False}),
     ]
     for label, options in configs:
@@ -119,12 +124,14 @@ def main() -> None:
                "slot_bytes": engine.slots.nbytes}
         request = {}
         if engine.slots.slot_names:
-            request = {slot: (adapter, 0.8) for slot, adapter in zip(("identity", "style"), _adapters(engine, args.rank))}
+            adapter_rank = args.bucket_rank if options.get("rank_buckets") else args.rank
+            request = {slot: (adapter, 0.8) for slot, adapter in zip(("identity", "style"), _adapters(engine, adapter_rank))}
             if label == "every_linear":
                 from bench.swap import swap_rows  # the same measurement as on the CPU
 
                 save("swap", swap_rows(engine, args.rank, repeats=10))
         row["pack_ms"] = round(pack_ms(engine, request), 1)
+        row["rank_run"] = engine.slots.bucket if engine.slots.slot_names else 0
         row["recompiles"] = engine.recompiles
         save(label, row)
         del engine, pipeline, request
@@ -134,7 +141,7 @@ def main() -> None:
         torch._dynamo.reset()
     base = report.get("no_slots", {}).get("pack_ms")
     if base:
-        for label in ("every_linear", "attention_only"):
+        for label in ("every_linear", "attention_only", "every_linear_rank_bucket"):
             if label in report:
                 report[label]["overhead_pct"] = round(100 * (report[label]["pack_ms"] / base - 1), 1)
     save("done", True)

@@ -113,6 +113,55 @@ def full_width_rows(target_rank: int, repeats: int) -> list[dict]:
     return swap_rows(engine, target_rank, repeats)
 
 
+def full_width_overhead_rows(target_rank: int, runs: int) -> list[dict]:
+    """The steady-state cost on real-width Flux blocks (one double, one single, width 3072; 64x64
+    images, so ~530 tokens with the text): slots on every Linear with full-rank and quarter-rank
+    adapters, the same with a rank bucket, attention only, against no slots. One set of weights,
+    a copy of the transformer per engine, runs interleaved."""
+    import copy
+
+    from diffusers import FluxPipeline
+
+    from bench.gpu_flux import _adapters, build_full_flux
+    from hotlora import Engine
+    from hotlora.adapters.families import family_named
+    from hotlora.engine.pipeline import default_device, default_dtype
+
+    device = default_device()
+    base = build_full_flux(1, 1, device).to(default_dtype(device))
+    low = max(1, target_rank // 4)
+    configs = [  # (label, engine options, adapter rank)
+        ("no slots", {"slots": ()}, 0),
+        ("2 slots, every Linear", {}, target_rank),
+        ("2 slots, every Linear", {}, low),
+        (f"2 slots, every Linear, rank bucket {low}", {"rank_buckets": (low,)}, low),
+        ("2 slots, attention only", {"target_modules": r".*attn.*"}, target_rank),
+    ]
+    engines, requests = {}, {}
+    for label, options, rank in configs:
+        if label not in engines:
+            pipeline = FluxPipeline(**{**base.components, "transformer": copy.deepcopy(base.transformer)})
+            pipeline.set_progress_bar_config(disable=True)
+            engines[label] = Engine(pipeline, family_named("flux"), target_rank=target_rank, batch_size=2, height=64,
+                                    width=64, defaults={"num_inference_steps": 2}, **options)
+        if rank:
+            requests[(label, rank)] = dict(zip(("identity", "style"), ((a, 0.8) for a in _adapters(engines[label], rank))))
+    del base
+    samples = {(label, rank): [] for label, _, rank in configs}
+    buckets_run = {}
+    for _ in range(runs):
+        for label, _, rank in configs:
+            result = engines[label].generate("a portrait", adapters=requests.get((label, rank), {}), num_images=2,
+                                             num_inference_steps=2, output_type="latent")
+            samples[(label, rank)].append(sum(result.timings.generate_ms))
+            buckets_run[(label, rank)] = result.swap.rank_bucket if rank else "-"
+    base_ms = statistics.median(samples[("no slots", 0)])
+    return [{"config": label, "request": f"2 x r{rank}" if rank else "-", "rank_bucket": buckets_run[(label, rank)],
+             "pack_ms": round(statistics.median(v), 1), "overhead_pct": round(100 * (statistics.median(v) / base_ms - 1), 1),
+             "slot_bytes": engines[label].slots.nbytes, "recompiles": engines[label].recompiles}
+            for (label, rank), v in samples.items()]
+
+
 def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: int) -> list[dict]:
     """Compiled pack time against the same model with no slots: the full ceiling with a request
     that needs the full rank and one that needs a quarter of it, the same with rank buckets, and
@@ -192,6 +241,7 @@ def main() -> None:
         overhead = overhead_rows(model, args.target_rank, args.pack, args.steps, args.runs)
         del engine
     wide = full_width_rows(args.full_width_rank, repeats=max(20, args.runs)) if args.full_width_rank else []
+    wide_overhead = full_width_overhead_rows(args.full_width_rank, args.runs) if args.full_width_rank else []
     header = ["model", "rank", "bytes (both slots)", "swap ms", "copy_ ms", "swap / copy"]
     table = markdown_table(header, [
         [model_label, r["rank"], r["bytes"], r["swap_ms"], r["copy_ms"], f"{r['swap_over_copy']}x"]
@@ -200,7 +250,13 @@ def main() -> None:
         ["configuration", "request", "rank run", "pack ms", "overhead vs no slots", "slot bytes", "recompiles"],
         [[r["config"], r["request"], r["rank_bucket"], r["pack_ms"], f"{r['overhead_pct']}%", r["slot_bytes"],
           r["recompiles"]] for r in overhead])
-    write_results(args.out, "swap", {"args": vars(args), "swap": swaps, "swap_full_width": wide, "overhead": overhead},
+    if wide_overhead:
+        table += "\n\nFull-width blocks (2 images of 64x64, 2 steps):\n\n" + markdown_table(
+            ["configuration", "request", "rank run", "pack ms", "overhead vs no slots", "slot bytes", "recompiles"],
+            [[r["config"], r["request"], r["rank_bucket"], r["pack_ms"], f"{r['overhead_pct']}%", r["slot_bytes"],
+              r["recompiles"]] for r in wide_overhead])
+    write_results(args.out, "swap", {"args": vars(args), "swap": swaps, "swap_full_width": wide, "overhead": overhead,
+                   "overhead_full_width": wide_overhead},
                   table, str(vars(args)))
 
 
