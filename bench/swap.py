@@ -97,38 +97,47 @@ def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
     return rows
 
 
-def full_width_rows(target_rank: int, repeats: int) -> list[dict]:
-    """The swap rows on real Flux blocks (width 3072, one double and one single block, random
-    weights built in memory), where an adapter is megabytes rather than kilobytes."""
+def full_width_pipeline():
+    """Real Flux blocks (width 3072, one double and one single block, random weights built in
+    memory) in the engine's dtype for this device: an adapter over them is megabytes."""
     from bench.gpu_flux import build_full_flux
-    from hotlora import Engine
-    from hotlora.adapters.families import family_named
     from hotlora.engine.pipeline import default_device, default_dtype
 
     device = default_device()
-    pipeline = build_full_flux(1, 1, device).to(default_dtype(device))
-    pipeline.set_progress_bar_config(disable=True)
-    engine = Engine(pipeline, family_named("flux"), target_rank=target_rank, batch_size=1, compile=False,
-                    height=64, width=64, defaults={"num_inference_steps": 1})
-    return swap_rows(engine, target_rank, repeats)
+    return build_full_flux(1, 1, device).to(default_dtype(device))
 
 
-def full_width_overhead_rows(target_rank: int, runs: int) -> list[dict]:
-    """The steady-state cost on real-width Flux blocks (one double, one single, width 3072; 64x64
-    images, so ~530 tokens with the text): slots on every Linear with full-rank and quarter-rank
-    adapters, the same with a rank bucket, attention only, against no slots. One set of weights,
-    a copy of the transformer per engine, runs interleaved."""
+def with_own_transformer(base):
+    """A pipeline sharing ``base``'s encoders and VAE, with its own copy of the transformer (the
+    engine adds slots to it)."""
     import copy
 
     from diffusers import FluxPipeline
 
-    from bench.gpu_flux import _adapters, build_full_flux
+    pipeline = FluxPipeline(**{**base.components, "transformer": copy.deepcopy(base.transformer)})
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def full_width_rows(base, target_rank: int, repeats: int) -> list[dict]:
+    """The swap rows on real-width Flux blocks."""
     from hotlora import Engine
     from hotlora.adapters.families import family_named
-    from hotlora.engine.pipeline import default_device, default_dtype
 
-    device = default_device()
-    base = build_full_flux(1, 1, device).to(default_dtype(device))
+    engine = Engine(with_own_transformer(base), family_named("flux"), target_rank=target_rank, batch_size=1,
+                    compile=False, height=64, width=64, defaults={"num_inference_steps": 1})
+    return swap_rows(engine, target_rank, repeats)
+
+
+def full_width_overhead_rows(base, target_rank: int, runs: int) -> list[dict]:
+    """The steady-state cost on real-width Flux blocks (one double, one single, width 3072; 64x64
+    images, so ~530 tokens with the text): slots on every Linear with full-rank and quarter-rank
+    adapters, the same with a rank bucket, attention only, against no slots. One set of weights,
+    a copy of the transformer per engine, runs interleaved."""
+    from bench.gpu_flux import _adapters
+    from hotlora import Engine
+    from hotlora.adapters.families import family_named
+
     low = max(1, target_rank // 4)
     configs = [  # (label, engine options, adapter rank)
         ("no slots", {"slots": ()}, 0),
@@ -140,13 +149,10 @@ def full_width_overhead_rows(target_rank: int, runs: int) -> list[dict]:
     engines, requests = {}, {}
     for label, options, rank in configs:
         if label not in engines:
-            pipeline = FluxPipeline(**{**base.components, "transformer": copy.deepcopy(base.transformer)})
-            pipeline.set_progress_bar_config(disable=True)
-            engines[label] = Engine(pipeline, family_named("flux"), target_rank=target_rank, batch_size=2, height=64,
+            engines[label] = Engine(with_own_transformer(base), family_named("flux"), target_rank=target_rank, batch_size=2, height=64,
                                     width=64, defaults={"num_inference_steps": 2}, **options)
         if rank:
             requests[(label, rank)] = dict(zip(("identity", "style"), ((a, 0.8) for a in _adapters(engines[label], rank))))
-    del base
     samples = {(label, rank): [] for label, _, rank in configs}
     buckets_run = {}
     for _ in range(runs):
@@ -189,19 +195,22 @@ def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: in
     for label, options, _ in configs:
         if label not in engines:
             engines[label] = Engine.from_pretrained(model, target_rank=target_rank, batch_size=pack, **options)
+    loaded = {}  # read and converted once per configuration, like the RAM cache would
+    for label, _, request in configs:
+        engine = engines[label]
+        adapters_here = {}
+        if request is not None:
+            adapters_here = {slot: (engine.load_adapter(str(path)), scale)
+                             for slot, (path, scale) in requests[request].items()}
+        if label.endswith("attention only"):  # keep only what the narrower ceiling holds
+            adapters_here = {slot: (_restrict(a, engine.ceiling.modules), s) for slot, (a, s) in adapters_here.items()}
+        loaded[(label, request)] = adapters_here
     samples = {(label, request): [] for label, _, request in configs}
     buckets_run = {}
     for _ in range(runs):  # interleaved, so every configuration sees the same machine noise
         for label, _, request in configs:
-            engine = engines[label]
-            adapters_here = {}
-            if request is not None:
-                adapters_here = {slot: (engine.load_adapter(str(path)), scale)
-                                 for slot, (path, scale) in requests[request].items()}
-            if label.endswith("attention only"):  # keep only what the narrower ceiling holds
-                adapters_here = {slot: (_restrict(a, engine.ceiling.modules), s) for slot, (a, s) in adapters_here.items()}
-            result = engine.generate("a portrait", adapters=adapters_here, num_images=pack, num_inference_steps=steps,
-                                     output_type="latent")
+            result = engines[label].generate("a portrait", adapters=loaded[(label, request)], num_images=pack,
+                                             num_inference_steps=steps, output_type="latent")
             samples[(label, request)].append(sum(result.timings.generate_ms))
             buckets_run[(label, request)] = result.swap.rank_bucket
     base = statistics.median(samples[("no slots", None)])
@@ -240,8 +249,12 @@ def main() -> None:
         swaps = swap_rows(engine, args.target_rank, repeats=max(20, args.runs))
         overhead = overhead_rows(model, args.target_rank, args.pack, args.steps, args.runs)
         del engine
-    wide = full_width_rows(args.full_width_rank, repeats=max(20, args.runs)) if args.full_width_rank else []
-    wide_overhead = full_width_overhead_rows(args.full_width_rank, args.runs) if args.full_width_rank else []
+    wide, wide_overhead = [], []
+    if args.full_width_rank:
+        base = full_width_pipeline()  # built once; each engine gets its own copy of the transformer
+        wide = full_width_rows(base, args.full_width_rank, repeats=max(20, args.runs))
+        wide_overhead = full_width_overhead_rows(base, args.full_width_rank, args.runs)
+        del base
     header = ["model", "rank", "bytes (both slots)", "swap ms", "copy_ ms", "swap / copy"]
     table = markdown_table(header, [
         [model_label, r["rank"], r["bytes"], r["swap_ms"], r["copy_ms"], f"{r['swap_over_copy']}x"]

@@ -143,6 +143,11 @@ def test_a_weight_moved_away_from_the_slot_buffers_is_caught(tiny_models):
     layer.lora_B[PEFT_ADAPTER].weight = torch.nn.Parameter(weight.detach().clone(), requires_grad=False)
     with pytest.raises(SlotStateCorrupt):
         engine.slots.check_intact()
+    layer.lora_B[PEFT_ADAPTER].weight = weight
+    engine.slots.check_intact()
+    weight.data = weight.detach().clone()  # the same Parameter, other storage
+    with pytest.raises(SlotStateCorrupt):
+        engine.slots.check_intact()
 
 
 def test_a_packed_adapter_still_serialises_and_exports(engine, tmp_path):

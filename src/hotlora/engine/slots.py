@@ -110,10 +110,10 @@ class SlotBank:
         self._slots: dict[str, _Slot] = {}
         self._peft: list[tuple[str, torch.nn.ModuleDict, torch.nn.ModuleDict]] = []  # what the model reads
         self._bucket_weights: dict[int, list[tuple[torch.nn.Parameter, torch.nn.Parameter]]] = {}
+        self._bucket_pointers: dict[int, int] = {}  # id(Parameter) -> where its data must stay
         self.bucket = target_rank
         if self.slot_names:  # no slots at all is the baseline the benchmarks measure the slots' cost against
             self._slots = self._install(denoiser, modules)
-        self._layout = self._fingerprint()
 
     def _install(self, denoiser, modules) -> dict[str, _Slot]:
         """One PEFT adapter of rank ``len(slots) * target_rank`` on the ceiling, whose weights are
@@ -153,6 +153,8 @@ class SlotBank:
                  torch.nn.Parameter(self.layout.up_view(all_up, name, rows), requires_grad=False))
                 for name, _, _ in self._peft
             ]
+        self._bucket_pointers = {id(p): p.data_ptr() for pairs in self._bucket_weights.values()
+                                 for pair in pairs for p in pair}
         self._point(rank)
         return {
             slot: _Slot(slot, {m: self.layout.down_view(all_down[k::n], m) for m in modules},
@@ -182,23 +184,14 @@ class SlotBank:
         """The highest rank any slot's occupant uses (its zero-padded rows beyond it are unread)."""
         return max((max(s.rank.values(), default=0) for s in self._slots.values()), default=0)
 
-    def _fingerprint(self):
-        return [
-            (t.data_ptr(), tuple(t.shape))
-            for slot in self._slots.values()
-            for t in (*slot.down.values(), *slot.up.values())
-        ]
-
     def check_intact(self) -> None:
-        """Raise SlotStateCorrupt if any slot tensor was replaced or reshaped behind our back, or
-        if a weight the model reads is not the current bucket's view of the slot buffers (a
-        re-pointed weight would silently drop every later swap)."""
-        if self._fingerprint() != self._layout:
-            raise SlotStateCorrupt("slot tensors were replaced or reshaped outside the slot bank")
-        expected = self._bucket_weights.get(self.bucket, [])
-        for (name, down, up), (a, b) in zip(self._peft, expected):
-            if down[PEFT_ADAPTER].weight is not a or up[PEFT_ADAPTER].weight is not b:
-                raise SlotStateCorrupt(f"{name}: the LoRA weights the model reads are no longer the slots'")
+        """Raise SlotStateCorrupt if a weight the model reads is not the current bucket's view of
+        the slot buffers: replaced (``module.weight = ...``) or given other storage
+        (``weight.data = ...``). Either would silently drop every later swap."""
+        for (name, down, up), (a, b) in zip(self._peft, self._bucket_weights.get(self.bucket, [])):
+            for held, expected in ((down[PEFT_ADAPTER].weight, a), (up[PEFT_ADAPTER].weight, b)):
+                if held is not expected or held.data_ptr() != self._bucket_pointers[id(expected)]:
+                    raise SlotStateCorrupt(f"{name}: the LoRA weights the model reads are no longer the slots'")
 
     @property
     def nbytes(self) -> int:
@@ -250,9 +243,9 @@ def write_padded(slot: _Slot, adapter: Adapter | None, scale: float, report: Swa
     """Copy ``adapter`` (scale and alpha/r folded into B) into one slot's rank-padded tensors, in
     place, zeroing only what the previous occupant left beyond the new rank.
 
+    The path for adapters that are not packed for the slots (``write_packed`` is the fast one).
     The work is gathered into lists and done with ``torch._foreach_*``: one multi-tensor kernel
-    per kind of operation instead of several small launches per module, which is what keeps a swap
-    near the plain memory-copy limit on a GPU.
+    per kind of operation instead of several small launches per module.
     """
     incoming = adapter.modules if adapter is not None else {}
     if incoming and scale != 0.0:
