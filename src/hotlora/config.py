@@ -11,6 +11,16 @@ GiB = 1024**3
 MiB = 1024**2
 
 
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask of the engine, checked before any weight is touched."""
+
+    max_images: int = 64
+    max_steps: int = 200
+    max_scale: float = 8.0  # |scale| per adapter: a huge scale would overflow the pack
+    max_work: int = 16 * 1024 * 1536 * 50  # height x width x images x steps
+
+
 @dataclass
 class StoreConfig:
     """How the adapter store fetches, checks and caches adapters."""
@@ -26,7 +36,12 @@ class StoreConfig:
     allow_pickle: bool = False  # .bin / .pt adapters: torch.load(weights_only=True), still opt-in
     max_adapter_bytes: int = 2 * GiB
     max_header_bytes: int = 16 * MiB
-    timeout_s: float = 30.0
+    timeout_s: float = 30.0  # per network read (connect, each chunk)
+    # Whole-download deadline, retries included: a source that drips bytes cannot hold a fetch
+    # (and the request waiting on it) longer than this.
+    download_deadline_s: float = 120.0
+    max_fetch_workers: int = 4  # threads that download and convert; RAM-cached adapters never wait for them
+    ram_max_entries: int = 10_000  # the RAM tier's entry cap, besides its byte budget
     retries: int = 3
     backoff_s: float = 0.25
     s3_endpoint_url: str | None = None  # R2, MinIO, ...; else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL
@@ -77,6 +92,13 @@ class ServerConfig:
     max_queue: int = 16
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 120.0
+    # Bounds on what one request may ask (answered 413/422 with the limit in the message).
+    max_scale: float = 8.0  # |scale| per adapter; real adapters are used at 0..~2
+    # height x width x images x steps: 16 images of 1024x1536 at 50 steps by default.
+    max_work: int = 16 * 1024 * 1536 * 50
+    max_body_bytes: int = 1 * MiB  # HTTP request bodies (prompts and references, never weights)
+    max_prefetch_inflight: int = 64  # adapter fetches a prefetch may have running; 429 beyond
+    max_rebuild_attempts: int = 5  # consecutive failed rebuilds before the worker gives up (503s)
     lora_header_slot: str = "identity"  # the slot the inference API's `lora` header fills
     enable_fault_injection: bool = False  # POST /admin/fault: for tests of the rebuild path only
 

@@ -9,7 +9,11 @@
     │   ├── AdapterRejected       a readable adapter that does not fit the served engine;
     │   │                         carries every problem found, not just the first
     │   ├── InvalidRequest        bad generation parameters
-    │   │   └── UnsafeReference       (adapters.references) a path or host outside what is allowed
+    │   │   ├── RequestTooLarge       over a work, body or field bound: 413, the limit in the message
+    │   │   ├── UnsafeReference       (adapters.references) a path or host outside what is allowed
+    │   │   ├── UnservedShape         (engine.core) a size or shape the warm engine would compile for
+    │   │   └── NonFiniteOutput       (engine.core) the request's adapters overflowed the pack; the
+    │   │                             base weights were checked and are intact
     │   └── Overloaded, NotAccepting, DeadlineExceeded, ClientGone
     │                             (engine.worker) the queue's answers: 429, 503, 504, 499
     ├── SourceUnavailable     a remote source failed after retries: 502, nobody's fault here,
@@ -62,6 +66,10 @@ class AdapterRejected(RequestError):
 
 class InvalidRequest(RequestError):
     status_code = 422
+
+
+class RequestTooLarge(InvalidRequest):
+    status_code = 413
 
 
 class SourceUnavailable(HotloraError):

@@ -1,5 +1,6 @@
 """A real uvicorn server on 127.0.0.1 in a background thread, and a real HTTP client."""
 
+import http.server
 import socket
 import threading
 import time
@@ -52,11 +53,12 @@ class RunningServer:
 def start_server():
     servers = []
 
-    def start(model, tmp, *, roots=(), catalog=None, **overrides):
+    def start(model, tmp, *, roots=(), catalog=None, store_overrides=None, **overrides):
         settings = dict(model=str(model), target_rank=8, batch_size=3, port=free_port(), max_queue=32,
                         drain_timeout_s=60)
         settings.update(overrides)
-        store = StoreConfig(cache_dir=tmp / "cache", local_roots=tuple(roots), catalog=catalog)
+        store = StoreConfig(cache_dir=tmp / "cache", local_roots=tuple(roots), catalog=catalog,
+                            **(store_overrides or {}))
         server = RunningServer(ServerConfig(**settings), store).start()
         servers.append(server)
         return server
@@ -64,3 +66,45 @@ def start_server():
     yield start
     for server in servers:
         server.stop()
+
+
+class DripHandler(http.server.BaseHTTPRequestHandler):
+    """A source that answers at once, then sends its body one byte per ``DRIP_S``: each read
+    succeeds, so only a whole-download deadline ends the fetch."""
+
+    DRIP_S = 0.5
+    BYTES = 4096
+
+    def do_HEAD(self):
+        self.send_response(405)  # no cheap identity: the store must download
+        self.end_headers()
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("content-length", str(self.BYTES))
+        self.end_headers()
+        for _ in range(self.BYTES):  # bounded, and ends as soon as the client hangs up
+            if self.server.stopping.is_set():
+                return
+            try:
+                self.wfile.write(b"\0")
+                self.wfile.flush()
+            except OSError:
+                return
+            time.sleep(self.DRIP_S)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def drip_url():
+    """http://127.0.0.1:PORT/ of a slow-drip source (plain http: the store needs allow_http)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DripHandler)
+    server.daemon_threads = True
+    server.stopping = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.stopping.set()
+    server.shutdown()

@@ -10,6 +10,7 @@ import torch
 
 from hotlora import Engine
 from hotlora.adapters.packing import pack
+from hotlora.engine.pipeline import graph_count
 from hotlora.errors import AdapterNotFound, AdapterRejected, InvalidRequest
 from hotlora.testing import (
     kohya_flux_lora,
@@ -199,9 +200,11 @@ def test_swaps_copy_in_place_without_growth(warm):
 
 def test_the_recompile_guard_is_live(warm):
     """Canary: a shape the warm-up never saw must trip ``error_on_recompile``, so the zero-recompile
-    assertions above are real. (A new resolution is a documented limit: it compiles once.)"""
+    assertions above are real. (The engine itself refuses such a size before running anything:
+    tests/integration/test_robustness.py; here the pipeline is called directly.)"""
     family, model_dir, engine = warm
+    graphs = graph_count()
     with pytest.raises(Exception, match="(?i)recompil"):
-        engine.generate(PROMPT, height=engine.height * 2, width=engine.width, num_inference_steps=1,
+        engine.pipeline(prompt=PROMPT, height=engine.height * 2, width=engine.width, num_inference_steps=1,
                         output_type="latent")
-    assert engine.recompiles == 0  # refused before compiling: nothing was added
+    assert graph_count() == graphs  # refused before compiling: nothing was added

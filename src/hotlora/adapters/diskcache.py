@@ -2,9 +2,11 @@
 
 Entries are canonical safetensors files (``<key>.safetensors``) with a sidecar holding their
 sha256 (``<key>.sha256``). Both are written to a temporary name and renamed into place, data
-first: a crash mid-write leaves at most a ``.tmp-*`` file (swept at start-up) or data without a
-sidecar (treated as corrupt), never an entry that reads as valid. Every read verifies the hash.
-Recency is the data file's mtime, touched on each hit, so the LRU order survives restarts.
+first: a crash mid-write leaves at most a ``.tmp-<host>+<pid>+*`` file (swept at start-up once its
+process is gone) or data without a sidecar (treated as corrupt), never an entry that reads as
+valid. Every read verifies the hash. Recency is the data file's mtime, touched on each hit, so the
+LRU order survives restarts. A disk that refuses writes (full, read-only) degrades the store to
+RAM-only instead of failing requests.
 """
 
 from __future__ import annotations
@@ -13,11 +15,17 @@ import hashlib
 import json
 import logging
 import os
+import re
+import shutil
+import socket
 import tempfile
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 
 from hotlora.adapters.formats import Adapter, LoraWeights
 
@@ -66,22 +74,137 @@ class TierStats:
     bytes: int = 0  # bytes held now
     evictions: int = 0
     corrupt: int = 0
+    entries: int = 0  # entries held now
+    write_errors: int = 0  # writes that failed (disk full, read-only): the entry stayed RAM-only
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
+# ----------------------------------------------------------------------------- orphans
+
+# Leftovers older than this are removed whoever left them: no download or cache write lives this long
+# (downloads have a deadline), and a replica on another host cannot be asked whether it is alive.
+ORPHAN_AGE_S = 24 * 3600
+# A process that started this much later than a leftover was last written cannot have written it:
+# its pid was reused (containers restart with the same host name and, often, the same pid).
+_START_SLACK_S = 1.0
+
+
+def owner_tag() -> str:
+    """``host+pid``: who owns a temporary file or work directory. '+' never occurs in a sanitized
+    host name, nor in the random part ``tempfile`` appends."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname()) or "localhost"
+    return f"{host}+{os.getpid()}"
+
+
+def _owner_alive(host: str, pid: int, written_at: float) -> bool:
+    """Whether the process that wrote a leftover may still be using it. Only this host's pids can
+    be checked; another host's leftovers count as alive (until ORPHAN_AGE_S)."""
+    if host != owner_tag().rsplit("+", 1)[0]:
+        return True
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.AccessDenied, psutil.Error):  # cannot tell: keep it
+        return True
+    return started <= written_at + _START_SLACK_S
+
+
+def sweep_orphans(directory: Path, prefix: str = "") -> int:
+    """Remove ``prefix<host>+<pid>+...`` entries left by dead processes of this host, and any entry
+    under ``prefix`` older than ORPHAN_AGE_S. Returns how many were removed."""
+    removed = 0
+    now = time.time()
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        try:
+            written_at = entry.stat(follow_symlinks=False).st_mtime
+        except FileNotFoundError:  # removed meanwhile by its owner
+            continue
+        owner = _OWNED.match(entry.name[len(prefix):])
+        stale = now - written_at > ORPHAN_AGE_S
+        if not stale and (owner is None or _owner_alive(owner["host"], int(owner["pid"]), written_at)):
+            continue
+        log.warning("removing a leftover of a %s: %s", "crashed process" if not stale else "process long gone",
+                    entry.name)
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError as exc:  # removed meanwhile, or not ours to remove: never a reason to fail start-up
+            log.debug("could not remove %s: %s", entry.name, exc)
+            continue
+        removed += 1
+    return removed
+
+
+_OWNED = re.compile(r"^(?P<host>[A-Za-z0-9.-]+)\+(?P<pid>\d+)\+")
+
+
+# ----------------------------------------------------------------------------- the tier
+
+
+def _remove(path: Path) -> None:
+    """Unlink, tolerating what a shared or failing disk does: already gone (another replica evicted
+    it), or refused (read-only): a stale file is a smaller harm than a failed request."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.debug("could not remove %s: %s", path.name, exc)
+
+
 class DiskCache:
+    """An LRU of converted entries under a byte budget.
+
+    The directory is scanned at start-up into an in-memory index (key -> size, in LRU order, from
+    mtimes); after that a put or a hit is O(1): it updates the index and a running byte total, and
+    eviction pops from the index. Other processes sharing the directory (replicas) write entries
+    this index does not see, so a put rescans once ``rescan_every_s`` has passed: the budget holds
+    for the directory as a whole, at a scan's cost every few minutes instead of on every write.
+    Every file operation tolerates an entry that someone else removed meanwhile.
+    """
+
+    TMP = ".tmp-"
+    RESCAN_EVERY_S = 300.0
+
     def __init__(self, root: Path, budget_bytes: int):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.budget = budget_bytes
         self.stats = TierStats()
         self._lock = threading.Lock()
-        for leftover in self.root.glob(".tmp-*"):
-            log.warning("removing an unfinished cache write: %s", leftover.name)
-            leftover.unlink(missing_ok=True)
-        self.stats.bytes = sum(p.stat().st_size for p in self.root.glob("*.safetensors"))
+        self._index: OrderedDict[str, int] = OrderedDict()  # key -> data bytes, least recently used first
+        self._disk_full = False  # warn once per spell of failing writes, not per write
+        self.rescan_every_s = self.RESCAN_EVERY_S
+        self._rescan()
+
+    def _rescan(self) -> None:
+        """Rebuild the index from the directory. The scan runs outside the lock (gets and puts go
+        on meanwhile); the swap is atomic. On-disk mtimes order it, other replicas' hits included.
+        Temporary files of crashed writers (predecessors, replicas) are removed first."""
+        self._scanned_at = time.monotonic()
+        sweep_orphans(self.root, self.TMP)
+        found = []
+        for entry in os.scandir(self.root):
+            if entry.name.endswith(".safetensors") and not entry.name.startswith(self.TMP):
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:  # evicted meanwhile
+                    continue
+                found.append((st.st_mtime_ns, entry.name.removesuffix(".safetensors"), st.st_size))
+        index = OrderedDict((key, size) for _, key, size in sorted(found))
+        with self._lock:
+            self._index = index
+            self.stats.bytes = sum(index.values())
+            self.stats.entries = len(index)
 
     def _paths(self, key: str) -> tuple[Path, Path]:
         return self.root / f"{key}.safetensors", self.root / f"{key}.sha256"
@@ -94,6 +217,12 @@ class DiskCache:
         except FileNotFoundError:
             if data_path.exists():  # data without its sidecar: an interrupted write
                 self._discard(key, "no checksum")
+            else:  # never written, or evicted (maybe by another process) meanwhile
+                self._forget(key)
+            self.stats.misses += 1
+            return None
+        except OSError as exc:  # an unreadable disk is a miss: the source still has the adapter
+            log.warning("disk cache entry %s unreadable: %s", key[:12], exc)
             self.stats.misses += 1
             return None
         if hashlib.sha256(data).hexdigest() != expected:
@@ -106,21 +235,66 @@ class DiskCache:
             self._discard(key, f"unreadable ({exc})")
             self.stats.misses += 1
             return None
-        os.utime(data_path)  # LRU recency
+        self._touch(key, data_path, len(data))
         self.stats.hits += 1
         return adapter
 
-    def put(self, key: str, adapter: Adapter) -> None:
+    def _touch(self, key: str, data_path: Path, size: int) -> None:
+        """LRU recency, on disk (survives restarts) and in the index. The bytes were read and
+        verified, so an entry evicted by someone else in the meantime is still a valid answer."""
+        try:
+            os.utime(data_path)
+        except FileNotFoundError:
+            self._forget(key)
+            return
+        except OSError:  # a read-only disk: recency is best effort
+            pass
+        with self._lock:
+            self._remember(key, size)
+
+    def put(self, key: str, adapter: Adapter) -> bool:
+        """Write an entry; False when the disk refused it (full, read-only): the caller keeps
+        serving from RAM, and the failure is counted in ``stats.write_errors``."""
         data = serialize(adapter)
         data_path, sum_path = self._paths(key)
-        self._atomic_write(data_path, data)
-        self._atomic_write(sum_path, hashlib.sha256(data).hexdigest().encode())
+        try:
+            self._atomic_write(data_path, data)
+        except OSError as exc:
+            self._write_failed(key, exc)
+            return False
+        try:
+            self._atomic_write(sum_path, hashlib.sha256(data).hexdigest().encode())
+        except OSError as exc:
+            _remove(data_path)  # data without its checksum would only be discarded later
+            self._forget(key)
+            self._write_failed(key, exc)
+            return False
+        if self._disk_full:
+            log.warning("disk cache writable again: %s", self.root)
+            self._disk_full = False
+        if time.monotonic() - self._scanned_at > self.rescan_every_s:
+            try:
+                self._rescan()  # see what other replicas wrote, so the budget holds for all of them
+            except OSError as exc:  # keep the index we have
+                log.warning("disk cache rescan failed: %s", exc)
         with self._lock:
-            self.stats.bytes = sum(p.stat().st_size for p in self.root.glob("*.safetensors"))
-            self._evict(keep=data_path)
+            self._remember(key, len(data))
+            self._evict(keep=key)
+        return True
+
+    def _write_failed(self, key: str, exc: OSError) -> None:
+        with self._lock:
+            self.stats.write_errors += 1
+            first = not self._disk_full
+            self._disk_full = True
+        if first:
+            log.warning("disk cache write failed (%s): serving from RAM only until writes succeed again; "
+                        "further failures are logged at debug level", exc)
+        else:
+            log.debug("disk cache write of %s failed: %s", key[:12], exc)
 
     def _atomic_write(self, path: Path, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
+        fd, tmp = tempfile.mkstemp(prefix=f"{self.TMP}{owner_tag()}+", dir=self.root)
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
@@ -131,24 +305,40 @@ class DiskCache:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def _evict(self, keep: Path) -> None:
-        entries = sorted(self.root.glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns)
-        for path in entries:
-            if self.stats.bytes <= self.budget:
+    # Index bookkeeping; callers hold self._lock.
+
+    def _remember(self, key: str, size: int) -> None:
+        self.stats.bytes += size - self._index.get(key, 0)
+        self._index[key] = size
+        self._index.move_to_end(key)
+        self.stats.entries = len(self._index)
+
+    def _forget_locked(self, key: str) -> None:
+        self.stats.bytes -= self._index.pop(key, 0)
+        self.stats.entries = len(self._index)
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._forget_locked(key)
+
+    def _evict(self, keep: str) -> None:
+        while self.stats.bytes > self.budget and len(self._index) > 1:
+            key = next(iter(self._index))
+            if key == keep:  # the entry just written is the newest; only it is left
                 break
-            if path == keep:
-                continue
-            size = path.stat().st_size
-            path.unlink(missing_ok=True)
-            path.with_suffix(".sha256").unlink(missing_ok=True)
-            self.stats.bytes -= size
+            self._forget_locked(key)
+            for path in self._paths(key):
+                _remove(path)  # another process may have removed it already
             self.stats.evictions += 1
 
     def _discard(self, key: str, why: str) -> None:
         log.warning("disk cache entry %s discarded: %s", key[:12], why)
         self.stats.corrupt += 1
+        self._forget(key)
         for path in self._paths(key):
-            path.unlink(missing_ok=True)
+            _remove(path)
 
     def keys(self) -> list[str]:
-        return sorted(p.stem for p in self.root.glob("*.safetensors"))
+        """The entries this process knows of (its index), least recently used first."""
+        with self._lock:
+            return list(self._index)

@@ -5,9 +5,15 @@ The canonical form is what the engine copies into its slots: per denoiser module
 
 Conversion is diffusers' own: the pipeline class's ``lora_state_dict`` converts kohya, XLabs and
 the other community layouts, and ``_create_lora_config`` derives the exact ``LoraConfig`` (ranks,
-alphas, patterns) that ``load_lora_weights`` would build. We then read the per-module rank and
-alpha with PEFT's own pattern matcher. Mirroring those calls, instead of re-deriving alphas, is
-what makes a hot-swapped slot equal to a fresh ``load_lora_weights``.
+alphas, patterns) that ``load_lora_weights`` would build. Mirroring those calls, instead of
+re-deriving alphas, is what makes a hot-swapped slot equal to a fresh ``load_lora_weights``.
+
+Not trusted: the config's ``rank_pattern`` / ``alpha_pattern`` keys come from the file, and PEFT
+runs them as regexes (``get_pattern_key``), where ``((\w+)+)+Q`` blocks the process with the GIL
+held. Only keys that are module names are accepted, and they are matched by plain string
+comparison that gives what PEFT's regex gives for such keys (``_Patterns``). Each module's rank is
+its tensors' rank; a config that declares another one is refused, as ``load_lora_weights`` fails
+on it. ``target_modules`` is never used: the modules are the ones the weights name.
 
 Written here by hand, because no library does it: the PEFT on-disk layout
 (``base_model.model.*`` + ``adapter_config.json``), which Flux's ``lora_state_dict`` mistakes for
@@ -22,6 +28,7 @@ import json
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
@@ -36,8 +43,29 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Bumped whenever conversion changes what an adapter file turns into: the store keys converted
+# entries by it (and by hotlora's version), so a fixed converter never serves old conversions.
+CONVERTER_VERSION = 3  # 3: null base model is "not declared"; config patterns checked, not run as regexes
 PEFT_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
+
+# Module names as diffusers models spell them; LoRA keys naming anything else are refused.
+MODULE_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+# A rank_pattern / alpha_pattern key hotlora matches: a module name or suffix, optionally anchored
+# with ``^`` (diffusers writes those, PEFT #2419) and ``$`` (hotlora's export does). No other regex.
+PATTERN_KEY = re.compile(r"\^?[A-Za-z0-9_.]+\$?")
+MAX_NAME_CHARS = 256
+MAX_PATTERN_KEYS = 4096
+# Pattern lookups cost modules x keys; far above a full-size SDXL LoRA's ~1000 x ~1000.
+MAX_PATTERN_PAIRS = 4_000_000
+MAX_BASE_MODEL_CHARS = 1024
+# T5 LoRA keys (sd-scripts' ``lora_te3_``, ComfyUI's ``text_encoders.t5xxl.``) that diffusers' Flux
+# converters drop without a trace; listed with the skipped keys so the caller learns they are not served.
+DROPPED_T5 = ("lora_te3_", "text_encoders.t5xxl.")
+DENOISER_DIRS = ("transformer", "unet")
+# kohya SDXL keys in SGM (Stability's original) block numbering; SDXL has 9 input, 3 middle, 9 output.
+SGM_BLOCKS = ("input_blocks", "middle_block", "output_blocks")
+MAX_SGM_BLOCKS = 64  # the pipeline subfolders of the denoisers hotlora serves
 
 
 @dataclass(frozen=True)
@@ -129,10 +157,8 @@ def _read_files(path: Path, limits: ReadLimits, label: str):
             raw = load_safetensors(data)
         except Exception as exc:  # safetensors raises its own error type and plain ones for bad headers
             raise AdapterFormatError(f"{label}: not a readable safetensors file ({exc})") from exc
-        from diffusers.loaders.lora_base import _load_sft_state_dict_metadata
-
         extra["header_base_model"] = _header_base_model(data)
-        return raw, _load_sft_state_dict_metadata(str(path)), extra, hashlib.sha256(data).hexdigest()
+        return raw, _lora_adapter_metadata(path, label), extra, hashlib.sha256(data).hexdigest()
     if path.suffix in (".bin", ".pt", ".pth") and limits.allow_pickle:
         data = _read_capped(path, limits, label)
         try:
@@ -179,14 +205,34 @@ def _check_safetensors_header(data: bytes, limits: ReadLimits, label: str) -> No
         raise AdapterFormatError(f"{label}: truncated safetensors file (header says {header} bytes, file has {len(data) - 8})")
 
 
+def _lora_adapter_metadata(path: Path, label: str) -> dict | None:
+    """diffusers' ``lora_adapter_metadata`` header entry (``LoraConfig`` fields, prefixed by component),
+    read by diffusers' own reader. It is JSON inside a string: a value diffusers cannot read
+    is refused here with the reason, not passed on as an odd type."""
+    from diffusers.loaders.lora_base import _load_sft_state_dict_metadata
+
+    try:
+        metadata = _load_sft_state_dict_metadata(str(path))
+    except Exception as exc:  # json's ValueError, RecursionError for deep nesting, safetensors' own
+        raise AdapterFormatError(
+            f"{label}: unreadable lora_adapter_metadata in the header ({type(exc).__name__}: {exc})"
+        ) from exc
+    if metadata is not None and not isinstance(metadata, dict):
+        kind = type(metadata).__name__
+        raise AdapterFormatError(f"{label}: lora_adapter_metadata in the header is a JSON {kind}, not an object")
+    return metadata
+
+
 def _header_base_model(data: bytes) -> str | None:
     """``base_model`` from the safetensors ``__metadata__`` (the header is JSON behind 8 length bytes)."""
     try:
         header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    meta = header.get("__metadata__") or {}
-    return meta.get("base_model") or meta.get("base_model_name_or_path")
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    return _declared(meta.get("base_model")) or _declared(meta.get("base_model_name_or_path"))
 
 
 def _model_card_base_model(readme: Path) -> str | None:
@@ -200,14 +246,17 @@ def _model_card_base_model(readme: Path) -> str | None:
         return None
     if isinstance(base, list):
         base = base[0] if base else None
-    return str(base) if base else None
+    return _declared(base)
 
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
         raise AdapterFormatError(f"{path}: unreadable JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise AdapterFormatError(f"{path}: holds a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def _hash_state_dict(state_dict: Mapping[str, torch.Tensor]) -> str:
@@ -218,7 +267,8 @@ def _hash_state_dict(state_dict: Mapping[str, torch.Tensor]) -> str:
         if isinstance(tensor, torch.Tensor):
             digest.update(str(tensor.dtype).encode())
             digest.update(str(tuple(tensor.shape)).encode())
-            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            # reshape: a 0-dim tensor (a kohya .alpha) cannot be viewed as bytes; same bytes otherwise.
+            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -236,7 +286,6 @@ def detect_layout(keys) -> str:
 def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, denoiser_config) -> Adapter:
     from diffusers.utils.peft_utils import _create_lora_config
     from diffusers.utils.state_dict_utils import convert_unet_state_dict_to_peft
-    from peft.utils.other import get_pattern_key
 
     bad = [k for k, v in raw.items() if not isinstance(v, torch.Tensor)]
     if bad:
@@ -252,9 +301,15 @@ def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, deno
             metadata = {f"{prefix}.{k}": v for k, v in _lora_config_fields(peft_config).items()}
 
     state_dict, network_alphas, metadata = _diffusers_state_dict(raw, metadata, family, label, denoiser_config)
+    if network_alphas and metadata:
+        # load_lora_adapter raises on this pair too ("Both `network_alphas` and `metadata` ...").
+        raise AdapterFormatError(
+            f"{label}: carries both kohya-style alphas and lora_adapter_metadata; diffusers refuses that too"
+        )
 
     ours = {k.removeprefix(f"{prefix}."): v for k, v in state_dict.items() if k.startswith(f"{prefix}.")}
-    skipped = sorted(k for k in state_dict if not k.startswith(f"{prefix}."))
+    skipped = sorted([k for k in state_dict if not k.startswith(f"{prefix}.")]
+                     + [k for k in raw if k.startswith(DROPPED_T5)])
     if not ours:
         raise AdapterFormatError(
             f"{label}: no LoRA weights for the {family.name} {prefix} found "
@@ -270,35 +325,20 @@ def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, deno
         }
     if "lora_A" not in next(iter(ours)):
         ours = convert_unet_state_dict_to_peft(ours)
+    if any("lora_magnitude_vector" in k for k in ours):  # how get_peft_kwargs recognises DoRA
+        raise AdapterFormatError(f"{label}: DoRA adapters cannot be hot-swapped")
+    pairs = _lora_pairs(ours, label)
 
-    # The same rank dict and config construction as diffusers' load_lora_adapter.
+    # The same rank dict and config construction as diffusers' load_lora_adapter. Building the
+    # config runs no pattern; the patterns are checked before anything matches them.
     rank = {f"^{k}": v.shape[1] for k, v in ours.items() if "lora_B" in k and v.ndim > 1}
     try:
         config = _create_lora_config(ours, network_alphas, metadata, rank)
     except Exception as exc:
-        raise AdapterFormatError(f"{label}: cannot derive a LoRA config ({exc})") from exc
+        raise AdapterFormatError(f"{label}: cannot derive a LoRA config ({type(exc).__name__}: {exc})") from exc
     if config.use_dora:
         raise AdapterFormatError(f"{label}: DoRA adapters cannot be hot-swapped")
-
-    modules: dict[str, LoraWeights] = {}
-    unpaired = []
-    for key in ours:
-        if ".lora_A." not in key:
-            continue
-        module = key.split(".lora_A.")[0]
-        up = ours.get(f"{module}.lora_B.weight")
-        if up is None or not key.endswith(".weight"):
-            unpaired.append(module)
-            continue
-        r = config.rank_pattern.get(get_pattern_key(config.rank_pattern.keys(), module), config.r)
-        alpha = config.alpha_pattern.get(get_pattern_key(config.alpha_pattern.keys(), module), config.lora_alpha)
-        scaling = alpha / math.sqrt(r) if config.use_rslora else alpha / r
-        modules[module] = LoraWeights(down=ours[key], up=up, scaling=float(scaling))
-    unsupported = sorted(k for k in ours if ".lora_A." not in k and ".lora_B.weight" not in k)
-    orphans = sorted(k.split(".lora_B.")[0] for k in ours if ".lora_B.weight" in k and k.replace("lora_B", "lora_A") not in ours)
-    if unpaired or unsupported or orphans:
-        shown = sorted(set(unpaired + orphans)) + unsupported
-        raise AdapterFormatError(f"{label}: unsupported or unpaired LoRA keys: {', '.join(shown[:8])}")
+    modules = _module_weights(pairs, config, declared_ranks=metadata is not None, label=label)
 
     return Adapter(
         name=label,
@@ -311,8 +351,135 @@ def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, deno
     )
 
 
+def _lora_pairs(ours: dict, label: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """module -> (A, B) from PEFT-form keys; anything else (biases, DoRA magnitudes, lone halves,
+    names no diffusers module has) is refused with the keys that are wrong."""
+    pairs, unpaired, bad_names = {}, [], []
+    for key in ours:
+        if ".lora_A." not in key:
+            continue
+        module = key.split(".lora_A.")[0]
+        up = ours.get(f"{module}.lora_B.weight")
+        if up is None or not key.endswith(".weight"):
+            unpaired.append(module)
+        elif len(module) > MAX_NAME_CHARS or not MODULE_NAME.fullmatch(module):
+            bad_names.append(module[:80])
+        else:
+            pairs[module] = (ours[key], up)
+    unsupported = sorted(k for k in ours if ".lora_A." not in k and ".lora_B.weight" not in k)
+    orphans = sorted(k.split(".lora_B.")[0] for k in ours if ".lora_B.weight" in k and k.replace("lora_B", "lora_A") not in ours)
+    if unpaired or unsupported or orphans:
+        shown = sorted(set(unpaired + orphans)) + unsupported
+        raise AdapterFormatError(f"{label}: unsupported or unpaired LoRA keys: {', '.join(shown[:8])}")
+    if bad_names:
+        shown = ", ".join(repr(n) for n in sorted(bad_names)[:8])
+        raise AdapterFormatError(f"{label}: LoRA keys that name no module: {shown}")
+    scalars = sorted(m for m, (down, up) in pairs.items() if down.ndim == 0 or up.ndim == 0 or down.shape[0] == 0)
+    if scalars:
+        raise AdapterFormatError(f"{label}: LoRA weights of rank 0 or without a rank dimension in {', '.join(scalars[:8])}")
+    return pairs
+
+
+def _module_weights(pairs, config, *, declared_ranks: bool, label: str) -> dict[str, LoraWeights]:
+    """Each module's weights and ``alpha / r`` scaling, as PEFT would set them from ``config``.
+
+    The rank is the tensors' own (A's rows). With metadata the config also declares one; when it
+    differs, ``load_lora_weights`` fails on a size mismatch, so the file is refused here.
+    Without metadata the config's ranks were derived from these same tensors.
+    """
+    alphas = _Patterns(config.alpha_pattern, "alpha_pattern", label, len(pairs))
+    ranks = _Patterns(config.rank_pattern, "rank_pattern", label, len(pairs)) if declared_ranks else None
+    rslora = bool(config.use_rslora)
+    modules = {}
+    for module, (down, up) in pairs.items():
+        r = down.shape[0]
+        if ranks is not None:
+            declared = ranks.get(module, config.r)
+            if isinstance(declared, bool) or not isinstance(declared, int) or declared != r:
+                raise AdapterFormatError(
+                    f"{label}: metadata declares rank {_shown(declared)} for {module}, its weights have rank {r}"
+                )
+        alpha = _checked_number(alphas.get(module, config.lora_alpha), f"lora_alpha of {module}", label)
+        try:  # as PEFT computes it, tensor alphas (kohya files without metadata) included
+            scaling = float(alpha / math.sqrt(r) if rslora else alpha / r)
+        except (OverflowError, ValueError, RuntimeError) as exc:
+            raise AdapterFormatError(f"{label}: alpha / rank of {module} is not a number ({exc})") from exc
+        modules[module] = LoraWeights(down=down, up=up, scaling=scaling)
+    return modules
+
+
+class _Patterns:
+    """A ``rank_pattern`` / ``alpha_pattern`` lookup that gives what PEFT's ``get_pattern_key`` gives,
+    for keys that are module names, without running a regex from the file.
+
+    PEFT matches ``re.match(rf"(.*\.)?({key})$", module)`` and takes the first key that matches.
+    For a key of letters, digits, ``_`` and ``.`` (a wildcard there), optionally ``^``/``$``-anchored,
+    that regex can only match the last ``len(body)`` characters of the module, starting at the
+    module's start or right after a ``.`` (``^`` allows only the start), so it is one
+    fixed-position comparison. Any other key is refused: a regex there can take forever.
+    """
+
+    def __init__(self, patterns, field_name: str, label: str, modules: int):
+        if patterns is None:
+            patterns = {}
+        if not isinstance(patterns, Mapping):
+            raise AdapterFormatError(f"{label}: {field_name} is a {type(patterns).__name__}, not a mapping")
+        if len(patterns) > MAX_PATTERN_KEYS or len(patterns) * modules > MAX_PATTERN_PAIRS:
+            raise AdapterFormatError(
+                f"{label}: {field_name} has {len(patterns)} keys for {modules} modules; hotlora matches at most "
+                f"{MAX_PATTERN_KEYS} keys and {MAX_PATTERN_PAIRS} key-module pairs"
+            )
+        self._entries = []
+        for key, value in patterns.items():
+            if not isinstance(key, str) or len(key) > MAX_NAME_CHARS or not PATTERN_KEY.fullmatch(key):
+                raise AdapterFormatError(
+                    f"{label}: {field_name} key {_shown(key)} is not a module name (letters, digits, _ and ., "
+                    f"optionally ^...$): regex patterns are not run"
+                )
+            body = key.removeprefix("^").removesuffix("$")
+            # The body holds no quantifier: its own regex matches in time linear in its length.
+            self._entries.append((key.startswith("^"), body, re.compile(re.escape(body).replace(r"\.", ".")), value))
+
+    def get(self, module: str, default):
+        for anchored, body, literal, value in self._entries:
+            start = len(module) - len(body)
+            if start < 0 or (start > 0 and (anchored or module[start - 1] != ".")):
+                continue
+            if literal.fullmatch(module, start):
+                return value
+        return default
+
+
+def _checked_number(value, what: str, label: str):
+    """A config's alpha: a finite real number, or a one-element tensor (diffusers passes kohya
+    alphas as tensors); returned as is, so the scaling is computed with PEFT's own types."""
+    if isinstance(value, torch.Tensor):
+        ok = value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool
+        try:
+            number = value.detach().reshape(()).double().item() if ok else None
+        except RuntimeError:  # a dtype with no conversion to double
+            ok = False
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        try:
+            number = float(value) if ok else None
+        except OverflowError:
+            ok = False
+    if not ok or not math.isfinite(number):
+        raise AdapterFormatError(f"{label}: {what} is {_shown(value)}, not a finite number")
+    return value
+
+
+def _shown(value) -> str:
+    """A value from the file, cut short for a message."""
+    text = repr(value) if not isinstance(value, torch.Tensor) else f"a tensor of shape {tuple(value.shape)}"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _diffusers_state_dict(raw, metadata, family: Family, label, denoiser_config):
     """Run diffusers' own detection and conversion for this family."""
+    _check_kohya_flux_alphas(raw, family, label)
+    _check_sgm_block_numbers(raw, family, label)
     cls = pipeline_class(family)
     kwargs = {"return_lora_metadata": True}
     if family.name == "flux":
@@ -326,6 +493,42 @@ def _diffusers_state_dict(raw, metadata, family: Family, label, denoiser_config)
     return state_dict, network_alphas, metadata if metadata is not None else file_meta
 
 
+def _check_kohya_flux_alphas(raw, family: Family, label) -> None:
+    """diffusers' kohya-Flux converter splits ``alpha / rank`` between down and up in a loop
+    (``while scale_down * 2 < scale_up``) that never ends for a negative alpha: refused before it runs.
+    The trigger is the converter's own (``.lora_down.weight`` in a key)."""
+    if family.name != "flux" or not any(".lora_down.weight" in k for k in raw):
+        return
+    negative = []
+    for key, value in raw.items():
+        if not key.endswith("alpha") or value.numel() == 0 or value.is_complex() or value.dtype == torch.bool:
+            continue
+        try:
+            if bool((value.detach().double() < 0).any()):
+                negative.append(key)
+        except RuntimeError:  # a dtype without a double conversion: the converter fails on it by itself
+            continue
+    if negative:
+        raise AdapterFormatError(
+            f"{label}: negative alpha in {', '.join(sorted(negative)[:8])} "
+            "(diffusers' kohya Flux converter never finishes on it)"
+        )
+
+
+def _check_sgm_block_numbers(raw, family: Family, label) -> None:
+    """diffusers maps kohya SDXL keys in SGM block numbering (``lora_unet_input_blocks_4_1_...``) by
+    scanning every key once per distinct block number: quadratic, minutes for a few thousand made-up
+    block numbers. SDXL has a dozen per kind; a file with more is not an SDXL LoRA."""
+    if family.name != "sdxl":
+        return
+    # The block number as _maybe_map_sgm_blocks_to_diffusers reads it: the 5th "_"-separated part.
+    blocks = {key.split("_")[:5][-1] for key in raw if any(kind in key for kind in SGM_BLOCKS)}
+    if len(blocks) > MAX_SGM_BLOCKS:
+        raise AdapterFormatError(
+            f"{label}: {len(blocks)} distinct SGM U-Net block numbers; SDXL has fewer than {MAX_SGM_BLOCKS}"
+        )
+
+
 def _lora_config_fields(peft_config: dict) -> dict:
     from peft import LoraConfig
 
@@ -335,10 +538,35 @@ def _lora_config_fields(peft_config: dict) -> dict:
 
 def _declared_base_model(file_metadata, peft_config, fallback) -> str | None:
     """``adapter_config.json``, then diffusers' LoRA metadata, then the file header or the model card."""
-    if peft_config and peft_config.get("base_model_name_or_path"):
-        return peft_config["base_model_name_or_path"]
-    if file_metadata:
-        for key, value in file_metadata.items():
-            if key.endswith("base_model") or key.endswith("base_model_name_or_path"):
-                return str(value)
+    if peft_config and _declared(peft_config.get("base_model_name_or_path")):
+        return _declared(peft_config["base_model_name_or_path"])
+    for key, value in (file_metadata or {}).items():
+        if key.endswith(("base_model", "base_model_name_or_path")) and _declared(value):
+            return _declared(value)
     return fallback
+
+
+def _declared(value) -> str | None:
+    """A base model name, or None for "not declared". A ``LoraConfig`` saved by diffusers' training
+    scripts has ``base_model_name_or_path: null``; tools that stringify their config write "None"
+    or "null". Neither names a model, and neither does a non-string or a string no model id is as long as."""
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    if value.lower() in ("", "none", "null") or len(value) > MAX_BASE_MODEL_CHARS:
+        return None
+    return _model_named_by(value)
+
+
+def _model_named_by(value: str) -> str:
+    """The model a declared path stands for. PEFT's ``save_pretrained`` on a diffusers denoiser puts
+    the denoiser's own directory in the model card: ``<pipeline dir>/transformer``, or inside the hub
+    cache ``.../models--org--name/snapshots/<hash>/transformer``. Those name the pipeline (the
+    directory) or the hub id ``org/name``, not a model called "transformer"."""
+    parts = [part for part in value.replace("\\", "/").split("/") if part]
+    for part in parts:
+        if part.startswith("models--") and part.count("--") >= 2:
+            return part.removeprefix("models--").replace("--", "/", 1)
+    if len(parts) > 1 and parts[-1] in DENOISER_DIRS:
+        return value.replace("\\", "/").rstrip("/").rsplit("/", 1)[0] or "/"
+    return value

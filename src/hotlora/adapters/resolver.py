@@ -12,6 +12,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+
 from hotlora.adapters.families import Family
 from hotlora.adapters.formats import Adapter, load_adapter
 from hotlora.adapters.packing import PackLayout, pack
@@ -23,7 +25,7 @@ _MEMO = 1024  # validation results remembered by content hash (checking finitene
 
 class AdapterResolver:
     def __init__(self, slot_names, ceiling: SlotCeiling, family: Family, store=None, denoiser_config=None,
-                 layout: PackLayout | None = None):
+                 layout: PackLayout | None = None, max_scale: float = 8.0, serving_dtype: torch.dtype = torch.float32):
         self.slot_names = tuple(slot_names)
         self.ceiling = ceiling
         # The slots' layout, when they have one: valid adapters are packed for it here, on the
@@ -32,6 +34,11 @@ class AdapterResolver:
         self.family = family
         self.store = store
         self.denoiser_config = denoiser_config
+        self.max_scale = max_scale
+        # What the folded update may reach: its square keeps activations (x @ delta^T, summed over
+        # thousands of features) clear of the dtype's overflow. 1.8e19 for float32/bf16, 256 for fp16.
+        self.max_update = torch.finfo(serving_dtype).max ** 0.5
+        self._peaks: OrderedDict[tuple, float] = OrderedDict()
         self._checked: OrderedDict[tuple, list[str]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -50,11 +57,7 @@ class AdapterResolver:
         is the catalog entry's default, else 1.0.
         """
         adapters = dict(adapters or {})
-        unknown = [s for s in adapters if s not in self.slot_names]
-        if unknown:
-            raise InvalidRequest(
-                f"unknown slot(s) {', '.join(map(repr, unknown))}; this engine has {', '.join(self.slot_names)}"
-            )
+        self.check_slots(adapters)
         resolved: dict[str, tuple[Adapter, float]] = {}
         problems: list[str] = []
         names = []
@@ -65,8 +68,11 @@ class AdapterResolver:
             if scale is None:
                 default = self.store.default_scale(source) if self.store and isinstance(source, str) else None
                 scale = 1.0 if default is None else default
+            self.check_scale(slot, scale)
             adapter = self.load(source, name=source if isinstance(source, str) else None)
             problems += [f"[{slot}] {p}" for p in self._problems(adapter)]
+            if not problems:
+                problems += [f"[{slot}] {p}" for p in self._magnitude_problems(adapter, scale)]
             names.append(f"{slot}={adapter.name}")
             resolved[slot] = (adapter, scale)
         if problems:
@@ -76,10 +82,42 @@ class AdapterResolver:
                 pack(adapter, self.layout)
         return resolved
 
+    def check_slots(self, adapters: Mapping[str, Any]) -> None:
+        unknown = [s for s in adapters if s not in self.slot_names]
+        if unknown:
+            shown = ", ".join(repr(str(s)[:64]) for s in unknown[:8])
+            raise InvalidRequest(f"unknown slot(s) {shown}; this engine has {', '.join(self.slot_names)}")
+
+    def check_scale(self, slot: str, scale: float) -> None:
+        """A finite scale can still overflow the pack (1e30 does); bounded like any other input."""
+        if abs(scale) > self.max_scale:
+            raise InvalidRequest(f"[{slot}] scale {scale:g} is outside the allowed range "
+                                 f"-{self.max_scale:g}..{self.max_scale:g}")
+
+    def _magnitude_problems(self, adapter: Adapter, scale: float) -> list[str]:
+        """Huge but finite weights overflow like a huge scale. ``peak`` bounds every entry of every
+        module's update (|scaling| * rank * max|A| * max|B|); scaled, it must stay under the bound."""
+        peak = self._peak(adapter)
+        if abs(scale) * peak > self.max_update:
+            return [f"weights too large for the serving dtype: the scaled update may reach {abs(scale) * peak:.3g} "
+                    f"(limit {self.max_update:.3g})"]
+        return []
+
+    def _peak(self, adapter: Adapter) -> float:
+        key = _identity(adapter)
+        with self._lock:
+            if key in self._peaks:
+                return self._peaks[key]
+        peak = max((abs(w.scaling) * w.rank * float(w.down.abs().amax()) * float(w.up.abs().amax())
+                    for w in adapter.modules.values() if w.down.numel() and w.up.numel()), default=0.0)
+        with self._lock:
+            self._peaks[key] = peak
+            while len(self._peaks) > _MEMO:
+                self._peaks.popitem(last=False)
+        return peak
+
     def _problems(self, adapter: Adapter) -> list[str]:
-        # The weights' hash does not cover what sits beside them (alphas, declared base model).
-        key = (adapter.sha256, adapter.family, adapter.base_model,
-               hash(tuple(sorted((m, w.scaling) for m, w in adapter.modules.items()))))
+        key = _identity(adapter)
         with self._lock:
             if key in self._checked:
                 self._checked.move_to_end(key)
@@ -90,6 +128,12 @@ class AdapterResolver:
             while len(self._checked) > _MEMO:
                 self._checked.popitem(last=False)
         return found
+
+
+def _identity(adapter: Adapter) -> tuple:
+    # The weights' hash does not cover what sits beside them (alphas, declared base model).
+    return (adapter.sha256, adapter.family, adapter.base_model,
+            hash(tuple(sorted((m, w.scaling) for m, w in adapter.modules.items()))))
 
 
 def split_spec(spec, slot: str) -> tuple[Any, float | None]:

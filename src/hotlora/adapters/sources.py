@@ -6,13 +6,20 @@ with timeouts and retries). Downloads land in a work directory the store owns. E
 translated here: a missing object is AdapterNotFound, a refusal is UnsafeReference, an outage
 after retries is SourceUnavailable. Messages use ``Reference.display``: never a query string or
 a credential.
+
+An HTTPS probe or download has one total deadline (``download_deadline_s``) shared by its
+attempts: httpx's timeouts restart with every byte received, so without it a server that drips
+bytes would hold a fetch worker forever.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,13 +47,101 @@ class Source(Protocol):
     def fetch(self, ref: Reference, workdir: Path) -> Fetched: ...
 
 
-def _retrying(action: Callable, ref: Reference, config: StoreConfig, transient: tuple[type[BaseException], ...]):
-    """Run ``action`` with exponential backoff on transient errors; SourceUnavailable at the end."""
+class Deadline:
+    """A total time budget: for one download, shared by its attempts and each of their reads."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds if seconds and seconds > 0 else math.inf  # None or 0: no deadline
+        self._ends = time.monotonic() + self.seconds
+
+    @classmethod
+    def of(cls, config: StoreConfig) -> "Deadline":
+        return cls(config.download_deadline_s)
+
+    def left(self) -> float:
+        return max(0.0, self._ends - time.monotonic())
+
+    @property
+    def passed(self) -> bool:
+        return time.monotonic() >= self._ends
+
+    def error(self, ref: Reference) -> SourceUnavailable:
+        return SourceUnavailable(f"{ref.display}: did not finish within {self.seconds:g} s")
+
+    def check(self, ref: Reference) -> None:
+        if self.passed:
+            raise self.error(ref)
+
+
+class _Watchdog:
+    """Shuts an attempt's connections when the deadline passes.
+
+    A per-read timeout cannot end a server that drips one byte at a time, in its headers or its
+    body: every byte restarts it. Shutting the socket down wakes a blocked read at once (it sees
+    end-of-stream, which httpx reports as a transport error). The sockets come from httpcore's
+    ``trace`` request extension, which reports each new connection's network stream.
+    """
+
+    def __init__(self, deadline: Deadline):
+        self._deadline = deadline
+        self._streams: list = []
+        self._lock = threading.Lock()
+        self._fired = False
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> "_Watchdog":
+        left = self._deadline.left()
+        if math.isfinite(left):
+            self._timer = threading.Timer(left, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def trace(self, event: str, info: dict) -> None:
+        stream = info.get("return_value") if event.endswith(".complete") else None
+        if not hasattr(stream, "get_extra_info"):  # only connect_tcp / start_tls return streams
+            return
+        with self._lock:
+            self._streams.append(stream)
+            fired = self._fired
+        if fired:  # connected just as the deadline passed
+            _shut(stream)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self._fired = True
+            streams = list(self._streams)
+        for stream in streams:
+            _shut(stream)
+
+
+def _shut(stream) -> None:
+    sock = stream.get_extra_info("socket")
+    try:
+        # The plain socket call, under TLS too: SSLSocket.shutdown would also tear down its TLS
+        # state, which the reading thread is still using.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except (OSError, TypeError, ValueError):  # already closed, or not a socket
+        pass
+
+
+def _retrying(action: Callable, ref: Reference, config: StoreConfig, transient: tuple[type[BaseException], ...],
+              deadline: Deadline | None = None):
+    """Run ``action`` with exponential backoff on transient errors; SourceUnavailable at the end,
+    or as soon as ``deadline`` passes (or would pass during the backoff)."""
     delay = config.backoff_s
     for attempt in range(1, config.retries + 1):
         try:
+            if deadline is not None:
+                deadline.check(ref)
             return action()
         except transient as exc:
+            if deadline is not None and (deadline.passed or deadline.left() <= delay):
+                raise deadline.error(ref) from None
             if attempt == config.retries:
                 raise SourceUnavailable(
                     f"{ref.display}: unavailable after {attempt} attempts ({type(exc).__name__})"
@@ -92,12 +187,12 @@ class LocalSource:
 
 
 class HttpSource:
-    """HTTPS downloads with httpx: streamed, size-capped, retried; redirects re-checked."""
+    """HTTPS downloads with httpx: streamed, size-capped, retried, under one deadline; redirects re-checked."""
 
     def __init__(self, config: StoreConfig):
         self.config = config
 
-    def _client(self, ref: Reference):
+    def _client(self, ref: Reference, deadline: Deadline):
         import httpx
 
         def check(request):
@@ -105,7 +200,9 @@ class HttpSource:
                 raise UnsafeReference(f"{ref.display}: plain http is not allowed")
             _check_host(request.url.host, ref, self.config)
 
-        return httpx.Client(timeout=self.config.timeout_s, follow_redirects=True, event_hooks={"request": [check]})
+        # No single wait (connect, each read) may outlast the deadline; the watchdog ends the rest.
+        timeout = min(self.config.timeout_s, deadline.left())
+        return httpx.Client(timeout=timeout, follow_redirects=True, event_hooks={"request": [check]})
 
     def _status(self, response, ref: Reference) -> None:
         if response.status_code in (404, 410):
@@ -120,31 +217,38 @@ class HttpSource:
     def probe(self, ref: Reference) -> str | None:
         import httpx
 
+        deadline = Deadline.of(self.config)
+
         def head():
-            with self._client(ref) as client:
-                response = client.head(ref.location)
+            with _Watchdog(deadline) as watchdog, self._client(ref, deadline) as client:
+                response = client.head(ref.location, extensions={"trace": watchdog.trace})
                 if response.status_code == 405:  # HEAD not allowed: the download will tell
                     return None
                 self._status(response, ref)
                 _check_size(_content_length(response), ref, self.config)
                 return response.headers.get("etag")
 
-        etag = _retrying(head, ref, self.config, (httpx.TransportError, _Transient))
+        etag = _retrying(head, ref, self.config, (httpx.TransportError, _Transient), deadline)
         return f"https|{_stable_url(ref.location)}|{etag}" if etag else None
 
     def fetch(self, ref: Reference, workdir: Path) -> Fetched:
         import httpx
 
         target = workdir / _file_name(urlsplit(ref.location).path)
+        deadline = Deadline.of(self.config)
 
         def download():
             digest = hashlib.sha256()
             received = 0
-            with self._client(ref) as client, client.stream("GET", ref.location) as response:
+            with (_Watchdog(deadline) as watchdog, self._client(ref, deadline) as client,
+                  client.stream("GET", ref.location, extensions={"trace": watchdog.trace}) as response):
                 self._status(response, ref)
                 _check_size(_content_length(response), ref, self.config)
                 with open(target, "wb") as out:
-                    for chunk in response.iter_bytes(CHUNK):
+                    # iter_bytes() without a size: each read as it arrives (a size would buffer up
+                    # to it), so the deadline is checked however slowly the bytes come.
+                    for chunk in response.iter_bytes():
+                        deadline.check(ref)
                         received += len(chunk)
                         _check_size(received, ref, self.config)
                         digest.update(chunk)
@@ -153,7 +257,7 @@ class HttpSource:
             identity = f"https|{_stable_url(ref.location)}|{etag}" if etag else f"sha256|{digest.hexdigest()}"
             return Fetched(target, identity, received)
 
-        return _retrying(download, ref, self.config, (httpx.TransportError, _Transient))
+        return _retrying(download, ref, self.config, (httpx.TransportError, _Transient), deadline)
 
 
 class _Transient(Exception):

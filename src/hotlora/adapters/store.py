@@ -2,41 +2,63 @@
 
     request -> RAM LRU (ready-to-copy tensors) -> disk LRU (converted files) -> source (+ convert)
 
-Keys are the source's identity of the content (etag, revision, content hash, file stat), so a
-changed object is a new entry and an unchanged one is never fetched twice. Concurrent requests
-for one key share one fetch (single-flight). The store validates files (caps, format) but not
-fit to the engine: that is ``validate.problems_with`` against the engine's ceiling.
+Keys are the source's identity of the content (etag, revision, content hash, file stat) plus the
+converter's version and hotlora's, so a changed object is a new entry, an unchanged one is never
+fetched twice, and a changed converter converts again instead of serving old conversions.
+Concurrent requests for one key share one fetch (single-flight). The store validates files (caps,
+format) but not fit to the engine: that is ``validate.problems_with`` against the engine's ceiling.
+
+Nothing here may take the server down: both tiers are bounded (bytes and entry counts), a full
+disk degrades to RAM-only, downloads have a total deadline, and async callers fetch on a bounded
+pool (``fetch_executor``) while RAM hits answer without waiting for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.metadata
 import logging
 import shutil
 import tempfile
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
 
+from hotlora.adapters import formats
 from hotlora.adapters.catalog import CatalogEntry, load_catalog
-from hotlora.adapters.diskcache import DiskCache, TierStats
+from hotlora.adapters.diskcache import DiskCache, TierStats, owner_tag, sweep_orphans
 from hotlora.adapters.families import Family
 from hotlora.adapters.formats import Adapter, LoraWeights, ReadLimits, load_adapter
 from hotlora.adapters.references import Reference, parse_reference
 from hotlora.adapters.sources import Fetched, HttpSource, HubSource, LocalSource, S3Source, Source
 from hotlora.config import StoreConfig
-from hotlora.errors import AdapterNotFound
+from hotlora.errors import AdapterNotFound, SourceUnavailable
 
 log = logging.getLogger(__name__)
-KEY_VERSION = "v1"
+KEY_VERSION = "v2"  # the layout of the key string itself
 _REMEMBERED_IDENTITIES = 4096  # remote references whose identity is remembered (revalidate_after_s)
+# What a RAM entry costs besides its tensor bytes, so a flood of tiny adapters is bounded too: the
+# Adapter, its dicts and key strings, and per module a LoraWeights and two tensor objects (Python
+# objects plus TensorImpl and storage headers). An order of magnitude, not a measurement.
+RAM_ENTRY_OVERHEAD = 4 * 1024
+RAM_MODULE_OVERHEAD = 512
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("hotlora")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree without installing
+        return "0"
+
+
+HOTLORA_VERSION = _package_version()
 
 
 @dataclass
@@ -51,51 +73,74 @@ class RemoteStats:
 
 
 class RamCache:
-    """Host-RAM LRU under a byte budget; pinned entries (catalog) are never evicted."""
+    """Host-RAM LRU under a byte budget and an entry cap. Bytes count each entry's overhead
+    besides its tensors (``cost``). Pinned entries (catalog) are never evicted; they count
+    against both limits, and when they alone exceed them, they are all that is kept."""
 
-    def __init__(self, budget_bytes: int):
+    def __init__(self, budget_bytes: int, max_entries: int = StoreConfig.ram_max_entries):
         self.budget = budget_bytes
-        self._entries: OrderedDict[str, Adapter] = OrderedDict()
-        self._pinned: set[str] = set()
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, Adapter] = OrderedDict()  # evictable, least recently used first
+        self._pinned: dict[str, Adapter] = {}  # kept apart: eviction pops the LRU end, never scans
+        self._costs: dict[str, int] = {}
         self._lock = threading.Lock()
         self.stats = TierStats()
 
-    def get(self, key: str) -> Adapter | None:
+    @staticmethod
+    def cost(adapter: Adapter) -> int:
+        return adapter.nbytes + RAM_ENTRY_OVERHEAD + RAM_MODULE_OVERHEAD * len(adapter.modules)
+
+    def get(self, key: str, count_miss: bool = True) -> Adapter | None:
         with self._lock:
-            adapter = self._entries.get(key)
+            adapter = self._pinned.get(key)
             if adapter is None:
-                self.stats.misses += 1
+                adapter = self._entries.get(key)
+                if adapter is not None:
+                    self._entries.move_to_end(key)
+            if adapter is None:
+                self.stats.misses += count_miss
                 return None
-            self._entries.move_to_end(key)
             self.stats.hits += 1
             return adapter
 
     def put(self, key: str, adapter: Adapter, pin: bool = False) -> None:
         with self._lock:
-            if key in self._entries:
-                self.stats.bytes -= self._entries[key].nbytes
-            self._entries[key] = adapter
-            self._entries.move_to_end(key)
-            self.stats.bytes += adapter.nbytes
-            if pin:
-                self._pinned.add(key)
-            for old in list(self._entries):
-                if self.stats.bytes <= self.budget:
-                    break
-                if old in self._pinned or old == key:
-                    continue
-                self.stats.bytes -= self._entries.pop(old).nbytes
-                self.stats.evictions += 1
+            pin = pin or key in self._pinned  # once pinned, always pinned
+            self._drop(key)
+            (self._pinned if pin else self._entries)[key] = adapter
+            self._costs[key] = self.cost(adapter)
+            self.stats.bytes += self._costs[key]
+            self._evict(keep=key)
+            self.stats.entries = len(self._costs)
+
+    def _drop(self, key: str) -> None:
+        cost = self._costs.pop(key, None)
+        if cost is not None:
+            self.stats.bytes -= cost
+            self._entries.pop(key, None)
+            self._pinned.pop(key, None)
+
+    def _evict(self, keep: str) -> None:
+        while self._entries and (self.stats.bytes > self.budget or len(self._costs) > self.max_entries):
+            oldest = next(iter(self._entries))
+            if oldest == keep:  # the entry just put is the newest: it is all that is left to evict
+                break
+            self._drop(oldest)
+            self.stats.evictions += 1
 
     def __contains__(self, key: str) -> bool:
-        return key in self._entries
+        return key in self._costs
+
+    def __len__(self) -> int:
+        return len(self._costs)
 
     def keys(self) -> list[str]:
-        return list(self._entries)
+        with self._lock:
+            return [*self._pinned, *self._entries]
 
     def values(self) -> list[Adapter]:
         with self._lock:
-            return list(self._entries.values())
+            return [*self._pinned.values(), *self._entries.values()]
 
 
 def _ready_to_copy(adapter: Adapter) -> Adapter:
@@ -122,14 +167,21 @@ class AdapterStore:
             "file": LocalSource(config), "https": HttpSource(config), "s3": S3Source(config),
             "hf": HubSource(config, hf_cache_dir or config.hf_cache_dir),
         }
-        self.ram = RamCache(config.ram_budget_bytes)
+        self.ram = RamCache(config.ram_budget_bytes, config.ram_max_entries)
         self.disk = DiskCache(Path(config.cache_dir) / "adapters", config.disk_budget_bytes)
         self.remote = RemoteStats()
+        # Per-fetch work directories, named <host>+<pid>+...: replicas sharing the cache directory
+        # remove only what crashed processes (or anyone, long ago) left behind.
         self._work = Path(config.cache_dir) / "downloads"
         self._work.mkdir(parents=True, exist_ok=True)
+        sweep_orphans(self._work)
         self._lock = threading.Lock()
         self._inflight: dict[str, Future] = {}
-        self._identities: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()  # see _probe
+        self._identities: OrderedDict[Reference, tuple[str, float]] = OrderedDict()  # see _probe
+        # Async callers fetch here: a bounded pool, so slow sources cannot take every thread.
+        self.fetch_workers = config.max_fetch_workers
+        self.fetch_executor = ThreadPoolExecutor(max_workers=self.fetch_workers, thread_name_prefix="hotlora-fetch")
+        self._jobs: dict[tuple[Reference, bool], Future] = {}  # queued or running on fetch_executor
 
     # ------------------------------------------------------------------ public
 
@@ -140,13 +192,47 @@ class AdapterStore:
         identity = self._probe(reference, source)
         if identity is not None:
             key = self._key(identity)
-            return self._single_flight(key, lambda: self._from_tiers(key, pin) or self._fetch(reference, source, pin))
-        # Only a download tells what the content is: one download per reference at a time.
-        return self._single_flight(f"ref|{reference.kind}|{reference.location}", lambda: self._fetch(reference, source, pin))
+            return self._single_flight(
+                key, lambda: self._from_tiers(key, pin) or self._fetch(reference, source, pin, checked=key))
+        # Only a download tells what the content is: one download per reference at a time. The
+        # whole reference: two files (or revisions) of one repository are two downloads.
+        address = f"ref|{reference.kind}|{reference.location}|{reference.revision or ''}|{reference.filename or ''}"
+        return self._single_flight(address, lambda: self._fetch(reference, source, pin))
+
+    async def aget(self, ref: str) -> Adapter:
+        """``get`` for the event loop. A RAM hit whose identity needs no round trip (``cached``)
+        answers at once, on the caller's thread, even while every fetch worker is busy; anything
+        else runs on ``fetch_executor``, as one job per reference however many callers await it.
+        A caller that stops waiting (cancelled) leaves the job running: its result is cached."""
+        adapter = self.cached(ref)
+        if adapter is not None:
+            return adapter
+        return await asyncio.shield(asyncio.wrap_future(self._submit(ref)))
 
     async def prefetch(self, ref: str) -> Adapter:
-        """Fetch and convert in a worker thread, so the event loop serves while a cold adapter downloads."""
-        return await asyncio.to_thread(self.get, ref)
+        """Fetch and convert off the event loop (the older name of ``aget``)."""
+        return await self.aget(ref)
+
+    def cached(self, ref: str) -> Adapter | None:
+        """The adapter if RAM holds it and finding out takes no network round trip: local files
+        (a stat), remote references whose identity is remembered (``revalidate_after_s``); else
+        None. A malformed, refused or missing local reference raises as ``get`` would."""
+        reference, _ = self._resolve_catalog(ref)
+        if reference.kind == "file":
+            identity = self.sources["file"].probe(reference)
+        else:
+            identity = self._remembered(reference)
+        return self.ram.get(self._key(identity), count_miss=False) if identity is not None else None
+
+    @property
+    def fetches_in_flight(self) -> int:
+        """Jobs queued or running on ``fetch_executor`` (for the server's own admission bound)."""
+        with self._lock:
+            return len(self._jobs)
+
+    def close(self) -> None:
+        """Stop the fetch pool: queued jobs are cancelled, running ones finish in the background."""
+        self.fetch_executor.shutdown(wait=False, cancel_futures=True)
 
     def default_scale(self, ref: str) -> float | None:
         entry = self.catalog.get(ref.removeprefix("catalog:")) if isinstance(ref, str) else None
@@ -169,7 +255,8 @@ class AdapterStore:
         return failures
 
     def stats(self) -> dict:
-        return {"ram": self.ram.stats.as_dict(), "disk": self.disk.stats.as_dict(), "remote": self.remote.as_dict()}
+        remote = {**self.remote.as_dict(), "in_flight": self.fetches_in_flight, "workers": self.fetch_workers}
+        return {"ram": self.ram.stats.as_dict(), "disk": self.disk.stats.as_dict(), "remote": remote}
 
     # ------------------------------------------------------------------ internals
 
@@ -185,29 +272,56 @@ class AdapterStore:
             raise AdapterNotFound(f"catalog entry {entry.name!r} points at another catalog entry")
         return inner, entry.pin
 
+    def _submit(self, ref: str) -> Future:
+        """``get(ref)`` on the fetch pool, or the job already queued or running for it."""
+        reference, pin = self._resolve_catalog(ref)  # a malformed reference fails here, not in a worker
+        job = (reference, pin)
+        with self._lock:
+            future = self._jobs.get(job)
+            if future is not None:
+                return future
+            future = self._jobs[job] = self.fetch_executor.submit(self.get, ref)
+        # Outside the lock: a job already done runs its callback here, and the callback locks.
+        future.add_done_callback(lambda _: self._job_done(job))
+        return future
+
+    def _job_done(self, job: tuple[Reference, bool]) -> None:
+        with self._lock:
+            self._jobs.pop(job, None)
+
     def _probe(self, reference: Reference, source: Source) -> str | None:
         """The content identity of ``reference``: asked of its source, or, for remote references
         within ``revalidate_after_s`` of the last answer, remembered (no round trip)."""
-        ttl = self.config.revalidate_after_s
-        if ttl <= 0 or reference.kind == "file":  # a local stat is cheaper than any bookkeeping
+        if reference.kind == "file":  # a local stat is cheaper than any bookkeeping
             return source.probe(reference)
-        address = (reference.kind, reference.location)
-        now = time.monotonic()
-        with self._lock:
-            known = self._identities.get(address)
-        if known is not None and known[1] > now:
-            return known[0]
-        identity = source.probe(reference)
-        if identity is not None:
-            with self._lock:
-                self._identities[address] = (identity, now + ttl)
-                self._identities.move_to_end(address)
-                while len(self._identities) > _REMEMBERED_IDENTITIES:
-                    self._identities.popitem(last=False)
+        identity = self._remembered(reference)
+        if identity is None:
+            identity = source.probe(reference)
+            if identity is not None:
+                self._remember(reference, identity)
         return identity
 
+    def _remembered(self, reference: Reference) -> str | None:
+        with self._lock:
+            known = self._identities.get(reference)
+        return known[0] if known is not None and known[1] > time.monotonic() else None
+
+    def _remember(self, reference: Reference, identity: str) -> None:
+        """Trust ``identity`` for ``revalidate_after_s``: from a probe, or from a download when only
+        a download tells (hub revisions, HTTPS without ETag)."""
+        ttl = self.config.revalidate_after_s
+        if ttl <= 0 or reference.kind == "file":
+            return
+        with self._lock:
+            self._identities[reference] = (identity, time.monotonic() + ttl)
+            self._identities.move_to_end(reference)
+            while len(self._identities) > _REMEMBERED_IDENTITIES:
+                self._identities.popitem(last=False)
+
     def _key(self, identity: str) -> str:
-        return hashlib.sha256(f"{KEY_VERSION}|{self.family.name}|{identity}".encode()).hexdigest()
+        # The converter's version and hotlora's: after a converter fix, entries are converted again.
+        versions = f"{KEY_VERSION}|{formats.CONVERTER_VERSION}|{HOTLORA_VERSION}"
+        return hashlib.sha256(f"{versions}|{self.family.name}|{identity}".encode()).hexdigest()
 
     def _from_tiers(self, key: str, pin: bool) -> Adapter | None:
         adapter = self.ram.get(key)
@@ -219,23 +333,37 @@ class AdapterStore:
             self.ram.put(key, adapter, pin=pin)
         return adapter
 
-    def _fetch(self, reference: Reference, source: Source, pin: bool) -> Adapter:
-        workdir = Path(tempfile.mkdtemp(dir=self._work))
+    def _fetch(self, reference: Reference, source: Source, pin: bool, checked: str | None = None) -> Adapter:
+        """Download (or locate) and convert; ``checked``: the key the tiers were already asked for."""
+        try:
+            workdir = Path(tempfile.mkdtemp(prefix=f"{owner_tag()}+", dir=self._work))
+        except OSError as exc:  # a full or read-only cache disk: the request gets an answer, not a crash
+            raise SourceUnavailable(f"{reference.display}: no room to download ({exc.strerror or exc})") from None
         try:
             began = time.perf_counter()
-            fetched: Fetched = source.fetch(reference, workdir)
+            try:
+                fetched: Fetched = source.fetch(reference, workdir)
+            except FileNotFoundError:
+                if reference.kind != "file":
+                    raise SourceUnavailable(f"{reference.display}: its download vanished mid-way") from None
+                raise AdapterNotFound(f"adapter not found: {reference.display} does not exist") from None
+            except OSError as exc:  # writing the download (disk full) or reading a local file failed
+                raise SourceUnavailable(
+                    f"{reference.display}: local I/O error while fetching ({exc.strerror or type(exc).__name__})"
+                ) from None
             self.remote.fetch_ms += (time.perf_counter() - began) * 1000
             self.remote.fetches += 1
             self.remote.bytes += fetched.nbytes
+            self._remember(reference, fetched.identity)
             key = self._key(fetched.identity)
-            cached = self._from_tiers(key, pin)
+            cached = self._from_tiers(key, pin) if key != checked else None  # once: one miss per miss
             if cached is not None:
                 return cached
             began = time.perf_counter()
             adapter = load_adapter(fetched.path, self.family, name=reference.display,
                                    denoiser_config=self.denoiser_config, limits=self.limits)
             self.remote.convert_ms += (time.perf_counter() - began) * 1000
-            self.disk.put(key, adapter)
+            self.disk.put(key, adapter)  # False on a full disk: counted there, served from RAM anyway
             adapter = _ready_to_copy(adapter)
             self.ram.put(key, adapter, pin=pin)
             log.info("adapter %s: %s layout, rank %d, %d modules, %d bytes (sha256 %s)", reference.display,

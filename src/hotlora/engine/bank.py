@@ -22,6 +22,7 @@ from torch import nn
 
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.validate import SlotCeiling
+from hotlora.engine.runner import synchronize
 from hotlora.engine.slots import SwapReport, _Slot, ceiling_modules, write_padded
 from hotlora.errors import InvalidRequest, SlotStateCorrupt
 
@@ -74,7 +75,7 @@ class AdapterBank:
         modules = ceiling_modules(denoiser, target_modules)
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
                                    served_models=frozenset(n for n in served_models if n))
-        device = next(denoiser.parameters()).device
+        self.device = device = next(denoiser.parameters()).device
         self.selector = BankSelector(len(self.slot_names), max_batch).to(device)
         self.max_batch = max_batch
         layers: dict[str, BankedLinear] = {}
@@ -154,5 +155,6 @@ class AdapterBank:
         for sample in samples:
             for slot, assigned in sample.items():
                 report.adapters[slot] = assigned[0].sha256 if assigned else None
+        synchronize(self.device)  # host-to-device copies are asynchronous
         report.ms = (time.perf_counter() - start) * 1000
         return report

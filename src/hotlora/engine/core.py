@@ -8,7 +8,7 @@ import math
 import os
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -30,10 +30,11 @@ from hotlora.engine.pipeline import (
     set_attention_backend,
 )
 from hotlora.engine.bank import AdapterBank
-from hotlora.engine.runner import Timings, image_generators, run_pack, step_callback
+from hotlora.engine.runner import Timings, image_generators, run_pack, step_callback, synchronize
 from hotlora.engine.slots import SlotBank, SwapReport
 from hotlora.engine.stepcache import StepCache, apply_step_cache
-from hotlora.errors import EngineError, HotloraError, InvalidRequest
+from hotlora.config import RequestLimits
+from hotlora.errors import EngineError, HotloraError, InvalidRequest, RequestTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,19 @@ FAMILY_DEFAULTS = {
     "sdxl": {"num_inference_steps": 30, "guidance_scale": 5.0},
 }
 OUTPUT_TYPES = ("pil", "latent", "pt", "np")
-MAX_IMAGES = 64
-MAX_STEPS = 200
+MAX_IMAGES = RequestLimits.max_images
+MAX_STEPS = RequestLimits.max_steps
+MAX_PROMPT_CHARS = 10_000  # prompts are truncated to the text encoders' length anyway
+
+
+class UnservedShape(InvalidRequest):
+    """A request the warm engine has no compiled graph for: serving it would start a compile
+    (tens of seconds on a GPU, the queue waiting), so it is refused instead."""
+
+
+class NonFiniteOutput(InvalidRequest):
+    """The pack came out NaN/inf with this request's adapters while every base weight is finite:
+    the adapters (or their scales) overflowed it. The caller's fault; the engine stays warm."""
 
 
 @dataclass
@@ -78,7 +90,7 @@ class Engine:
                  width: int | None = None, defaults: Mapping | None = None, model: str | None = None,
                  store=None, mixed: bool = False, bank_entries: int | None = None, attention_backend: str = "native",
                  compile_cache_dir: str | os.PathLike | None = None, step_cache: StepCache | None = None,
-                 rank_buckets: Sequence[int] = ()):
+                 rank_buckets: Sequence[int] = (), limits: RequestLimits | None = None):
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.pipeline = pipeline
@@ -86,6 +98,7 @@ class Engine:
         self.model = model
         self.batch_size = batch_size
         self.compiled = compile
+        self.limits = limits or RequestLimits()
         self.denoiser = getattr(pipeline, family.denoiser)
         self.defaults = {**FAMILY_DEFAULTS[family.name], **(defaults or {})}
         self.height = height or self.defaults.get("height") or self._pipeline_default_size()
@@ -103,7 +116,8 @@ class Engine:
                                   rank_buckets=rank_buckets)
         config = self.denoiser.config if family.name == "sdxl" else None
         self.resolver = AdapterResolver(self.slots.slot_names, self.slots.ceiling, family, _make_store(store, family, config),
-                                        denoiser_config=config, layout=getattr(self.slots, "layout", None))
+                                        denoiser_config=config, layout=getattr(self.slots, "layout", None),
+                                        max_scale=self.limits.max_scale, serving_dtype=self.denoiser.dtype)
         self._lock = threading.Lock()  # one pack at a time: slots are shared state
         self._recompiles = 0
         self.compile_mode = None
@@ -143,7 +157,8 @@ class Engine:
                         device: str | None = None, height: int | None = None, width: int | None = None,
                         store=None, mixed: bool = False, bank_entries: int | None = None,
                         attention_backend: str = "native", compile_cache_dir=None,
-                        step_cache: StepCache | None = None, rank_buckets: Sequence[int] = ()) -> "Engine":
+                        step_cache: StepCache | None = None, rank_buckets: Sequence[int] = (),
+                        limits: RequestLimits | None = None) -> "Engine":
         """Load ``model`` (a local directory or a hub id) and make it warm: slots, compile, warm-up."""
         device = device or default_device()
         dtype = dtype or default_dtype(device)
@@ -153,7 +168,7 @@ class Engine:
                    batch_size=batch_size, compile=compile, height=height, width=width, defaults=defaults,
                    model=str(model), store=store, mixed=mixed, bank_entries=bank_entries,
                    attention_backend=attention_backend, compile_cache_dir=compile_cache_dir, step_cache=step_cache,
-                   rank_buckets=rank_buckets)
+                   rank_buckets=rank_buckets, limits=limits)
 
     def _pipeline_default_size(self) -> int:
         return int(self.pipeline.default_sample_size * self.pipeline.vae_scale_factor)
@@ -208,7 +223,13 @@ class Engine:
             "mixed": self.mixed, "attention_backend": self.attention_backend,
             "step_cache": self.step_cache.backend if self.step_cache else None,
             "slot_bytes": self.slots.nbytes, "rank_buckets": [b for b in self.rank_buckets if b is not None],
+            "sizes": [f"{w}x{h}" for h, w in self.served_sizes], "limits": dict(self.limits.__dict__),
         }
+
+    @property
+    def served_sizes(self) -> list[tuple[int, int]]:
+        """(height, width) pairs a request may ask for without compiling (the warm-up's)."""
+        return [(self.height, self.width)]
 
     # ------------------------------------------------------------------ adapters
 
@@ -257,6 +278,7 @@ class Engine:
                               call_kwargs=call_kwargs, timings=timings, progress=progress,
                               before_chunk=select)
             timings.swap_ms = swap.ms
+            self._check_finite(images, resolved)
         images = self._finish(images, output_type)
         timings.total_ms = (time.perf_counter() - began) * 1000
         return GenerationResult(images=images, seeds=[seed + i for i in range(num_images)], timings=timings,
@@ -265,23 +287,56 @@ class Engine:
     @contextmanager
     def _engine_section(self):
         """One pack at a time on the shared slots; graphs compiled inside are counted; anything
-        unexpected raised inside is an engine fault (EngineError: the worker rebuilds)."""
+        unexpected raised inside is an engine fault (EngineError: the worker rebuilds).
+
+        A compiled engine runs requests with dynamo's ``fail_on_recompile`` stance: whatever
+        ``check_request`` did not foresee, no request ever starts a compile; it is refused."""
+        stance = torch.compiler.set_stance("fail_on_recompile") if self.compile_mode else nullcontext()
         with self._lock:
             graphs_before = graph_count()
             try:
                 self.slots.check_intact()
-                yield
+                with stance:
+                    yield
             except HotloraError:
                 raise
+            except RuntimeError as exc:
+                if "Detected recompile" in str(exc):
+                    raise UnservedShape("this request would compile a new graph on the warm engine; refused "
+                                        f"(served sizes: {self._sizes_text()})") from exc
+                raise EngineError(f"generation failed inside the engine: {type(exc).__name__}: {exc}") from exc
             except Exception as exc:
                 raise EngineError(f"generation failed inside the engine: {type(exc).__name__}: {exc}") from exc
             finally:
                 self._recompiles += graph_count() - graphs_before
 
+    def _check_finite(self, images, resolved: Mapping[str, tuple[Adapter, float]]) -> None:
+        """Non-finite output is the request's fault when it carried adapters and every base weight
+        is still finite (its adapters or scales overflowed the pack: 422, the engine stays warm);
+        otherwise the engine is corrupt (EngineError: rebuild). The weight scan runs on failures only."""
+        if _all_finite(images):
+            return
+        if resolved and self._base_weights_finite():
+            served = ", ".join(f"{slot}={a.name} at scale {scale:g}" for slot, (a, scale) in resolved.items())
+            raise NonFiniteOutput(f"the images came out non-finite (NaN/inf) with {served}; the base model is "
+                                  "intact: lower the scale or check the adapter's weights")
+        raise EngineError("the denoiser produced non-finite values")
+
+    def _base_weights_finite(self) -> bool:
+        """Every weight of every model in the pipeline, the slots' own LoRA weights excluded."""
+        for component in self.pipeline.components.values():
+            if isinstance(component, torch.nn.Module):
+                for name, tensor in [*component.named_parameters(), *component.named_buffers()]:
+                    if "lora_" not in name and tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                        log.error("base weight %s is not finite", name)
+                        return False
+        return True
+
+    def _sizes_text(self) -> str:
+        return ", ".join(f"{w}x{h}" for h, w in self.served_sizes)
+
     def _finish(self, images, output_type: str):
-        """Refuse non-finite output (a corrupted engine, not a bad request), then encode PIL."""
-        if not _all_finite(images):
-            raise EngineError("the denoiser produced non-finite values")
+        """Encode PIL (finiteness was checked inside the engine section)."""
         if output_type == "pil":
             images = self.pipeline.image_processor.numpy_to_pil(self.pipeline.image_processor.pt_to_numpy(images))
         return images
@@ -289,11 +344,13 @@ class Engine:
     def generate_batch(self, requests: Sequence[PackRequest], *, num_inference_steps: int | None = None,
                        guidance_scale: float | None = None, height: int | None = None, width: int | None = None,
                        output_type: str = "pil",
-                       progress: Callable[[int, int], None] | None = None) -> list[GenerationResult]:
+                       progress: Callable[[int, int], None] | None = None) -> list[GenerationResult | HotloraError]:
         """Several requests, each with its own adapters, in ONE forward batch (mixed engines only).
 
         The requests share the denoising parameters; their images together fit the compiled batch.
         Image j of request r is drawn from ``r.seed + j``, exactly as in a request of its own.
+        A request whose own adapters overflowed its images gets its NonFiniteOutput in its place
+        in the list; the others get their results.
         """
         if not self.mixed:
             raise InvalidRequest("generate_batch needs an engine built with mixed=True")
@@ -322,11 +379,22 @@ class Engine:
             images = self.pipeline(prompt=prompts, num_images_per_prompt=1, generator=generators,
                                    output_type="pt" if output_type == "pil" else output_type, **shared,
                                    **extra).images
+            synchronize(self.pipeline.device)
             generate_ms = (time.perf_counter() - step_began) * 1000
-        results, start = [], 0
-        for request, adapters in zip(requests, resolved):
-            part = self._finish(images[start : start + request.num_images], output_type)
-            start += request.num_images
+            # Samples are independent: a request whose adapters overflowed fails alone.
+            bounds = [sum(r.num_images for r in requests[:i]) for i in range(len(requests) + 1)]
+            refused: dict[int, HotloraError] = {}
+            for i, adapters in enumerate(resolved):
+                try:
+                    self._check_finite(images[bounds[i]:bounds[i + 1]], adapters)
+                except NonFiniteOutput as exc:
+                    refused[i] = exc
+        results = []
+        for i, (request, adapters) in enumerate(zip(requests, resolved)):
+            if i in refused:
+                results.append(refused[i])
+                continue
+            part = self._finish(images[bounds[i]:bounds[i + 1]], output_type)
             timings = Timings(resolve_ms=resolve_ms, swap_ms=swap.ms, generate_ms=[generate_ms],
                               total_ms=(time.perf_counter() - began) * 1000)
             results.append(GenerationResult(images=part, seeds=[request.seed + i for i in range(request.num_images)],
@@ -342,13 +410,19 @@ class Engine:
                       output_type="pil", negative_prompt=None) -> dict:
         """Check generation parameters (all problems at once); returns the pipeline call kwargs."""
         problems = []
+        limits = self.limits
+        for label, text in (("prompt", prompt), ("negative_prompt", negative_prompt)):
+            if isinstance(text, str) and len(text) > MAX_PROMPT_CHARS:
+                raise RequestTooLarge(f"{label} has {len(text)} characters; the limit is {MAX_PROMPT_CHARS}")
         if not isinstance(prompt, str) or not prompt.strip():
             problems.append("prompt must be a non-empty string")
-        if not (isinstance(num_images, int) and 1 <= num_images <= MAX_IMAGES):
-            problems.append(f"num_images must be an integer in 1..{MAX_IMAGES}")
+        if negative_prompt is not None and not isinstance(negative_prompt, str):
+            problems.append("negative_prompt must be a string")
+        if not (isinstance(num_images, int) and 1 <= num_images <= limits.max_images):
+            problems.append(f"num_images must be an integer in 1..{limits.max_images}")
         steps = self.defaults["num_inference_steps"] if steps is None else steps
-        if not (isinstance(steps, int) and 1 <= steps <= MAX_STEPS):
-            problems.append(f"num_inference_steps must be an integer in 1..{MAX_STEPS}")
+        if not (isinstance(steps, int) and 1 <= steps <= limits.max_steps):
+            problems.append(f"num_inference_steps must be an integer in 1..{limits.max_steps}")
         guidance = self.defaults["guidance_scale"] if guidance is None else guidance
         if not (isinstance(guidance, (int, float)) and math.isfinite(guidance) and 0 <= guidance <= 50):
             problems.append("guidance_scale must be a finite number in 0..50")
@@ -365,6 +439,15 @@ class Engine:
             problems.append(f"negative_prompt is not supported by the {self.family.name} family")
         if problems:
             raise InvalidRequest("; ".join(problems))
+        work = height * width * num_images * steps
+        if work > limits.max_work:
+            raise RequestTooLarge(
+                f"the request asks for {work:,} pixel-steps (height x width x images x steps = {height} x {width} x "
+                f"{num_images} x {steps}); the limit is {limits.max_work:,}")
+        if self.compile_mode and (height, width) not in self.served_sizes:
+            # Until the engine serves a size set, any other size would compile new graphs.
+            raise UnservedShape(f"size {width}x{height} (width x height) is not served by this warm engine; "
+                                f"served sizes: {self._sizes_text()}")
         kwargs = {"num_inference_steps": steps, "guidance_scale": float(guidance), "height": height, "width": width}
         if negative_prompt is not None:
             kwargs["negative_prompt"] = negative_prompt
@@ -373,8 +456,19 @@ class Engine:
 
 def _served(resolved: Mapping[str, tuple[Adapter, float]]) -> dict:
     """What a response reports about each slot's adapter."""
-    return {slot: {"sha256": a.sha256, "layout": a.layout, "rank": a.rank, "scale": scale, "name": a.name}
+    return {slot: {"sha256": a.sha256, "layout": a.layout, "rank": a.rank, "scale": scale, "name": a.name,
+                   "skipped": _skipped(a)}
             for slot, (a, scale) in resolved.items()}
+
+
+def _skipped(adapter: Adapter) -> dict | None:
+    """What of the adapter's file this engine does not apply (text-encoder keys, until text-encoder
+    slots exist), so a caller sees it in the response, not only in the server's log."""
+    if not adapter.skipped_keys:
+        return None
+    parts = sorted({key.split(".", 1)[0] for key in adapter.skipped_keys})
+    return {"keys": len(adapter.skipped_keys), "parts": parts,
+            "reason": "text-encoder LoRA weights are not applied by this engine (its slots are on the denoiser)"}
 
 
 def _make_store(store, family: Family, denoiser_config):

@@ -38,6 +38,7 @@ import torch
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.packing import PackedWeights, PackLayout
 from hotlora.adapters.validate import SlotCeiling
+from hotlora.engine.runner import synchronize
 from hotlora.errors import SlotStateCorrupt
 
 PEFT_ADAPTER = "hotlora_slots"  # the one PEFT adapter all slots are rows of
@@ -112,6 +113,7 @@ class SlotBank:
         self._bucket_weights: dict[int, list[tuple[torch.nn.Parameter, torch.nn.Parameter]]] = {}
         self._bucket_pointers: dict[int, int] = {}  # id(Parameter) -> where its data must stay
         self.bucket = target_rank
+        self.device = next(denoiser.parameters()).device
         if self.slot_names:  # no slots at all is the baseline the benchmarks measure the slots' cost against
             self._slots = self._install(denoiser, modules)
 
@@ -231,6 +233,7 @@ class SlotBank:
             if bucket != self.bucket:
                 self._point(bucket)
         report.rank_bucket = self.bucket
+        synchronize(self.device)  # host-to-device copies are asynchronous
         report.ms = (time.perf_counter() - start) * 1000
         return report
 

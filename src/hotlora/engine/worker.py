@@ -75,7 +75,8 @@ class Job:
 
 class Worker:
     def __init__(self, engine_factory: Callable[[], Engine], *, max_queue: int = 16, max_batch_delay_s: float = 0.02,
-                 on_event: Callable[[str, dict], Any] | None = None):
+                 on_event: Callable[[str, dict], Any] | None = None, max_rebuild_attempts: int = 5,
+                 rebuild_backoff_s: float = 1.0, max_rebuild_backoff_s: float = 60.0):
         self._factory = engine_factory
         self._jobs: deque[Job] = deque()
         self._cond = threading.Condition()
@@ -83,6 +84,10 @@ class Worker:
         self.max_batch_delay_s = max_batch_delay_s
         self.engine: Engine | None = None
         self.rebuilds = 0
+        self.max_rebuild_attempts = max_rebuild_attempts
+        self.rebuild_backoff_s = rebuild_backoff_s
+        self.max_rebuild_backoff_s = max_rebuild_backoff_s
+        self.failed: str | None = None  # why the worker gave up rebuilding; it answers 503 from then on
         self.batches = 0  # forward batches that carried more than one request
         self._ready = threading.Event()
         self._accepting = False
@@ -146,6 +151,8 @@ class Worker:
     # ------------------------------------------------------------------ submitting
 
     def submit(self, job: Job) -> Future:
+        if self.failed:
+            raise NotAccepting(f"the engine is down: {self.failed}")
         if not self._accepting:
             raise NotAccepting("the server is not accepting work (starting or shutting down)")
         with self._cond:
@@ -240,7 +247,10 @@ class Worker:
             self._rebuild(exc)
         else:
             for job, result in zip(jobs, results):
-                job.future.set_result(result)
+                if isinstance(result, BaseException):  # this request alone failed (its adapters overflowed)
+                    job.future.set_exception(result)
+                else:
+                    job.future.set_result(result)
 
     def _generate_together(self, jobs: list[Job]) -> list[GenerationResult]:
         self.batches += 1
@@ -263,6 +273,15 @@ class Worker:
 
     # ------------------------------------------------------------------ faults
 
+    def _give_up(self, reason: str) -> None:
+        log.critical("the engine cannot be rebuilt: %s; answering 503 until restarted", reason)
+        self.failed = reason
+        self._accepting = False
+        self.on_event("rebuild_failed", {})
+        with self._cond:
+            while self._jobs:
+                self._jobs.popleft().future.set_exception(NotAccepting(f"the engine is down: {reason}"))
+
     def inject_fault(self) -> None:
         """Test hook: the next job runs on a corrupted base weight (NaN), as after a memory fault."""
         self._fault_armed = True
@@ -275,7 +294,11 @@ class Worker:
             weight.fill_(float("nan"))
 
     def _rebuild(self, cause: BaseException) -> None:
-        """Throw the engine away and build a fresh one; the queue waits, readiness is false meanwhile."""
+        """Throw the engine away and build a fresh one; the queue waits, readiness is false meanwhile.
+
+        Failed builds are retried with exponential backoff; after ``max_rebuild_attempts`` in a row
+        the worker gives up: queued and future requests are answered 503 with the reason (a broken
+        GPU or a deleted model does not fix itself, and a queue waiting forever helps nobody)."""
         import torch
 
         self._ready.clear()
@@ -283,15 +306,21 @@ class Worker:
         self.on_event("rebuild_started", {})
         began = time.perf_counter()
         self.engine = None
-        torch._dynamo.reset()  # drop graphs guarded on the old modules before compiling the new ones
-        while True:
+        delay = self.rebuild_backoff_s
+        for attempt in range(1, self.max_rebuild_attempts + 1):
+            torch._dynamo.reset()  # drop graphs guarded on the old modules before compiling the new ones
             try:
                 self.engine = self._factory()
                 self._last_store = self.engine.store
                 break
-            except Exception:
-                log.exception("rebuild failed; retrying in 5s")
-                time.sleep(5)
+            except Exception as exc:
+                if attempt == self.max_rebuild_attempts:
+                    self._give_up(f"{self.max_rebuild_attempts} rebuilds failed in a row, the last with "
+                                  f"{type(exc).__name__}: {exc}")
+                    return
+                log.exception("rebuild %d/%d failed; retrying in %.1fs", attempt, self.max_rebuild_attempts, delay)
+                time.sleep(delay)
+                delay = min(2 * delay, self.max_rebuild_backoff_s)
         self.rebuilds += 1
         log.info("engine rebuilt in %.1fs", time.perf_counter() - began)
         self.on_event("rebuilt", {"seconds": time.perf_counter() - began})

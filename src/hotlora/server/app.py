@@ -18,12 +18,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from hotlora.adapters.references import parse_reference
+from hotlora.adapters.resolver import split_spec
 from hotlora.config import ServerConfig
 from hotlora.engine.worker import Job, NotAccepting, Overloaded, Worker
-from hotlora.errors import HotloraError, InvalidRequest, RequestError
+from hotlora.errors import HotloraError, InvalidRequest, RequestError, RequestTooLarge
 from hotlora.server.images import MEDIA_TYPES, encode, format_from_accept
+from hotlora.server.limits import BodyLimit
 from hotlora.server.metrics import Metrics
-from hotlora.server.schemas import GenerateRequest, HFRequest, OpenAIImagesRequest, PrefetchRequest, specs
+from hotlora.server.schemas import (
+    MAX_REF_CHARS, GenerateRequest, HFRequest, OpenAIImagesRequest, PrefetchRequest, specs,
+)
 
 log = logging.getLogger(__name__)
 POLL_S = 0.1  # how often a waiting request checks that its client is still there
@@ -42,6 +46,7 @@ class Service:
         self.max_pending = 2 * config.max_queue
         self._pending = 0
         self._lock = threading.Lock()
+        self._prefetches: set[asyncio.Task] = set()
 
     def admit(self) -> None:
         if not self.worker.ready:
@@ -68,7 +73,7 @@ class Service:
                                  params.get("height"), params.get("width"), params.get("seed") or 0, "pil",
                                  params.get("negative_prompt"))
             fetch_began = time.monotonic()
-            resolved = await asyncio.to_thread(resolver.resolve, adapters)
+            resolved = await self.resolve(resolver, adapters)
             fetch_ms = (time.monotonic() - fetch_began) * 1000
             timeout = timeout_s or self.config.request_timeout_s
             call = {k: v for k, v in params.items() if v is not None}
@@ -98,6 +103,44 @@ class Service:
         self.metrics.observe(timings)
         return {"images": images, "seeds": result.seeds, "adapters": result.adapters, "timings": timings,
                 "recompiles": result.recompiles}
+
+
+    async def resolve(self, resolver, adapters: dict) -> dict:
+        """Fetch every slot's adapter concurrently on the store's own fetch pool (a RAM-cached
+        adapter returns at once, never behind someone's slow download), then validate and pack."""
+        resolver.check_slots(adapters)
+        store = resolver.store
+
+        async def fetch(slot, spec):
+            source, scale = split_spec(spec, slot)
+            if scale is None and store is not None and isinstance(source, str):
+                scale = store.default_scale(source)
+            scale = 1.0 if scale is None else scale
+            resolver.check_scale(slot, scale)  # before any download
+            if isinstance(source, str) and store is not None:
+                source = await store.aget(source)
+            return slot, (source, scale)
+
+        fetched = await asyncio.gather(*(fetch(slot, spec) for slot, spec in adapters.items() if spec is not None))
+        return await asyncio.to_thread(resolver.resolve, dict(fetched))
+
+    async def prefetch(self, store, refs: list[str]) -> None:
+        """Fetch in the background under an admission bound: 429 when too many fetches are running."""
+        running = store.fetches_in_flight
+        if running + len(refs) > self.config.max_prefetch_inflight:
+            raise Overloaded(f"{running} adapter fetches are running; a prefetch may add up to "
+                             f"{self.config.max_prefetch_inflight - running} now", retry_after_s=5)
+
+        async def fetch(ref):
+            try:
+                await store.aget(ref)
+            except HotloraError as exc:
+                log.warning("prefetch of %s failed: %s", ref, exc)
+
+        for ref in refs:
+            task = asyncio.get_running_loop().create_task(fetch(ref))
+            self._prefetches.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(self._prefetches.discard)
 
 
 def server_timing(timings: dict) -> str:
@@ -139,6 +182,8 @@ def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = Tru
         yield
         log.info("shutting down: draining the queue")
         drained = await asyncio.to_thread(worker.stop, config.drain_timeout_s)
+        if worker.store is not None:
+            worker.store.close()  # the fetch pool's threads
         log.info("shutdown %s", "complete, queue drained" if drained else "timed out; waiting requests were answered 503")
 
     app = FastAPI(title="hotlora", version="0.1.0", lifespan=lifespan)
@@ -167,6 +212,7 @@ def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = Tru
                 service.metrics.requests.labels(route.path if route else "unmatched",
                                                 outcome(status.get("code", 500))).inc()
 
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes, refuse=error_response)
     app.add_middleware(CountRequests)
 
     @app.exception_handler(HotloraError)
@@ -195,7 +241,7 @@ def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = Tru
     async def readyz():
         engine = worker.engine
         body = {"ready": worker.ready, "rebuilds": worker.rebuilds, "queue_depth": worker.depth,
-                "engine": engine.describe() if engine else None}
+                "engine": engine.describe() if engine else None, "failed": worker.failed}
         return JSONResponse(body, status_code=200 if worker.ready else 503)
 
     @app.get("/metrics")
@@ -275,6 +321,8 @@ def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = Tru
         params = body.parameters
         adapters = specs(params.adapters)
         header = request.headers.get("lora")
+        if header and len(header) > MAX_REF_CHARS:
+            raise RequestTooLarge(f"the lora header has {len(header)} characters; the limit is {MAX_REF_CHARS}")
         if header:
             adapters[config.lora_header_slot] = {"ref": header, "scale": params.lora_scale}
         fmt = format_from_accept(request.headers.get("accept"))
@@ -326,15 +374,7 @@ def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = Tru
             raise InvalidRequest("this server has no adapter store")
         for ref in body.refs:
             parse_reference(ref, catalog_names=store.catalog)  # malformed references fail now, not later
-
-        async def fetch(ref):
-            try:
-                await store.prefetch(ref)
-            except HotloraError as exc:
-                log.warning("prefetch of %s failed: %s", ref, exc)
-
-        for ref in body.refs:
-            asyncio.get_running_loop().create_task(fetch(ref))
+        await service.prefetch(store, body.refs)
         return {"accepted": body.refs}
 
     if config.enable_fault_injection:

@@ -6,7 +6,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from hotlora.config import ServerConfig, StoreConfig
+from hotlora.config import RequestLimits, ServerConfig, StoreConfig
 from hotlora.engine.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
             store=shared.get("store", store_config), mixed=config.mixed,
             attention_backend=config.attention_backend, compile_cache_dir=config.compile_cache_dir,
             step_cache=StepCache(config.step_cache, config.step_cache_threshold) if config.step_cache else None,
-            rank_buckets=config.rank_buckets,
+            rank_buckets=config.rank_buckets, limits=request_limits(config),
         )
         shared["store"] = engine.store
         if first and engine.store.catalog:
@@ -56,7 +56,12 @@ def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
                 log.warning("catalog entries that failed: %s", ", ".join(failures))
         return engine
 
-    return Worker(make_engine, max_queue=config.max_queue, max_batch_delay_s=config.max_batch_delay_s)
+    return Worker(make_engine, max_queue=config.max_queue, max_batch_delay_s=config.max_batch_delay_s,
+                  max_rebuild_attempts=config.max_rebuild_attempts)
+
+
+def request_limits(config: ServerConfig) -> RequestLimits:
+    return RequestLimits(max_scale=config.max_scale, max_work=config.max_work)
 
 
 def serve(config: ServerConfig, store_config: StoreConfig) -> None:

@@ -2,28 +2,38 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hotlora.errors import InvalidRequest
 
 Format = Literal["png", "jpeg", "webp"]
+# Every field is bounded: the body cap bounds the whole, these say which field is too big.
+MAX_REF_CHARS = 4096
+MAX_PROMPT_CHARS = 10000
+MAX_SLOTS = 8  # more than any engine has; the engine names the unknown ones
+Ref = Annotated[str, Field(min_length=1, max_length=MAX_REF_CHARS)]
+Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
+SlotName = Annotated[str, Field(max_length=64)]
 
 
 class AdapterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    ref: str = Field(min_length=1, max_length=4096)
+    ref: Ref
     scale: float | None = None  # None: the catalog entry's default, else 1.0
+
+
+Adapters = Annotated[dict[SlotName, AdapterSpec | Ref | None], Field(max_length=MAX_SLOTS)]
 
 
 class GenerateRequest(BaseModel):
     """``POST /v1/generate``: the richer JSON API."""
 
     model_config = ConfigDict(extra="forbid")
-    prompt: str = Field(min_length=1, max_length=10000)
-    negative_prompt: str | None = None
-    adapters: dict[str, AdapterSpec | str | None] = Field(default_factory=dict)
+    prompt: Prompt
+    negative_prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | None = None
+    adapters: Adapters = Field(default_factory=dict)
     num_images: int = 1
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
@@ -31,26 +41,26 @@ class GenerateRequest(BaseModel):
     height: int | None = None
     seed: int | None = None
     output_format: Format = "png"
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0, le=3600)
 
 
 class HFParameters(BaseModel):
     """The ``parameters`` of the Hugging Face inference API for text-to-image (extras allowed, ignored)."""
 
     model_config = ConfigDict(extra="ignore")
-    negative_prompt: str | None = None
+    negative_prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | None = None
     guidance_scale: float | None = None
     num_inference_steps: int | None = None
     width: int | None = None
     height: int | None = None
     seed: int | None = None
-    adapters: dict[str, AdapterSpec | str | None] | None = None  # hotlora extension
+    adapters: Adapters | None = None  # hotlora extension
     lora_scale: float | None = None  # scale for the adapter named in the `lora` header
 
 
 class HFRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    inputs: str = Field(min_length=1, max_length=10000)
+    inputs: Prompt
     parameters: HFParameters = Field(default_factory=HFParameters)
 
 
@@ -58,12 +68,12 @@ class OpenAIImagesRequest(BaseModel):
     """``POST /v1/images/generations`` (OpenAI images API), with hotlora's ``adapters`` as an extension."""
 
     model_config = ConfigDict(extra="ignore")
-    prompt: str = Field(min_length=1, max_length=10000)
+    prompt: Prompt
     n: int = 1
     size: str | None = None
     response_format: Literal["b64_json", "url"] = "b64_json"
     model: str | None = None
-    adapters: dict[str, AdapterSpec | str | None] = Field(default_factory=dict)
+    adapters: Adapters = Field(default_factory=dict)
     seed: int | None = None  # extension
 
     @field_validator("size")
@@ -85,7 +95,7 @@ class OpenAIImagesRequest(BaseModel):
 
 class PrefetchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    refs: list[str] = Field(min_length=1, max_length=64)
+    refs: list[Ref] = Field(min_length=1, max_length=64)
 
 
 def specs(adapters) -> dict:
