@@ -32,7 +32,7 @@ def measure(family: str, model_dir: Path, runs: int, pack: int, steps: int) -> d
         other = {"identity": loaded["style"], "style": loaded["identity"]}
         swaps, packed_writes = [], 0
         for i in range(50):
-            report = engine.slots.swap(loaded if i % 2 else other)
+            report = engine.writer.swap(loaded if i % 2 else other)
             swaps.append(report.ms)
             packed_writes += report.packed_writes
         packs = []
@@ -45,7 +45,7 @@ def measure(family: str, model_dir: Path, runs: int, pack: int, steps: int) -> d
         row[f"{key}_pack_ms"] = round(statistics.median(packs), 1)
         row[f"{key}_swap_ms"] = round(statistics.median(swaps), 3)
         row[f"{key}_packed_share"] = round(packed_writes / (2 * 50), 2)
-        row["slot_bytes"] = engine.slots.nbytes
+        row["slot_bytes"] = engine.writer.nbytes
         row["recompiles"] = engine.recompiles
         row["compile_mode"] = engine.compile_mode or row.get("compile_mode")
     row["compiled_speedup"] = round(row["eager_pack_ms"] / row["compiled_pack_ms"], 2)

@@ -1,19 +1,36 @@
 """Full-size Flux on a GPU with no network: random bf16 weights, the engine's figures at production size.
 
-Usage (bench/gpu.sh runs it): python bench/gpu_flux.py [--height 1024 --width 1536 --steps 30 --pack 6 --rank 128]
-                              [--budget-s 420] [--layers N --single-layers M] [--bucket-rank N]
+Usage (bench/device.sh runs it on a lent GPU; see docs/benchmarks.md):
+    python -m bench.gpu_flux [--height 1024 --width 1536 --steps 30 --pack 6 --rank 128]
+                             [--budget-s 420] [--out DIR] [--configs no_slots,every_linear,...]
+                             [--repeats N] [--layers N --single-layers M --heads H --text-width W]
+                             [--bucket-rank N] [--no-compile] [--device cpu]
 
 Builds a Flux pipeline with the real transformer architecture (19 double + 38 single blocks, width
-3072; fewer with --layers/--single-layers) and random bf16 weights in memory (no download), small
-random text encoders with the real embedding widths (T5 4096, CLIP 768) and the Flux VAE. Then,
-side by side in one process, as far as the time budget allows (results are written after every
-step, so a cut-off run still leaves numbers):
-  1. swap of both slots (rank 1..R, every Linear) against one plain copy_ of the same bytes;
-  2. compiled pack with both slots filled against the same compiled model with no slots
-     (steady-state adapter cost), for every Linear and for attention only, and with
-     --bucket-rank N for every Linear with a rank bucket N and rank-N adapters;
-  3. eager against compiled pack time, and the compile warm-up.
-Never run yet: no session so far had a GPU. Check bench/results/gpu.json after the first run.
+3072; fewer with --layers/--single-layers/--heads) and random bf16 weights in memory (no download),
+small random text encoders with the real embedding widths (T5 4096, CLIP 768) and the Flux VAE.
+Then, one configuration at a time, each on a freshly built model with the same seeded weights:
+  1. no_slots: the compiled model with no adapter slots (the baseline, first, so that an overhead
+     figure exists even when the budget runs out);
+  2. every_linear: both slots on every Linear, filled with two random rank-R adapters: compiled
+     pack time (steady-state adapter cost against no_slots), then the swap of both slots for rank
+     1..R against one plain copy_ of the same bytes (bench/swap.py's measurement);
+  3. attention_only: both slots on the attention projections only;
+  4. every_linear_rank_bucket (with --bucket-rank N): every Linear with a rank bucket N, rank-N adapters;
+  5. eager_every_linear: every_linear without compile (compile speedup and warm-up against eager).
+Every configuration records its build and warm-up (compile) times, pack time and CUDA peak.
+
+Timing: CUDA is synchronised at every measurement boundary (torch.cuda.synchronize before the
+clock starts and before it is read). ``pack_ms`` is the engine's own per-chunk generate time (summed);
+``wall_ms`` is the whole ``Engine.generate`` call timed here (request resolution, swap, generation,
+finite check), both medians over --repeats packs.
+
+Budget: before each configuration and before each measurement inside one (build, warm-up, every
+pack, every swap rank) the expected time, from what was measured so far, is checked against what
+is left of --budget-s; a measurement that would not fit is skipped and says so. --out/gpu.json is
+rewritten after every measurement (atomically), so a run killed from outside keeps what it measured.
+Random weights: the engine's non-finite-output check is recorded (``finite``) instead of raising,
+since overflowing random activations say nothing about timing.
 """
 
 from __future__ import annotations
@@ -22,15 +39,27 @@ import argparse
 import gc
 import json
 import os
+import signal
+import statistics
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
-RESULTS = Path("bench/results/gpu.json")
+RESULTS_NAME = "gpu.json"
+CONFIG_ORDER = ("no_slots", "every_linear", "attention_only", "every_linear_rank_bucket", "eager_every_linear")
+SLOW_EAGER = 1.6  # eager pack time over compiled, for the budget only (a guess until measured)
 
 
-def build_full_flux(layers: int, single_layers: int, device: str = "cuda"):
+def sync() -> None:
+    """Wait for queued CUDA work: called on both sides of every timed region."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def build_full_flux(layers: int, single_layers: int, device: str = "cuda", heads: int = 24, text_width: int = 4096):
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
@@ -41,12 +70,16 @@ def build_full_flux(layers: int, single_layers: int, device: str = "cuda"):
     torch.set_default_dtype(torch.bfloat16)  # 12B parameters: never materialise them in float32
     try:
         with torch.device(device):
-            transformer = FluxTransformer2DModel(num_layers=layers, num_single_layers=single_layers, guidance_embeds=True)
+            transformer = FluxTransformer2DModel(num_layers=layers, num_single_layers=single_layers,
+                                                 num_attention_heads=heads, joint_attention_dim=text_width,
+                                                 guidance_embeds=True)
             text_encoder = CLIPTextModel(CLIPTextConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=2,
                                                         num_attention_heads=12, vocab_size=600, projection_dim=768,
                                                         bos_token_id=512, eos_token_id=2, pad_token_id=513))
-            text_encoder_2 = T5EncoderModel(T5Config(vocab_size=160, d_model=4096, d_kv=64, d_ff=10240, num_layers=2,
-                                                     num_heads=64, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+            text_encoder_2 = T5EncoderModel(T5Config(vocab_size=160, d_model=text_width, d_kv=64,
+                                                     d_ff=text_width * 5 // 2, num_layers=2,
+                                                     num_heads=max(1, text_width // 64), decoder_start_token_id=0,
+                                                     pad_token_id=0, eos_token_id=1))
             vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=16,
                                 down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
                                 block_out_channels=[128, 256, 512, 512], layers_per_block=2, use_quant_conv=False,
@@ -58,6 +91,46 @@ def build_full_flux(layers: int, single_layers: int, device: str = "cuda"):
                         transformer=transformer)
 
 
+class Report:
+    """The results file: rewritten whole after every measurement, through a temporary file."""
+
+    def __init__(self, path: Path, data: dict):
+        self.path = path
+        self.data = data
+        self.began = time.monotonic()
+
+    def save(self, key: str | None = None, value=None, *, quiet: bool = False, tmp: str = ".tmp") -> None:
+        if key is not None:
+            self.data[key] = value
+            if key not in self.data["steps_done"]:
+                self.data["steps_done"].append(key)
+        self.data["elapsed_s"] = round(time.monotonic() - self.began, 1)
+        if torch.cuda.is_available():
+            self.data["cuda_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        derive(self.data)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        staged = self.path.with_suffix(tmp)
+        staged.write_text(json.dumps(self.data, indent=2))
+        os.replace(staged, self.path)
+        if key is not None and not quiet:
+            print(json.dumps({key: value}), flush=True)
+
+
+def derive(data: dict) -> None:
+    """Overheads against no_slots and the compile speedup, whenever their inputs exist."""
+    base = data.get("no_slots", {})
+    for label in ("every_linear", "attention_only", "every_linear_rank_bucket", "eager_every_linear"):
+        row = data.get(label)
+        if not isinstance(row, dict):
+            continue
+        for key, out in (("pack_ms", "overhead_pct"), ("wall_ms", "overhead_wall_pct")):
+            if row.get(key) and base.get(key):
+                row[out] = round(100 * (row[key] / base[key] - 1), 1)
+    eager, compiled = data.get("eager_every_linear", {}), data.get("every_linear", {})
+    if eager.get("pack_ms") and compiled.get("pack_ms") and compiled.get("compiled"):
+        eager["compile_speedup"] = round(eager["pack_ms"] / compiled["pack_ms"], 2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--height", type=int, default=1024)
@@ -67,84 +140,226 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=128)
     parser.add_argument("--layers", type=int, default=19)
     parser.add_argument("--single-layers", type=int, default=38)
+    parser.add_argument("--heads", type=int, default=24, help="attention heads of 128 (24: width 3072)")
+    parser.add_argument("--text-width", type=int, default=4096, help="T5 width = the transformer's joint width")
     parser.add_argument("--budget-s", type=float, default=420)
+    parser.add_argument("--out", default=os.environ.get("OUT") or "bench/results",
+                        help=f"folder for {RESULTS_NAME} (default: $OUT, else bench/results)")
+    parser.add_argument("--configs", default="",
+                        help=f"comma-separated, in the order to run (default: {','.join(CONFIG_ORDER)}, "
+                             "the rank-bucket one only with --bucket-rank)")
+    parser.add_argument("--repeats", type=int, default=1, help="packs per configuration, budget permitting")
+    parser.add_argument("--swap-repeats", type=int, default=10, help="swaps (and copies) timed per rank")
+    parser.add_argument("--no-compile", action="store_true", help="every configuration eager (CPU dry runs)")
     parser.add_argument("--device", default="cuda", help="cpu only for a smoke test of this script with tiny sizes")
     parser.add_argument("--bucket-rank", type=int, default=0,
                         help="also run every Linear with a rank bucket at this rank (besides --rank) and adapters "
-                             "of this rank, after the no-slots run (0: off)")
+                             "of this rank (0: off)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_flux.py needs a CUDA device (or --device cpu for a smoke test)")
     from hotlora import Engine
     from hotlora.adapters.families import family_named
 
-    began = time.monotonic()
-    device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
-    report = {"args": vars(args), "device": device, "torch": torch.__version__, "steps_done": []}
+    from bench.swap import allow_many_compiled_engines
 
-    def save(step: str, data) -> None:
-        report[step] = data
-        report["steps_done"].append(step)
-        report["elapsed_s"] = round(time.monotonic() - began, 1)
-        if torch.cuda.is_available():
-            report["cuda_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(report, indent=2))
-        print(json.dumps({step: data}), flush=True)
+    allow_many_compiled_engines()
+    order = [c.strip() for c in args.configs.split(",") if c.strip()] or [
+        c for c in CONFIG_ORDER if c != "every_linear_rank_bucket" or args.bucket_rank]
+    unknown = sorted(set(order) - set(CONFIG_ORDER))
+    if unknown or ("every_linear_rank_bucket" in order and not args.bucket_rank):
+        raise SystemExit(f"--configs: unknown {unknown} (known: {', '.join(CONFIG_ORDER)}; the rank-bucket "
+                         "one needs --bucket-rank)")
+
+    versions = {}
+    for dist in ("diffusers", "peft", "transformers", "accelerate", "huggingface_hub", "safetensors"):
+        try:
+            from importlib.metadata import version
+
+            versions[dist] = version(dist)
+        except Exception:  # noqa: BLE001 - informative only
+            versions[dist] = None
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    report = Report(Path(args.out) / RESULTS_NAME,
+                    {"args": vars(args), "device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
+                     "versions": versions, "order": order, "steps_done": [], "configs_done": []})
+    data = report.data
+    report.save()
+
+    def on_term(signum, frame):  # `timeout` in bench/device.sh: say so in the file, then stop
+        data["killed"] = f"signal {signum} after {time.monotonic() - report.began:.0f} s (hard time limit)"
+        report.save(tmp=".killed.tmp")  # not the file a save it interrupted was writing
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
 
     def left() -> float:
-        return args.budget_s - (time.monotonic() - began)
+        return args.budget_s - (time.monotonic() - report.began)
 
-    def pack_ms(engine, adapters) -> float:
-        result = engine.generate("a portrait", adapters=adapters, num_images=args.pack, num_inference_steps=args.steps,
-                                 height=args.height, width=args.width, output_type="latent")
-        return sum(result.timings.generate_ms)  # the pipeline call returns host tensors: synchronised
+    seen: dict[str, float] = {}  # the latest of each kind of measurement, seconds: the budget's estimates
+
+    def estimate(kind: str, compiled: bool) -> float:
+        if kind == "warmup":
+            return seen.get("warmup_compiled" if compiled else "warmup_eager", 0.0)
+        if kind == "pack":
+            if compiled:
+                return seen.get("pack_compiled", 0.0)
+            return seen.get("pack_eager", SLOW_EAGER * seen.get("pack_compiled", 0.0))
+        return seen.get(kind, 0.0)
+
+    missed: list[str] = []  # the last skip's reason
+
+    def fits(what: str, need: float, row: dict | None = None) -> bool:
+        """Whether ``need`` seconds (with a 15% margin) fit in what is left; a miss is recorded."""
+        if left() >= 1.15 * need and left() > 0:
+            return True
+        note = f"{what}: time budget ({left():.0f} s left, about {need:.0f} s needed)"
+        print(f"skipped {note}", flush=True)
+        missed[:] = [note]
+        if row is not None:
+            row.setdefault("skipped", []).append(note)
+        return False
 
     flux = family_named("flux")
-    configs = [  # (label, engine options): each on a freshly built model with the same seeded weights
-        ("every_linear", {}),
-        ("attention_only", {"target_modules": r".*attn.*"}),
-        ("no_slots", {"slots": ()}),
-        *([("every_linear_rank_bucket", {"rank_buckets": (args.bucket_rank,)})] if args.bucket_rank else []),
-        ("eager_every_linear", {"compile": False}),
-    ]
-    for label, options in configs:
-        if left() < 90:
-            save(f"skipped_{label}", "time budget spent")
+    for label in order:
+        options = {"every_linear": {}, "no_slots": {"slots": ()}, "attention_only": {"target_modules": r".*attn.*"},
+                   "every_linear_rank_bucket": {"rank_buckets": (args.bucket_rank,)},
+                   "eager_every_linear": {"compile": False}}[label]
+        compiled = options.get("compile", not args.no_compile)
+        need = estimate("build", compiled) + estimate("warmup", compiled) + estimate("pack", compiled)
+        if label != "no_slots":
+            need += estimate("adapters", compiled)
+        if not fits(f"configuration {label}", need):
+            report.save(f"skipped_{label}", missed[-1], quiet=True)
             continue
-        build = time.monotonic()
-        pipeline = build_full_flux(args.layers, args.single_layers, args.device)
-        pipeline.set_progress_bar_config(disable=True)
-        built_s = time.monotonic() - build
-        warm = time.monotonic()
-        engine = Engine(pipeline, flux, target_rank=args.rank, batch_size=args.pack, height=args.height,
-                        width=args.width, **{"compile": True, **options})
-        row = {"build_s": round(built_s, 1), "warmup_s": round(time.monotonic() - warm, 1),
-               "transformer_params_b": round(sum(p.numel() for p in pipeline.transformer.parameters()) / 1e9, 2),
-               "slot_bytes": engine.slots.nbytes}
-        request = {}
-        if engine.slots.slot_names:
-            adapter_rank = args.bucket_rank if options.get("rank_buckets") else args.rank
-            request = {slot: (adapter, 0.8) for slot, adapter in zip(("identity", "style"), _adapters(engine, adapter_rank))}
-            if label == "every_linear":
-                from bench.swap import swap_rows  # the same measurement as on the CPU
+        row: dict = {"compiled": compiled}
+        engine = pipeline = request = None
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            sync()
+            began = time.monotonic()
+            pipeline = build_full_flux(args.layers, args.single_layers, args.device, args.heads, args.text_width)
+            pipeline.set_progress_bar_config(disable=True)
+            sync()
+            seen["build"] = row["build_s"] = round(time.monotonic() - began, 1)
+            row["transformer_params_b"] = round(sum(p.numel() for p in pipeline.transformer.parameters()) / 1e9, 2)
+            if not fits("warm-up", estimate("warmup", compiled) + estimate("pack", compiled), row):
+                report.save(f"skipped_{label}", row["skipped"][-1])
+                continue
+            sync()
+            began = time.monotonic()
+            engine = Engine(pipeline, flux, target_rank=args.rank, batch_size=args.pack, height=args.height,
+                            width=args.width, **{"compile": not args.no_compile, **options})
+            sync()
+            row["warmup_s"] = round(time.monotonic() - began, 1)
+            seen["warmup_compiled" if compiled else "warmup_eager"] = row["warmup_s"]
+            row["compile_mode"] = engine.compile_mode
+            row["slot_bytes"] = _writer(engine).nbytes
+            finite = _record_finite(engine)
+            data["configs_done"].append(label)
+            report.save(label, row)  # built and warm: already worth keeping
 
-                save("swap", swap_rows(engine, args.rank, repeats=10))
-        row["pack_ms"] = round(pack_ms(engine, request), 1)
-        row["rank_run"] = engine.slots.bucket if engine.slots.slot_names else 0
-        row["recompiles"] = engine.recompiles
-        save(label, row)
-        del engine, pipeline, request
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        torch._dynamo.reset()
-    base = report.get("no_slots", {}).get("pack_ms")
-    if base:
-        for label in ("every_linear", "attention_only", "every_linear_rank_bucket"):
-            if label in report:
-                report[label]["overhead_pct"] = round(100 * (report[label]["pack_ms"] / base - 1), 1)
-    save("done", True)
+            if _writer(engine).slot_names:
+                adapter_rank = args.bucket_rank if options.get("rank_buckets") else args.rank
+                began = time.monotonic()
+                request = {slot: (adapter, 0.8)
+                           for slot, adapter in zip(("identity", "style"), _adapters(engine, adapter_rank))}
+                seen["adapters"] = row["adapters_s"] = round(time.monotonic() - began, 1)
+                row["adapter_rank"] = adapter_rank
+            samples = []
+            for _ in range(max(1, args.repeats)):
+                if not fits(f"pack {len(samples) + 1}", estimate("pack", compiled), row):
+                    break
+                samples.append(_pack(engine, request or {}, args))
+                seen["pack_compiled" if compiled else "pack_eager"] = samples[-1]["wall_ms"] / 1000
+                row["pack_ms"] = round(statistics.median(s["pack_ms"] for s in samples), 1)
+                row["wall_ms"] = round(statistics.median(s["wall_ms"] for s in samples), 1)
+                row["swap_ms"] = round(statistics.median(s["swap_ms"] for s in samples), 3)
+                row["pack_ms_samples"] = [s["pack_ms"] for s in samples]
+                row["finite"] = all(finite)
+                row["rank_run"] = samples[-1]["rank_bucket"] if _writer(engine).slot_names else 0
+                row["recompiles"] = engine.recompiles
+                if torch.cuda.is_available():
+                    row["cuda_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+                report.save(label, row, quiet=True)
+                print(json.dumps({label: row}), flush=True)
+            if label == "every_linear":
+                _swap_measurements(engine, args, report, fits)
+        except Exception as exc:  # noqa: BLE001 - one failed configuration must not cost the others
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            report.save(f"error_{label}", traceback.format_exc())
+            if label not in data["configs_done"]:
+                data["configs_done"].append(label)
+            report.save(label, row)
+        finally:
+            del engine, pipeline, request
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            torch._dynamo.reset()
+    report.save("done", True)
+
+
+def _writer(engine):
+    """The engine's adapter writer (``engine.writer``; ``engine.slots`` before the writers refactor)."""
+    writer = getattr(engine, "writer", None)
+    return writer if writer is not None else engine.slots
+
+
+def _pack(engine, request, args) -> dict:
+    """One pack, timed between two CUDA synchronisations; also the engine's own per-chunk times."""
+    sync()
+    began = time.perf_counter()
+    result = engine.generate("a portrait", adapters=request, num_images=args.pack, num_inference_steps=args.steps,
+                             height=args.height, width=args.width, output_type="latent")
+    sync()
+    wall_ms = (time.perf_counter() - began) * 1000
+    return {"pack_ms": round(sum(result.timings.generate_ms), 1), "wall_ms": round(wall_ms, 1),
+            "swap_ms": result.timings.swap_ms, "rank_bucket": result.swap.rank_bucket}
+
+
+def _record_finite(engine) -> list[bool]:
+    """Replace the engine's non-finite check for this bench: random weights may overflow, and the
+    figures wanted here are times. Each pack's finiteness is recorded in the returned list (the
+    latents: a tensor, since the bench asks for output_type="latent")."""
+    seen: list[bool] = []
+    engine._check_finite = lambda images, resolved: seen.append(bool(torch.isfinite(images).all()))
+    return seen
+
+
+def _swap_measurements(engine, args, report: Report, fits) -> None:
+    """bench/swap.py's swap rows (both slots against one copy_ of the same bytes, rank 1, 2, 4..),
+    through its own swap_rows, within the budget: ranks up to 16 first (an eighth of the bytes of
+    rank 128), then, from their time, the largest top rank expected to fit (ranks up to 16 again:
+    swap_rows always starts at 1). A failure here is recorded and costs no other figure."""
+    try:
+        from bench.swap import swap_rows
+
+        first = min(args.rank, 16)
+        if not fits(f"swap ranks 1..{first}", 0):
+            report.save("skipped_swap", "time budget")
+            return
+        began = time.monotonic()
+        rows = swap_rows(engine, first, args.swap_repeats)
+        spent = time.monotonic() - began
+        report.save("swap", rows)
+        top = args.rank
+        while top > first:  # the time grows with the bytes, so with the sum of the ranks measured
+            need = spent * (2 * top - 1) / (2 * first - 1)
+            if fits(f"swap ranks 1..{top}", need):
+                break
+            top //= 2
+        if top > first:
+            began = time.monotonic()
+            rows = swap_rows(engine, top, args.swap_repeats)
+            spent += time.monotonic() - began
+            report.save("swap", rows)
+        report.data["swap_s"] = round(spent, 1)
+        if top < args.rank:
+            report.save("skipped_swap", f"ranks {2 * top}..{args.rank}: time budget")
+    except Exception:  # noqa: BLE001 - the pack figures of this configuration stay valid
+        report.save("error_swap", traceback.format_exc())
 
 
 def _adapters(engine, rank: int):

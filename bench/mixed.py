@@ -30,8 +30,8 @@ def run_load(engine, jobs_spec, arrival_s: float, steps: int) -> dict:
     jobs = []
     began = time.monotonic()
     for prompt, adapters, n, seed in jobs_spec:
-        job = Job(prompt=prompt, params={"num_images": n, "seed": seed, "num_inference_steps": steps,
-                                         "output_type": "latent"}, adapters=engine.resolve(adapters))
+        job = Job(engine.prepare(prompt, adapters=adapters, num_images=n, seed=seed, num_inference_steps=steps,
+                                 output_type="latent"))
         worker.submit(job)
         jobs.append(job)
         time.sleep(arrival_s)
@@ -45,7 +45,7 @@ def run_load(engine, jobs_spec, arrival_s: float, steps: int) -> dict:
     ordered = sorted(latencies)
     return {"images_per_s": round(images / wall, 2), "p50_ms": round(1000 * statistics.median(ordered), 1),
             "p95_ms": round(1000 * ordered[int(0.95 * (len(ordered) - 1))], 1), "wall_s": round(wall, 2),
-            "merged_batches": worker.batches, "recompiles": engine.recompiles, "adapter_bytes": engine.slots.nbytes}
+            "merged_batches": worker.batches, "recompiles": engine.recompiles, "adapter_bytes": engine.writer.nbytes}
 
 
 def main() -> None:

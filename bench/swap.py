@@ -51,7 +51,6 @@ def timed(fn, repeats: int) -> float:
 
 def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
     from hotlora.adapters.formats import Adapter, LoraWeights
-    from hotlora.adapters.packing import pack
     from hotlora.testing import random_lora
 
     linears = dict(engine.ceiling.modules)
@@ -69,14 +68,14 @@ def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
             if device.type == "cuda":
                 modules = {m: LoraWeights(w.down.pin_memory(), w.up.pin_memory(), 1.0) for m, w in modules.items()}
                 adapter = Adapter(adapter.name, adapter.family, "diffusers", modules, sha256=adapter.sha256)
-            pack(adapter, engine.slots.layout)  # what the resolver does on a request's thread
+            engine.writer.prepare({"identity": (adapter, 1.0)})  # what Engine.prepare does on a request's thread
             pair.append(adapter)
         state = {"i": 0}
 
         def swap():
             state["i"] += 1
             a, b = (pair[0], pair[1]) if state["i"] % 2 else (pair[1], pair[0])
-            report = engine.slots.swap({"identity": (a, 0.9), "style": (b, 0.7)})
+            report = engine.writer.swap({"identity": (a, 0.9), "style": (b, 0.7)})
             assert report.packed_writes == 2, "the bench measures the packed path"
 
         nbytes = 2 * pair[0].nbytes  # both slots
@@ -164,7 +163,7 @@ def full_width_overhead_rows(base, target_rank: int, runs: int) -> list[dict]:
     base_ms = statistics.median(samples[("no slots", 0)])
     return [{"config": label, "request": f"2 x r{rank}" if rank else "-", "rank_bucket": buckets_run[(label, rank)],
              "pack_ms": round(statistics.median(v), 1), "overhead_pct": round(100 * (statistics.median(v) / base_ms - 1), 1),
-             "slot_bytes": engines[label].slots.nbytes, "recompiles": engines[label].recompiles}
+             "slot_bytes": engines[label].writer.nbytes, "recompiles": engines[label].recompiles}
             for (label, rank), v in samples.items()]
 
 
@@ -216,7 +215,7 @@ def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: in
     base = statistics.median(samples[("no slots", None)])
     return [{"config": label, "request": request or "-", "rank_bucket": buckets_run[(label, request)],
              "pack_ms": round(statistics.median(v), 1), "overhead_pct": round(100 * (statistics.median(v) / base - 1), 1),
-             "slot_bytes": engines[label].slots.nbytes, "recompiles": engines[label].recompiles}
+             "slot_bytes": engines[label].writer.nbytes, "recompiles": engines[label].recompiles}
             for (label, request), v in samples.items()]
 
 

@@ -30,7 +30,7 @@ def _parse_lora(value: str) -> tuple[str, str, float]:
 
 
 def cmd_tiny_model(args) -> int:
-    from hotlora.testing import save_tiny_model
+    from hotlora.tiny import save_tiny_model
 
     began = time.perf_counter()
     out = save_tiny_model(Path(args.dir), args.family, seed=args.seed)
@@ -42,15 +42,15 @@ def cmd_tiny_model(args) -> int:
 
 def cmd_generate(args) -> int:
     from hotlora import Engine
+    from hotlora.config import EngineConfig
 
     adapters = {}
     for slot, path, scale in args.lora:
         adapters[slot] = (path, scale)
     slots = tuple(args.slots.split(",")) if args.slots else tuple(dict.fromkeys(["identity", "style", *adapters]))
-    engine = Engine.from_pretrained(
-        args.model, slots=slots, target_rank=args.target_rank, batch_size=args.batch_size,
-        compile=not args.no_compile, height=args.height, width=args.width,
-    )
+    config = EngineConfig(slots=slots, target_rank=args.target_rank, batch_size=args.batch_size,
+                          compile=not args.no_compile, height=args.height, width=args.width)
+    engine = Engine.from_pretrained(args.model, config)
     print(f"warm in {engine.warmup_s:.1f}s ({engine.compile_mode or 'eager'})", file=sys.stderr)
     from tqdm.auto import tqdm
 

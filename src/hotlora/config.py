@@ -1,10 +1,20 @@
-"""Typed settings in one place. Environment variables use the prefix ``HOTLORA_``."""
+"""Typed settings in one place. Environment variables use the prefix ``HOTLORA_``.
+
+``EngineConfig`` holds every engine option and its default; ``ServerConfig`` produces one
+(``engine_config()``), the CLI fills one, and the compile-cache fingerprint is derived from it.
+A model directory's ``hotlora.json`` (serving defaults) and config files (TOML or YAML) are read
+here and nowhere else.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
+
+from hotlora.errors import HotloraError
 
 ENV_PREFIX = "HOTLORA_"
 GiB = 1024**3
@@ -19,6 +29,63 @@ class RequestLimits:
     max_steps: int = 200
     max_scale: float = 8.0  # |scale| per adapter: a huge scale would overflow the pack
     max_work: int = 16 * 1024 * 1536 * 50  # height x width x images x steps
+
+
+@dataclass(frozen=True)
+class StepCache:
+    """Step-cache settings (applied by ``hotlora.engine.stepcache``)."""
+
+    backend: str = "dbcache"
+    threshold: float = 0.12  # the article ran DBCache + TaylorSeer at 0.12
+    warmup_steps: int = 4  # steps always computed before any may be skipped (cache-dit)
+    compute_blocks: int = 1  # leading blocks always computed to measure the change (cache-dit Fn)
+
+    @property
+    def fullgraph(self) -> bool:
+        return self.backend != "fbcache"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every option of the warm engine, with its default, once."""
+
+    slots: tuple[str, ...] = ("identity", "style")
+    target_rank: int = 16
+    # None: every Linear layer of the denoiser (the widest ceiling); names/suffixes; or one regex.
+    target_modules: Any = None
+    batch_size: int = 6
+    compile: bool = True
+    dtype: Any = None  # None: bf16 on CUDA, float32 on CPU
+    device: str | None = None  # None: CUDA when available
+    height: int | None = None  # None: hotlora.json's, else the pipeline's default size
+    width: int | None = None
+    mixed: bool = False  # adapter banks: several requests' adapters in one forward batch
+    bank_entries: int | None = None  # None: 2 * batch_size + 1
+    attention_backend: str = "native"
+    compile_cache_dir: str | os.PathLike | None = None
+    step_cache: StepCache | None = None
+    rank_buckets: tuple[int, ...] = ()
+    limits: RequestLimits = field(default_factory=RequestLimits)
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        object.__setattr__(self, "slots", tuple(self.slots))
+        object.__setattr__(self, "rank_buckets", tuple(self.rank_buckets))
+        if isinstance(self.target_modules, list):
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        if self.mixed and self.rank_buckets:
+            raise ValueError("rank buckets apply to the slots of single-request packs, not to mixed batches")
+
+    # What the compiled graphs depend on; request limits, the device and the cache folder do not.
+    FINGERPRINT_EXCLUDES = frozenset({"limits", "compile_cache_dir", "device", "dtype", "height", "width",
+                                      "attention_backend"})
+
+    def fingerprint(self, model: str | None, family: str, **resolved) -> str:
+        """The compile-cache key: the model, the family, every option the graphs depend on, and the
+        values resolved at load time (``resolved``: size, attention backend, dtype)."""
+        options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.FINGERPRINT_EXCLUDES}
+        return json.dumps({"model": model, "family": family, **options, **resolved}, sort_keys=True, default=repr)
 
 
 @dataclass
@@ -102,10 +169,19 @@ class ServerConfig:
     lora_header_slot: str = "identity"  # the slot the inference API's `lora` header fills
     enable_fault_injection: bool = False  # POST /admin/fault: for tests of the rebuild path only
 
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            slots=self.slots, target_rank=self.target_rank, target_modules=self.target_modules,
+            batch_size=self.batch_size, compile=self.compile, height=self.height, width=self.width,
+            mixed=self.mixed, attention_backend=self.attention_backend, compile_cache_dir=self.compile_cache_dir,
+            step_cache=StepCache(self.step_cache, self.step_cache_threshold) if self.step_cache else None,
+            rank_buckets=self.rank_buckets, limits=RequestLimits(max_scale=self.max_scale, max_work=self.max_work),
+        )
+
     @classmethod
     def load(cls, config_file: str | Path | None = None, store_flags: dict | None = None,
              **flags) -> tuple["ServerConfig", StoreConfig]:
-        file_data = _read_config_file(config_file) if config_file else {}
+        file_data = read_config_file(config_file) if config_file else {}
         server = cls(**_layered(cls, file_data.get("server"), {k: v for k, v in flags.items() if v is not None}))
         store = StoreConfig.from_env(file_data.get("store"),
                                      **{k: v for k, v in (store_flags or {}).items() if v is not None})
@@ -123,7 +199,8 @@ class ServerConfig:
             raise ValueError(f"rank_buckets must be integers, got {self.rank_buckets!r}") from None
 
 
-def _read_config_file(path) -> dict:
+def read_config_file(path) -> dict:
+    """A TOML file, or YAML of the same shape (``.yaml`` / ``.yml``)."""
     text = Path(path).read_text()
     if str(path).endswith((".yaml", ".yml")):
         import yaml
@@ -134,6 +211,30 @@ def _read_config_file(path) -> dict:
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
     return tomllib.loads(text)
+
+
+# A model directory may carry this file to suggest serving defaults (the tiny models do: their
+# pipelines' own defaults would be far too large an image for them), among them the ids it
+# answers to (``model_id``, ``base_model_aliases``).
+MODEL_DEFAULTS_FILE = "hotlora.json"
+
+
+class ModelDefaultsError(HotloraError):
+    """A model directory's hotlora.json cannot be read (a start-up fault)."""
+
+
+def read_model_defaults(model) -> dict:
+    """``hotlora.json`` of a model directory; {} for a hub id or a directory without one."""
+    path = Path(str(model)) / MODEL_DEFAULTS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ModelDefaultsError(f"{path}: unreadable serving defaults ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ModelDefaultsError(f"{path}: serving defaults must be a JSON object")
+    return data
 
 
 def _layered(cls, file_values: dict | None, overrides: dict) -> dict:

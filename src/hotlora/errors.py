@@ -11,11 +11,13 @@
     │   ├── InvalidRequest        bad generation parameters
     │   │   ├── RequestTooLarge       over a work, body or field bound: 413, the limit in the message
     │   │   ├── UnsafeReference       (adapters.references) a path or host outside what is allowed
-    │   │   ├── UnservedShape         (engine.core) a size or shape the warm engine would compile for
-    │   │   └── NonFiniteOutput       (engine.core) the request's adapters overflowed the pack; the
+    │   │   ├── UnservedShape         (engine.request) a size or shape the warm engine would compile for
+    │   │   └── NonFiniteOutput       (engine.guard) the request's adapters overflowed the pack; the
     │   │                             base weights were checked and are intact
-    │   └── Overloaded, NotAccepting, DeadlineExceeded, ClientGone
-    │                             (engine.worker) the queue's answers: 429, 503, 504, 499
+    │   ├── Overloaded, NotAccepting, DeadlineExceeded, ClientGone
+    │   │                         (engine.worker) the queue's answers: 429, 503, 504, 499
+    │   ├── BodyTimeout           (server.middleware) a body that trickled in too long: 408
+    │   └── UnknownModel          (deploy.routing) a model id no deployment serves: 404
     ├── SourceUnavailable     a remote source failed after retries: 502, nobody's fault here,
     │                         nothing to rebuild
     ├── EngineError           our fault: 5xx, the engine is rebuilt
@@ -23,7 +25,8 @@
     ├── ReplicasUnavailable (503), ModelsOverloaded (429)
     │                         (deploy.ingress) the Ray ingress's answers; nothing to rebuild
     └── start-up faults, raised before anything serves: ModelLoadError (engine.pipeline),
-        StepCacheError (engine.stepcache), CatalogError (adapters.catalog)
+        StepCacheError (engine.stepcache), CatalogError (adapters.catalog), ModelDefaultsError
+        (config: an unreadable hotlora.json), DeployConfigError (deploy.config)
 
 The subclasses that belong to one module are defined next to it; they all derive from this tree.
 

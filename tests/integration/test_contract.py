@@ -1,4 +1,4 @@
-"""The correctness contract (design.md): the warm, compiled, hot-swapped engine returns what a fresh
+"""The correctness contract (README, "Correctness"): the warm, compiled, hot-swapped engine returns what a fresh
 plain diffusers pipeline returns after ``load_lora_weights`` x2 + ``set_adapters``, and compiles
 nothing after warm-up (``error_on_recompile`` is on for every request here)."""
 
@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from hotlora import Engine
-from hotlora.adapters.packing import pack
 from hotlora.engine.pipeline import graph_count
 from hotlora.errors import AdapterNotFound, AdapterRejected, InvalidRequest
 from hotlora.testing import (
@@ -118,7 +117,7 @@ def test_hot_swapped_engine_equals_plain_diffusers(warm, tmp_path):
             assert (theirs - base).abs().max().item() > 100 * TOLERANCE, f"pair {i}: adapters had no effect"
     assert engine.recompiles == 0
     # Both ways into a slot were checked: adapters packed for the slots' layout (one copy per
-    # buffer) and the sparse ones left per-module (adapters/packing.py).
+    # buffer) and the sparse ones left per-module (engine/writers/packing.py).
     assert writes["packed"] > 0 and writes["per module"] > 0, writes
 
 
@@ -131,7 +130,7 @@ def test_same_images_whatever_the_chunking(warm):
 
 
 def slot_snapshot(engine):
-    return [t.detach().clone() for s in engine.slots._slots.values() for t in (*s.down.values(), *s.up.values())]
+    return [t.detach().clone() for s in engine.writer._slots.values() for t in (*s.down.values(), *s.up.values())]
 
 
 def test_rejections_leave_the_engine_warm_and_unchanged(warm, tmp_path):
@@ -183,19 +182,20 @@ def test_swaps_copy_in_place_without_growth(warm):
     adapters = [model_dir / "adapters" / n for n in ("identity-diffusers", "style-diffusers", "identity-peft")]
     loaded = [engine.load_adapter(str(p)) for p in adapters]  # converted once, like the RAM cache will
     for adapter in loaded[:2]:  # two packed for the slots, one left per-module: both paths swap in place
-        assert pack(adapter, engine.slots.layout) is not None
+        engine.writer.prepare({"identity": (adapter, 1.0)})
+        assert engine.writer.packs.get(adapter) is not None
     params_before = [(n, p.data_ptr(), tuple(p.shape)) for n, p in engine.denoiser.named_parameters()]
-    engine.slots.swap({"identity": (loaded[0], 1.0), "style": (loaded[1], 0.5)})
+    engine.writer.swap({"identity": (loaded[0], 1.0), "style": (loaded[1], 0.5)})
     gc.collect()
     tensors_before = sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
     for i in range(200):
-        engine.slots.swap({"identity": (loaded[i % 3], 0.1 + (i % 13) / 10),
+        engine.writer.swap({"identity": (loaded[i % 3], 0.1 + (i % 13) / 10),
                            "style": (loaded[(i + 1) % 3], 1.5 - (i % 7) / 10)})
     gc.collect()
     tensors_after = sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
     assert tensors_after <= tensors_before
     assert [(n, p.data_ptr(), tuple(p.shape)) for n, p in engine.denoiser.named_parameters()] == params_before
-    engine.slots.check_intact()
+    engine.writer.check_intact()
 
 
 def test_the_recompile_guard_is_live(warm):

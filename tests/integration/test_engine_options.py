@@ -85,7 +85,7 @@ def test_the_engine_holds_the_model_and_its_slots_and_nothing_else(tiny_models):
 
     base = held_bytes(DiffusionPipeline.from_pretrained(str(tiny_models["sdxl"]), local_files_only=True))
     slots = Engine.from_pretrained(tiny_models["sdxl"], target_rank=8, batch_size=2, compile=False)
-    assert held_bytes(slots.pipeline) == base + slots.slots.nbytes
+    assert held_bytes(slots.pipeline) == base + slots.writer.nbytes
     mixed = Engine.from_pretrained(tiny_models["sdxl"], target_rank=8, batch_size=2, compile=False, mixed=True)
-    selector = mixed.slots.selector.index
-    assert held_bytes(mixed.pipeline) == base + mixed.slots.nbytes + selector.untyped_storage().nbytes()
+    selector = mixed.writer.selector.index
+    assert held_bytes(mixed.pipeline) == base + mixed.writer.nbytes + selector.untyped_storage().nbytes()

@@ -1,4 +1,4 @@
-"""Packed adapters (adapters/packing.py) and the slots' flat buffers (engine/slots.py).
+"""Packed adapters (engine/writers/packing.py) and the slots' flat buffers (engine/writers/slots.py).
 
 The packed layout must change nothing an adapter means, and a slot must hold exactly the
 request's update after any sequence of packed and per-module swaps of any ranks and scales."""
@@ -10,7 +10,7 @@ import torch
 
 from hotlora import Engine
 from hotlora.adapters.formats import Adapter, LoraWeights
-from hotlora.adapters.packing import MAX_PADDING, PackLayout, pack
+from hotlora.engine.writers.packing import MAX_PADDING, PackLayout, pack
 from hotlora.testing import random_lora
 
 from ..conftest import TARGET_RANK
@@ -38,20 +38,23 @@ def deltas(adapter: Adapter) -> dict[str, torch.Tensor]:
     return {m: w.scaling * (w.up.double() @ w.down.double()) for m, w in adapter.modules.items()}
 
 
-def test_packing_keeps_every_weight_and_shares_one_storage(engine):
+def test_packing_keeps_every_weight_and_leaves_the_adapter_untouched(engine):
     linears = dict(engine.ceiling.modules)
     adapter = make_adapter(linears, 5, seed=1)
-    before = {m: (w.down.clone(), w.up.clone(), w.scaling) for m, w in adapter.modules.items()}
-    packed = pack(adapter, engine.slots.layout)
+    before = {m: (w.down.clone(), w.up.clone(), w.scaling, w.down.data_ptr()) for m, w in adapter.modules.items()}
+    packed = pack(adapter, engine.writer.layout)
     assert packed is not None and packed.rows == 5 and packed.scaling == 0.5 and not packed.folded
-    for module, (down, up, scaling) in before.items():
+    for module, (down, up, scaling, pointer) in before.items():
         w = adapter.modules[module]
         assert torch.equal(w.down, down) and torch.equal(w.up, up) and w.scaling == scaling
-        # The modules' tensors are now views of the packed buffers: one copy in RAM, not two.
-        assert w.down.untyped_storage().data_ptr() == packed.down.untyped_storage().data_ptr()
-        assert w.up.untyped_storage().data_ptr() == packed.up.untyped_storage().data_ptr()
-    assert pack(adapter, engine.slots.layout) is packed  # once per adapter
-    assert adapter.nbytes == sum(d.nbytes + u.nbytes for d, u, _ in before.values())
+        assert w.down.data_ptr() == pointer  # cached adapters are shared: packing never re-points them
+        assert torch.equal(engine.writer.layout.down_view(packed.down, module, 5), down)
+        assert torch.equal(engine.writer.layout.up_view(packed.up, module, 5), up)
+    # The writer packs once per adapter, on the request's thread, into its side table.
+    engine.writer.prepare({"identity": (adapter, 1.0)})
+    held = engine.writer.packs.get(adapter)
+    engine.writer.prepare({"style": (adapter, 0.5)})
+    assert held is not None and engine.writer.packs.get(adapter) is held
 
 
 def test_uneven_alphas_are_folded_and_the_update_is_unchanged(engine):
@@ -59,7 +62,7 @@ def test_uneven_alphas_are_folded_and_the_update_is_unchanged(engine):
     scalings = {m: 0.25 + (i % 5) / 4 for i, m in enumerate(linears)}
     adapter = make_adapter(linears, 4, seed=2, scalings=scalings)
     expected = deltas(adapter)
-    packed = pack(adapter, engine.slots.layout)
+    packed = pack(adapter, engine.writer.layout)
     assert packed is not None and packed.folded and packed.scaling == 1.0
     for module, delta in deltas(adapter).items():
         torch.testing.assert_close(delta, expected[module], rtol=1e-6, atol=1e-7)
@@ -69,21 +72,20 @@ def test_what_stays_per_module(engine):
     linears = dict(engine.ceiling.modules)
     names = sorted(linears)
     few = make_adapter(linears, 4, seed=3, modules=names[: max(1, len(names) // 4)])
-    assert pack(few, engine.slots.layout) is None and few.packed is None, \
+    assert pack(few, engine.writer.layout) is None, \
         f"an adapter on a quarter of the modules would pack into more than {MAX_PADDING}x its size"
     mixed = make_adapter(linears, 4, seed=4)
     first = next(iter(mixed.modules))
     w = mixed.modules[first]
     mixed.modules[first] = LoraWeights(w.down.half(), w.up.half(), w.scaling)
-    assert pack(mixed, engine.slots.layout) is None  # one buffer holds one dtype
+    assert pack(mixed, engine.writer.layout) is None  # one buffer holds one dtype
     other_layout = PackLayout.of(dict(list(linears.items())[::-1]))
     elsewhere = make_adapter(linears, 4, seed=5)
-    assert pack(elsewhere, other_layout) is not None
-    assert pack(elsewhere, engine.slots.layout) is None  # packed for another engine: stays as it is there
+    assert pack(elsewhere, other_layout).layout_key != pack(elsewhere, engine.writer.layout).layout_key
 
 
 def slot_deltas(engine, slot) -> dict[str, torch.Tensor]:
-    state = engine.slots._slots[slot]
+    state = engine.writer._slots[slot]
     return {m: state.up[m].double() @ state.down[m].double() for m in state.down}
 
 
@@ -102,66 +104,67 @@ def test_any_sequence_of_swaps_leaves_exactly_the_requested_update(engine):
         else:
             adapter = make_adapter(linears, rank, seed=10 + k)
         expected = deltas(adapter)
-        packed = pack(adapter, engine.slots.layout)
-        assert (packed is None) == (k % 3 == 1)
+        engine.writer.prepare({"identity": (adapter, 1.0)})
+        assert (engine.writer.packs.get(adapter) is None) == (k % 3 == 1)
         pool.append((adapter, expected))
     kinds = {"packed": 0, "per module": 0}
     for step in range(40):
         request = {}
-        for slot in engine.slots.slot_names:
+        for slot in engine.writer.slot_names:
             if rng.random() < 0.15:
                 continue  # empty slot
             adapter, expected = rng.choice(pool)
             scale = rng.choice([0.0, 0.35, 1.0, 1.4])
             request[slot] = (adapter, scale, expected)
-        report = engine.slots.swap({slot: (a, s) for slot, (a, s, _) in request.items()})
+        report = engine.writer.swap({slot: (a, s) for slot, (a, s, _) in request.items()})
         kinds["packed"] += report.packed_writes
         kinds["per module"] += report.per_module_writes
-        for slot in engine.slots.slot_names:
+        for slot in engine.writer.slot_names:
             held = slot_deltas(engine, slot)
             adapter, scale, expected = request.get(slot, (None, 0.0, {}))
             # Nothing of an earlier occupant lingers beyond this one's rank, in A or in B.
-            state, rank = engine.slots._slots[slot], adapter.rank if adapter is not None and scale else 0
+            state, rank = engine.writer._slots[slot], adapter.rank if adapter is not None and scale else 0
             assert not state.flat_down[rank:].any() and not state.flat_up[rank:].any(), f"step {step}, slot {slot}"
             for module in names:
                 want = scale * expected[module] if module in expected else torch.zeros_like(held[module])
                 torch.testing.assert_close(held[module], want, rtol=1e-5, atol=1e-6,
                                            msg=lambda m: f"step {step}, slot {slot}, {module}: {m}")
     assert kinds["packed"] > 5 and kinds["per module"] > 5, kinds
-    engine.slots.check_intact()
+    engine.writer.check_intact()
 
 
 def test_a_weight_moved_away_from_the_slot_buffers_is_caught(tiny_models):
-    from hotlora.engine.slots import PEFT_ADAPTER
+    from hotlora.engine.writers.slots import PEFT_ADAPTER
     from hotlora.errors import SlotStateCorrupt
 
     engine = Engine.from_pretrained(tiny_models["flux"], target_rank=TARGET_RANK, batch_size=1, compile=False)
-    engine.slots.check_intact()
+    engine.writer.check_intact()
     layer = engine.denoiser.get_submodule(next(iter(engine.ceiling.modules)))
     weight = layer.lora_B[PEFT_ADAPTER].weight
     # What Module.to() or a careless load would do: the same values, no longer a view of the slots.
     layer.lora_B[PEFT_ADAPTER].weight = torch.nn.Parameter(weight.detach().clone(), requires_grad=False)
     with pytest.raises(SlotStateCorrupt):
-        engine.slots.check_intact()
+        engine.writer.check_intact()
     layer.lora_B[PEFT_ADAPTER].weight = weight
-    engine.slots.check_intact()
+    engine.writer.check_intact()
     weight.data = weight.detach().clone()  # the same Parameter, other storage
     with pytest.raises(SlotStateCorrupt):
-        engine.slots.check_intact()
+        engine.writer.check_intact()
 
 
 def test_a_packed_adapter_still_serialises_and_exports(engine, tmp_path):
-    """Its weights are strided views now; the disk cache and ``adapters convert`` must not care."""
+    """Packing for the slots changes nothing the disk cache and ``adapters convert`` see."""
     from hotlora.adapters.diskcache import deserialize, serialize
     from hotlora.adapters.export import save_as_diffusers
     from hotlora.adapters.formats import load_adapter
     from hotlora.adapters.families import family_named
 
     linears = dict(engine.ceiling.modules)
-    # Uneven alphas: the packed B holds them folded in, and the views carry scaling 1.0.
+    # Uneven alphas: the packed B holds them folded in; the adapter keeps its own scalings.
     adapter = make_adapter(linears, 3, seed=21, scalings={m: 0.2 * (1 + i % 3) for i, m in enumerate(linears)})
     expected = deltas(adapter)
-    assert pack(adapter, engine.slots.layout) is not None
+    engine.writer.prepare({"identity": (adapter, 1.0)})
+    assert engine.writer.packs.get(adapter) is not None
     for copy in (deserialize(serialize(adapter)),
                  load_adapter(save_as_diffusers(adapter, tmp_path / "exported"), family_named("flux"))):
         got = deltas(copy)

@@ -28,7 +28,7 @@ def bucketed(tiny_models):
 
 def test_each_request_runs_the_smallest_bucket_that_holds_it(bucketed, tmp_path):
     model_dir, engine = bucketed
-    assert engine.rank_buckets == (2, 4, TARGET_RANK)
+    assert engine.writer.rank_buckets == (2, 4, TARGET_RANK)
     linears = dict(engine.ceiling.modules)
     names = sorted(linears)
 
@@ -57,7 +57,7 @@ def test_each_request_runs_the_smallest_bucket_that_holds_it(bucketed, tmp_path)
         diff = (result.images - theirs).abs().max().item()
         assert diff <= TOLERANCE, f"case {i}: max |engine - diffusers| = {diff}"
     assert engine.recompiles == 0
-    engine.slots.check_intact()
+    engine.writer.check_intact()
 
 
 def test_bucket_settings_are_checked(tiny_models):

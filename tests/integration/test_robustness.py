@@ -9,7 +9,8 @@ import torch
 
 from hotlora import Engine
 from hotlora.config import RequestLimits
-from hotlora.engine.core import NonFiniteOutput, UnservedShape
+from hotlora.engine.guard import NonFiniteOutput
+from hotlora.engine.request import UnservedShape
 from hotlora.errors import AdapterRejected, EngineError, InvalidRequest, RequestError, RequestTooLarge
 from hotlora.testing import denoiser_linears, plain_diffusers_reference, random_lora
 
@@ -56,11 +57,11 @@ def refused_fast(call, error, match):
 
 def test_a_huge_scale_is_refused_before_any_swap(warm, linears):
     _, engine = warm
-    occupants = engine.slots.occupants()
+    occupants = engine.writer.describe()["occupants"]
     for scale in (1e30, -5.0, 4.5):
         refused_fast(lambda: engine.generate(PROMPT, adapters={"style": (lora(linears), scale)}, num_inference_steps=STEPS),
                      InvalidRequest, "outside the allowed range -4..4")
-    assert engine.slots.occupants() == occupants  # nothing was written
+    assert engine.writer.describe()["occupants"] == occupants  # nothing was written
 
 
 def test_huge_but_finite_weights_are_refused_with_the_reason(warm, linears):
@@ -99,7 +100,7 @@ def test_a_size_the_engine_was_not_warmed_at_is_refused_without_compiling(warm):
 
 
 def test_the_fail_on_recompile_stance_backs_the_size_check(warm):
-    """Whatever check_request misses, the engine section refuses a compile instead of starting one."""
+    """Whatever RequestRules miss, the engine section refuses a compile instead of starting one."""
     _, engine = warm
     with pytest.raises(UnservedShape, match="would compile a new graph"):
         with engine._engine_section():

@@ -4,9 +4,11 @@ tests the worker's loop, not generation."""
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from hotlora.engine.request import CallParams, PreparedRequest
 from hotlora.engine.worker import Job, NotAccepting, Worker
 from hotlora.errors import EngineError
 
@@ -17,14 +19,18 @@ class FaultyEngine:
     """Fails every generation with an engine fault, as a corrupted GPU would."""
 
     store = None
-    mixed = False
+    writer = SimpleNamespace(mixes_requests=False)
     batch_size = 1
 
     def describe(self):
         return {"fake": True}
 
-    def generate(self, prompt, adapters=None, **params):
+    def run(self, request):
         raise EngineError("the denoiser produced non-finite values")
+
+
+def job(prompt: str) -> Job:
+    return Job(PreparedRequest(prompt, CallParams(1, 1.0, 32, 32), {}))
 
 
 def test_failed_rebuilds_back_off_then_give_up_with_503s():
@@ -40,11 +46,11 @@ def test_failed_rebuilds_back_off_then_give_up_with_503s():
 
     worker = Worker(factory, max_rebuild_attempts=3, rebuild_backoff_s=0.05)
     worker.start()
-    first = worker.submit(Job("a", {}, {}))
+    first = worker.submit(job("a"))
     deadline = time.monotonic() + WAIT_S
     while len(builds) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    queued = worker.submit(Job("b", {}, {}))  # waits behind the rebuild
+    queued = worker.submit(job("b"))  # waits behind the rebuild
     release.set()
 
     with pytest.raises(EngineError):
@@ -56,7 +62,7 @@ def test_failed_rebuilds_back_off_then_give_up_with_503s():
     assert min(gaps) >= 0.05  # backed off between attempts
     assert worker.failed and not worker.ready
     with pytest.raises(NotAccepting, match="the engine is down"):
-        worker.submit(Job("c", {}, {}))
+        worker.submit(job("c"))
     worker.stop(drain_timeout_s=1)
 
 
@@ -64,7 +70,7 @@ def test_a_rebuild_that_succeeds_later_serves_again():
     builds = []
 
     class Healthy(FaultyEngine):
-        def generate(self, prompt, adapters=None, **params):
+        def run(self, request):
             return "ok"
 
     def factory():
@@ -78,10 +84,10 @@ def test_a_rebuild_that_succeeds_later_serves_again():
     worker = Worker(factory, max_rebuild_attempts=3, rebuild_backoff_s=0.01)
     worker.start()
     with pytest.raises(EngineError):
-        worker.submit(Job("a", {}, {})).result(timeout=WAIT_S)
+        worker.submit(job("a")).result(timeout=WAIT_S)
     deadline = time.monotonic() + WAIT_S
     while not worker.ready and time.monotonic() < deadline:
         time.sleep(0.01)
     assert worker.ready and worker.rebuilds == 1 and worker.failed is None
-    assert worker.submit(Job("b", {}, {})).result(timeout=WAIT_S) == "ok"
+    assert worker.submit(job("b")).result(timeout=WAIT_S) == "ok"
     worker.stop(drain_timeout_s=1)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hotlora.adapters.references import parse_reference
+from hotlora.config import read_config_file
 from hotlora.errors import HotloraError
 
 
@@ -33,18 +34,8 @@ class CatalogEntry:
 
 def load_catalog(path: str | Path) -> dict[str, CatalogEntry]:
     path = Path(path)
-    text = path.read_text()
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        data = yaml.safe_load(text) or {}
-    else:
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib
-        data = tomllib.loads(text)
-    entries = data.get("adapters")
+    data = read_config_file(path)
+    entries = data.get("adapters") if isinstance(data, dict) else None
     if not isinstance(entries, dict):
         raise CatalogError(f"{path}: expected an 'adapters' table of named entries")
     catalog = {}

@@ -39,7 +39,7 @@ def serialize(adapter: Adapter) -> bytes:
     tensors = {}
     for module, w in adapter.modules.items():
         # clone: converters share one down matrix between q, k and v; safetensors refuses shared storage.
-        # contiguous: a packed adapter's weights are strided views (adapters/packing.py).
+        # contiguous: converters may hand out strided views.
         tensors[f"{module}::down"] = w.down.detach().cpu().clone().contiguous()
         tensors[f"{module}::up"] = w.up.detach().cpu().clone().contiguous()
     info = {

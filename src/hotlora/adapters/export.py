@@ -18,7 +18,7 @@ def save_as_diffusers(adapter: Adapter, out_dir: str | Path) -> Path:
     layers = {}
     ranks = {}
     for module, w in adapter.modules.items():
-        # contiguous: a packed adapter's weights are strided views (adapters/packing.py).
+        # contiguous: converters may hand out strided views.
         layers[f"{module}.lora_A.weight"] = w.down.detach().cpu().clone().contiguous()
         layers[f"{module}.lora_B.weight"] = (w.up.detach().cpu().float() * w.scaling).to(w.up.dtype).contiguous()
         ranks[module] = w.rank

@@ -31,15 +31,12 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import torch
 
 from hotlora.adapters.families import Family, pipeline_class
 from hotlora.errors import AdapterFormatError, AdapterNotFound
-
-if TYPE_CHECKING:
-    from hotlora.adapters.packing import PackedWeights
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +89,6 @@ class Adapter:
     sha256: str
     base_model: str | None = None
     skipped_keys: list[str] = field(default_factory=list)  # text-encoder keys: not served
-    # Set once by adapters.packing when the weights are re-laid out for the engine's slots; the
-    # modules' tensors are then views into it.
-    packed: "PackedWeights | None" = field(default=None, repr=False, compare=False)
 
     @property
     def rank(self) -> int:

@@ -1,7 +1,8 @@
 """A request's ``{slot: spec}`` turned into checked adapters, before any engine state is touched.
 
-Holds no tensors of the model: the worker keeps it across engine rebuilds and runs it on request
-threads, so cold adapters are fetched and validated while the engine generates for others.
+Holds no tensors of the model and knows no layout: each engine owns one, and the server runs it
+on request threads (through ``Engine.prepare``), so cold adapters are fetched and validated while
+the engine generates for others.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import torch
 
 from hotlora.adapters.families import Family
 from hotlora.adapters.formats import Adapter, load_adapter
-from hotlora.adapters.packing import PackLayout, pack
 from hotlora.adapters.validate import SlotCeiling, problems_with
 from hotlora.errors import AdapterRejected, InvalidRequest
 
@@ -25,12 +25,9 @@ _MEMO = 1024  # validation results remembered by content hash (checking finitene
 
 class AdapterResolver:
     def __init__(self, slot_names, ceiling: SlotCeiling, family: Family, store=None, denoiser_config=None,
-                 layout: PackLayout | None = None, max_scale: float = 8.0, serving_dtype: torch.dtype = torch.float32):
+                 max_scale: float = 8.0, serving_dtype: torch.dtype = torch.float32):
         self.slot_names = tuple(slot_names)
         self.ceiling = ceiling
-        # The slots' layout, when they have one: valid adapters are packed for it here, on the
-        # request's thread, so the engine's swap is a plain copy (adapters/packing.py).
-        self.layout = layout
         self.family = family
         self.store = store
         self.denoiser_config = denoiser_config
@@ -77,9 +74,6 @@ class AdapterResolver:
             resolved[slot] = (adapter, scale)
         if problems:
             raise AdapterRejected(", ".join(names), problems)
-        if self.layout is not None:
-            for adapter, _ in resolved.values():
-                pack(adapter, self.layout)
         return resolved
 
     def check_slots(self, adapters: Mapping[str, Any]) -> None:

@@ -20,16 +20,12 @@ With no ``[ray.models]`` table, the one model of ``[server]`` / ``--model`` is s
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from hotlora.config import MiB, ServerConfig, StoreConfig, _read_config_file
+from hotlora.config import MiB, ModelDefaultsError, ServerConfig, StoreConfig, read_config_file, read_model_defaults
 from hotlora.errors import HotloraError
 
-# Where a model directory keeps its serving defaults, among them the ids it answers to
-# (hotlora.engine.core reads the same file; read here without loading a model).
-DEFAULTS_FILE = "hotlora.json"
 
 
 class DeployConfigError(HotloraError):
@@ -122,7 +118,7 @@ class RayServeConfig:
     def load(cls, config_file: str | Path | None, server: ServerConfig, store: StoreConfig) -> "RayServeConfig":
         """``server``/``store`` are the already layered ``hotlora serve`` settings; the ``[ray]`` table of
         ``config_file`` adds models and routing. Each model's tables override those settings."""
-        data = (_read_config_file(config_file) if config_file else {}).get("ray", {})
+        data = (read_config_file(config_file) if config_file else {}).get("ray", {})
         return cls.from_dict(data, server, store)
 
     @classmethod
@@ -155,8 +151,7 @@ def _model_deployment(name: str, spec: dict, server: ServerConfig, store: StoreC
 
 
 def _model_defaults(model: str) -> dict:
-    path = Path(model) / DEFAULTS_FILE
     try:
-        return json.loads(path.read_text()) if path.is_file() else {}
-    except ValueError:
+        return read_model_defaults(model)
+    except ModelDefaultsError:
         return {}  # the engine reports an unreadable file when it loads the model

@@ -20,8 +20,9 @@ from starlette.responses import JSONResponse, Response
 
 from hotlora.deploy.config import RayServeConfig
 from hotlora.deploy.replica import ForwardedReply, ForwardedRequest
-from hotlora.deploy.routing import ATTEMPTS_HEADER, Route, error_body, route
+from hotlora.deploy.routing import ATTEMPTS_HEADER, Route, route
 from hotlora.errors import HotloraError
+from hotlora.server.errors import error_reply, is_openai
 
 log = logging.getLogger(__name__)
 # A replica process that died (killed, OOM, node lost) under a request, or one Serve already
@@ -64,9 +65,9 @@ class Ingress:
             forwarded = ForwardedRequest(request.method, path, request.url.query, list(request.headers.items()),
                                          chosen.body)
             reply, attempts = await self._forward(chosen, forwarded)
-        except HotloraError as exc:
-            headers = {"Retry-After": str(exc.retry_after_s)} if getattr(exc, "retry_after_s", None) else {}
-            return JSONResponse(error_body(exc, path), status_code=exc.status_code, headers=headers)
+        except HotloraError as exc:  # answered in the shape and status ``hotlora serve`` gives
+            reply = error_reply(exc, openai=is_openai(path))
+            return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
         headers = dict(reply.headers)
         headers[ATTEMPTS_HEADER] = str(attempts)
         return Response(reply.body, status_code=reply.status, headers=headers)

@@ -1,7 +1,8 @@
 """Which deployment a request goes to, and which identity adapter it carries (the affinity key).
 
 Pure functions over the raw request (method, path, query, headers, body), no Ray: testable without
-a cluster. The request schemas and the error shape are the HTTP server's own.
+a cluster. The request schemas and the error messages are the HTTP server's own; importing this
+module imports neither torch, FastAPI nor prometheus-client (tests/unit/test_server_errors.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Mapping
 from pydantic import ValidationError
 
 from hotlora.errors import InvalidRequest, RequestError
-from hotlora.server.app import error_body as _server_error_body
+from hotlora.server.errors import validation_error
 from hotlora.server.schemas import GenerateRequest, OpenAIImagesRequest
 
 MODEL_HEADER = "x-hotlora-model"  # names the model when neither the path nor the body does
@@ -102,10 +103,4 @@ def _validate(schema, data: dict) -> None:
     try:
         schema.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
-        raise InvalidRequest(f"invalid request: {problems}") from None
-
-
-def error_body(exc: Exception, path: str) -> dict:
-    """The error shape of ``hotlora serve``: the OpenAI routes nest it, the others do not."""
-    return _server_error_body(exc, openai=path.startswith("/v1/images"))
+        raise validation_error(exc.errors()) from None

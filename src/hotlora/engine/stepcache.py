@@ -14,8 +14,8 @@ unrealistically high ones to skip anything.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
+from hotlora.config import StepCache  # the settings; re-exported here for callers of this module
 from hotlora.errors import HotloraError
 
 log = logging.getLogger(__name__)
@@ -24,18 +24,6 @@ BACKENDS = ("dbcache", "taylorseer", "fbcache")
 
 class StepCacheError(HotloraError):
     """The step cache cannot be applied to this model (a start-up fault)."""
-
-
-@dataclass(frozen=True)
-class StepCache:
-    backend: str = "dbcache"
-    threshold: float = 0.12  # the article ran DBCache + TaylorSeer at 0.12
-    warmup_steps: int = 4  # steps always computed before any may be skipped (cache-dit)
-    compute_blocks: int = 1  # leading blocks always computed to measure the change (cache-dit Fn)
-
-    @property
-    def fullgraph(self) -> bool:
-        return self.backend != "fbcache"
 
 
 def apply_step_cache(pipeline, denoiser, config: StepCache) -> None:

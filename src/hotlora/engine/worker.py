@@ -1,8 +1,9 @@
 """One worker owns the engine: a bounded queue of ready jobs, one thread running them, rebuilds.
 
-Requests resolve their adapters (fetch, convert, validate) *before* they are queued, on other
-threads, so a cold adapter downloads while earlier requests generate, and a bad one fails without
-ever reaching the engine. The worker thread only swaps and generates. A RequestError fails its
+Requests are prepared (``Engine.prepare``: checked, adapters fetched, converted, validated) *before*
+they are queued, on other threads, so a cold adapter downloads while earlier requests generate,
+and a bad one fails without ever reaching the engine. The worker thread only runs
+(``Engine.run``). A RequestError fails its
 job(s); an EngineError fails them, marks the worker not ready, rebuilds the engine and carries on
 with the queue: no job is lost, none waits forever.
 
@@ -21,11 +22,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hotlora.engine.core import Engine, GenerationResult, PackRequest
+from hotlora.engine.core import Engine, GenerationResult
+from hotlora.engine.request import PreparedRequest
 from hotlora.errors import EngineError, HotloraError, RequestError
 
 log = logging.getLogger(__name__)
-BATCHED_PARAMS = ("num_inference_steps", "guidance_scale", "height", "width", "output_type")
 
 
 class Overloaded(RequestError):
@@ -55,9 +56,7 @@ class ClientGone(RequestError):
 
 @dataclass
 class Job:
-    prompt: str
-    params: dict  # everything Engine.generate takes besides prompt and adapters
-    adapters: dict  # slot -> (Adapter, scale), already resolved and validated
+    request: PreparedRequest  # checked and resolved on the request's thread; the worker only runs it
     deadline: float | None = None  # time.monotonic() by which the job must have started
     enqueued: float = field(default_factory=time.monotonic)
     started: float | None = None
@@ -66,11 +65,11 @@ class Job:
 
     @property
     def num_images(self) -> int:
-        return self.params.get("num_images", 1)
+        return self.request.num_images
 
     def batch_key(self) -> tuple:
         """Jobs with equal keys can share one forward batch."""
-        return tuple(self.params.get(name) for name in BATCHED_PARAMS)
+        return self.request.batch_key()
 
 
 class Worker:
@@ -103,12 +102,6 @@ class Worker:
         """The adapter store the engines share (it outlives rebuilds)."""
         engine = self.engine
         return engine.store if engine is not None else self._last_store
-
-    @property
-    def resolver(self):
-        """The current engine's adapter resolver (no model tensors: safe to use on request threads)."""
-        engine = self.engine
-        return engine.resolver if engine is not None else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -161,7 +154,7 @@ class Worker:
                                  retry_after_s=max(1, self.max_queue // 2))
             self._jobs.append(job)
             self._cond.notify_all()
-        self.on_event("queued", {"depth": self.depth})
+        self._emit("queued", {"depth": self.depth})
         return job.future
 
     # ------------------------------------------------------------------ the loop
@@ -187,12 +180,12 @@ class Worker:
                         job.future.set_exception(EngineError(f"worker error: {exc}"))
             finally:
                 self._busy.clear()
-                self.on_event("dequeued", {"depth": self.depth})
+                self._emit("dequeued", {"depth": self.depth})
 
     def _companions(self, first: Job) -> list[Job]:
         """Queued jobs that can ride in ``first``'s forward batch, oldest first, within the delay."""
         engine = self.engine
-        if engine is None or not engine.mixed or first.num_images >= engine.batch_size:
+        if engine is None or not engine.writer.mixes_requests or first.num_images >= engine.batch_size:
             return []
         room = engine.batch_size - first.num_images
         key = first.batch_key()
@@ -216,7 +209,7 @@ class Worker:
     def _still_wanted(self, job: Job) -> bool:
         if job.cancelled.is_set():
             job.future.set_exception(ClientGone("the client went away before the request started"))
-            self.on_event("dropped", {})
+            self._emit("dropped", {})
             return False
         if job.deadline is not None and time.monotonic() > job.deadline:
             job.future.set_exception(DeadlineExceeded("the request's deadline passed before it could start"))
@@ -233,10 +226,10 @@ class Worker:
             self._corrupt_a_weight()
         try:
             if len(jobs) == 1:
-                job = jobs[0]
-                results = [self.engine.generate(job.prompt, adapters=job.adapters, **job.params)]
+                results = [self.engine.run(jobs[0].request)]
             else:
-                results = self._generate_together(jobs)
+                self.batches += 1
+                results = self.engine.run([job.request for job in jobs])
         except EngineError as exc:
             self._fail(jobs, exc)
             self._rebuild(exc)
@@ -252,24 +245,18 @@ class Worker:
                 else:
                     job.future.set_result(result)
 
-    def _generate_together(self, jobs: list[Job]) -> list[GenerationResult]:
-        self.batches += 1
-        listeners = [job.params.get("progress") for job in jobs if job.params.get("progress")]
-
-        def progress(done: int, total: int) -> None:
-            for listener in listeners:
-                listener(done, total)
-
-        shared = {name: jobs[0].params.get(name) for name in BATCHED_PARAMS if jobs[0].params.get(name) is not None}
-        requests = [PackRequest(job.prompt, job.adapters, job.num_images, job.params.get("seed", 0),
-                                job.params.get("negative_prompt")) for job in jobs]
-        return self.engine.generate_batch(requests, progress=progress if listeners else None, **shared)
-
     @staticmethod
     def _fail(jobs: list[Job], exc: BaseException) -> None:
         for job in jobs:
             if not job.future.done():
                 job.future.set_exception(exc)
+
+    def _emit(self, name: str, data: dict) -> None:
+        """Metrics hooks must not break the loop (LitServe's rule): a failing one is logged, not raised."""
+        try:
+            self.on_event(name, data)
+        except Exception:
+            log.exception("event listener failed on %s", name)
 
     # ------------------------------------------------------------------ faults
 
@@ -277,7 +264,7 @@ class Worker:
         log.critical("the engine cannot be rebuilt: %s; answering 503 until restarted", reason)
         self.failed = reason
         self._accepting = False
-        self.on_event("rebuild_failed", {})
+        self._emit("rebuild_failed", {})
         with self._cond:
             while self._jobs:
                 self._jobs.popleft().future.set_exception(NotAccepting(f"the engine is down: {reason}"))
@@ -303,7 +290,7 @@ class Worker:
 
         self._ready.clear()
         log.error("engine fault (%s): rebuilding", cause)
-        self.on_event("rebuild_started", {})
+        self._emit("rebuild_started", {})
         began = time.perf_counter()
         self.engine = None
         delay = self.rebuild_backoff_s
@@ -323,7 +310,7 @@ class Worker:
                 delay = min(2 * delay, self.max_rebuild_backoff_s)
         self.rebuilds += 1
         log.info("engine rebuilt in %.1fs", time.perf_counter() - began)
-        self.on_event("rebuilt", {"seconds": time.perf_counter() - began})
+        self._emit("rebuilt", {"seconds": time.perf_counter() - began})
         self._ready.set()
 
 

@@ -6,7 +6,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from hotlora.config import RequestLimits, ServerConfig, StoreConfig
+from hotlora.config import ServerConfig, StoreConfig
 from hotlora.engine.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -17,7 +17,7 @@ def prepare_tiny_model(config: ServerConfig, store_config: StoreConfig) -> tuple
     with its sample adapters readable and listed in a catalog."""
     if config.model is not None:
         return config, store_config
-    from hotlora.testing import save_tiny_model
+    from hotlora.tiny import save_tiny_model
 
     tiny = Path(store_config.cache_dir) / "tiny-flux"
     if not (tiny / "model_index.json").is_file():
@@ -29,39 +29,44 @@ def prepare_tiny_model(config: ServerConfig, store_config: StoreConfig) -> tuple
     return replace(config, model=str(tiny)), store_config
 
 
+class StoreOwner:
+    """Builds the adapter store once, for the first engine (it needs the model's family), and
+    hands the same store to every rebuilt engine: the caches outlive engine faults."""
+
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self.store = None
+
+    def attach(self, engine) -> None:
+        if self.store is None:
+            from hotlora.adapters.store import AdapterStore
+
+            unet_config = engine.denoiser.config if engine.family.name == "sdxl" else None
+            self.store = AdapterStore(self.config, engine.family, denoiser_config=unet_config)
+            if self.store.catalog:
+                log.info("pre-fetching %d catalog adapters", len(self.store.catalog))
+                failures = self.store.precache_catalog()
+                if failures:
+                    log.warning("catalog entries that failed: %s", ", ".join(failures))
+        engine.store = self.store
+
+
 def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
     """A worker whose engines (the first and any rebuilt one) share one adapter store."""
     from hotlora import Engine
-    from hotlora.engine.stepcache import StepCache
 
-    shared: dict = {}
+    engine_config = config.engine_config()
+    stores = StoreOwner(store_config)
 
     def make_engine() -> Engine:
-        first = "store" not in shared
         log.info("loading %s (slots %s, target rank %d, batch %d, compile %s, mixed batches %s)", config.model,
                  ",".join(config.slots), config.target_rank, config.batch_size, config.compile, config.mixed)
-        engine = Engine.from_pretrained(
-            config.model, slots=config.slots, target_rank=config.target_rank, target_modules=config.target_modules,
-            batch_size=config.batch_size, compile=config.compile, height=config.height, width=config.width,
-            store=shared.get("store", store_config), mixed=config.mixed,
-            attention_backend=config.attention_backend, compile_cache_dir=config.compile_cache_dir,
-            step_cache=StepCache(config.step_cache, config.step_cache_threshold) if config.step_cache else None,
-            rank_buckets=config.rank_buckets, limits=request_limits(config),
-        )
-        shared["store"] = engine.store
-        if first and engine.store.catalog:
-            log.info("pre-fetching %d catalog adapters", len(engine.store.catalog))
-            failures = engine.store.precache_catalog()
-            if failures:
-                log.warning("catalog entries that failed: %s", ", ".join(failures))
+        engine = Engine.from_pretrained(config.model, engine_config)
+        stores.attach(engine)
         return engine
 
     return Worker(make_engine, max_queue=config.max_queue, max_batch_delay_s=config.max_batch_delay_s,
                   max_rebuild_attempts=config.max_rebuild_attempts)
-
-
-def request_limits(config: ServerConfig) -> RequestLimits:
-    return RequestLimits(max_scale=config.max_scale, max_work=config.max_work)
 
 
 def serve(config: ServerConfig, store_config: StoreConfig) -> None:

@@ -1,4 +1,6 @@
-"""Bounded request bodies: a pure ASGI middleware (Starlette has no body cap of its own).
+"""The app's pure ASGI middleware (not BaseHTTPMiddleware, which hides client disconnects from
+the endpoints): ``CountRequests`` counts every POST by route and outcome; ``BodyLimit`` bounds
+request bodies (Starlette has no body cap of its own).
 
 Bodies here are prompts and adapter references, never weights, so a small cap is generous. The
 body is read (at most ``limit`` bytes, within ``deadline_s``) before the app sees it, and
@@ -13,8 +15,42 @@ import asyncio
 from typing import Callable
 
 from hotlora.errors import RequestError, RequestTooLarge
+from hotlora.server.errors import is_openai
 
 BODY_METHODS = {"POST", "PUT", "PATCH"}
+
+
+def outcome(status: int) -> str:
+    if status < 400:
+        return "ok"
+    if status in (429, 503):
+        return "rejected"
+    return "client_error" if status < 500 else "server_error"
+
+
+class CountRequests:
+    """``hotlora_requests{api, outcome}``: one count per POST, labelled with the matched route's path."""
+
+    def __init__(self, inner, *, metrics):
+        self.inner = inner
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.inner(scope, receive, send)
+        status = {}
+
+        async def watch(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.inner(scope, receive, watch)
+        finally:
+            route = scope.get("route")
+            self.metrics.requests.labels(route.path if route else "unmatched", outcome(status.get("code", 500))).inc()
+
 
 
 class BodyTimeout(RequestError):
@@ -22,6 +58,8 @@ class BodyTimeout(RequestError):
 
 
 class BodyLimit:
+    """Read the body (bounded in size and time) before the app does, then replay it."""
+
     def __init__(self, inner, *, limit: int, refuse: Callable, deadline_s: float = 30.0):
         self.inner = inner
         self.limit = limit
@@ -31,7 +69,7 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             return await self.inner(scope, receive, send)
-        openai = scope.get("path", "").startswith("/v1/images")
+        openai = is_openai(scope.get("path", ""))
         declared = dict(scope.get("headers") or []).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.limit:
             return await self._answer(RequestTooLarge(self._too_large(int(declared))), openai, scope, receive, send)

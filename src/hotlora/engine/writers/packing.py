@@ -8,11 +8,12 @@ request's weight): the memory-copy limit, with no per-module work on the serving
 Per-module copies (hundreds of small launches on a GPU, one per tensor on a CPU) are what kept
 swaps far above a plain copy before.
 
-Packing happens once per adapter, on the thread that resolves a request, and the packed buffers
-become the adapter's storage: each module's ``down``/``up`` is re-pointed to a view into them, so
-the RAM cache holds one copy, not two. An adapter covering only a few of the ceiling's modules
-(or with very uneven ranks) would pack into mostly zeros; it is left per-module (see
-``MAX_PADDING``) and the slot copies it module by module.
+Packing happens on the thread that prepares a request, never on the serving thread, and never
+changes the adapter (adapters are immutable once cached, and know nothing of any layout): the
+packed copy lives in the writer's ``PackCache``, a side table keyed by the adapter's identity and
+bounded in bytes. An adapter covering only a few of the ceiling's modules (or with very uneven
+ranks) would pack into mostly zeros; it is left per-module (see ``MAX_PADDING``) and the slot
+copies it module by module. So is one whose packing was evicted before its swap: still exact.
 
 Written by hand: no library lays LoRA weights out for in-place serving.
 """
@@ -20,20 +21,17 @@ Written by hand: no library lays LoRA weights out for in-place serving.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 
-from hotlora.adapters.formats import Adapter, LoraWeights
+from hotlora.adapters.formats import Adapter
 
 # A packed adapter may hold at most this much more than its own weights (zero padding for
 # modules it does not cover and for ranks below its largest); beyond it, it stays per-module.
-# The RAM cache budgets an adapter by its own weights (``Adapter.nbytes``), so it can under-count
-# a packed adapter by up to this factor.
 MAX_PADDING = 1.25
-
-_lock = threading.Lock()  # packing replaces an adapter's storage; two threads must not race on it
 
 
 @dataclass(frozen=True)
@@ -82,25 +80,50 @@ class PackedWeights:
         return self.down.shape[0]
 
 
+def identity(adapter: Adapter) -> tuple:
+    """What a packing depends on: the weights' hash and what sits beside them (the alphas)."""
+    return adapter.sha256, hash(tuple(sorted((m, w.scaling) for m, w in adapter.modules.items())))
+
+
+class PackCache:
+    """Packed copies of the adapters requests were prepared with, least recently used out first,
+    under a byte budget. Thread-safe: requests' threads put, the serving thread gets."""
+
+    def __init__(self, layout: PackLayout, budget_bytes: int):
+        self.layout = layout
+        self.budget = budget_bytes
+        self.bytes = 0
+        self._entries: OrderedDict[tuple, PackedWeights | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def prepare(self, adapter: Adapter) -> None:
+        """Pack ``adapter`` (validated) unless it is packed already or stays per-module."""
+        key = identity(adapter)
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return
+        packed = pack(adapter, self.layout)  # outside the lock: a copy of the adapter's bytes
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = packed
+                self.bytes += _nbytes(packed)
+            while self.bytes > self.budget and len(self._entries) > 1:
+                _, evicted = self._entries.popitem(last=False)
+                self.bytes -= _nbytes(evicted)
+
+    def get(self, adapter: Adapter) -> PackedWeights | None:
+        with self._lock:
+            return self._entries.get(identity(adapter))
+
+
+def _nbytes(packed: PackedWeights | None) -> int:
+    return 0 if packed is None else packed.down.nbytes + packed.up.nbytes
+
+
 def pack(adapter: Adapter, layout: PackLayout) -> PackedWeights | None:
-    """Pack ``adapter`` for ``layout`` once (validated adapters only), or None if it stays per-module.
-
-    Returns the existing packing when the adapter is already packed for this layout; an adapter
-    packed for another layout (another engine in the same process) is left as it is.
-    """
-    with _lock:
-        existing = adapter.packed
-        if existing is not None:
-            return existing if existing.layout_key == layout.key else None
-        packed = _packed_copy(adapter, layout)
-        if packed is None:
-            return None
-        adapter.modules = _views(adapter, layout, packed)
-        adapter.packed = packed
-        return packed
-
-
-def _packed_copy(adapter: Adapter, layout: PackLayout) -> PackedWeights | None:
+    """A packed copy of ``adapter`` (validated) for ``layout``, or None if it stays per-module.
+    The adapter itself is not changed."""
     weights = adapter.modules
     if not weights or any(m not in layout.down_columns for m in weights):
         return None
@@ -127,10 +150,3 @@ def _packed_copy(adapter: Adapter, layout: PackLayout) -> PackedWeights | None:
     return PackedWeights(layout.key, down, up, scalings.pop() if uniform else 1.0, folded=not uniform)
 
 
-def _views(adapter: Adapter, layout: PackLayout, packed: PackedWeights) -> dict[str, LoraWeights]:
-    """The same per-module weights as before, now views into the packed buffers."""
-    return {
-        module: LoraWeights(layout.down_view(packed.down, module, w.rank), layout.up_view(packed.up, module, w.rank),
-                            1.0 if packed.folded else w.scaling)
-        for module, w in adapter.modules.items()
-    }

@@ -3,7 +3,7 @@
 All slots together are one PEFT LoRA adapter on every ceiling module, of rank
 ``n * target_rank`` (``n`` slots) with ``lora_alpha`` equal to it (PEFT's scaling is the constant
 1.0); slot ``k`` owns rows ``k, k + n, k + 2n, ...``. The adapter's weights are views into two
-rank-major buffers (``adapters/packing.py`` has the layout): every module's ``lora_A`` is
+rank-major buffers (``packing.py`` beside this file has the layout): every module's ``lora_A`` is
 ``down[:rows, columns]`` and its ``lora_B`` is ``up[:rows, columns].T``. With the rows
 interleaved, the first ``n * b`` rows hold every slot's ranks below ``b``: a **rank bucket** ``b``
 is the model reading only those (the Parameters for each bucket are made once and compiled for
@@ -31,15 +31,15 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
 from hotlora.adapters.formats import Adapter
-from hotlora.adapters.packing import PackedWeights, PackLayout
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
-from hotlora.errors import SlotStateCorrupt
+from hotlora.engine.writers.packing import PackCache, PackedWeights, PackLayout
+from hotlora.errors import InvalidRequest, SlotStateCorrupt
 
 PEFT_ADAPTER = "hotlora_slots"  # the one PEFT adapter all slots are rows of
 
@@ -54,6 +54,12 @@ class SwapReport:
     per_module_writes: int = 0  # slots given an adapter module by module (not packed for this layout)
     rank_bucket: int = 0  # the rank the model runs for this request (see SlotBank.rank_buckets)
     adapters: dict[str, str | None] = field(default_factory=dict)  # slot -> sha256
+
+    def add(self, other: "SwapReport") -> None:
+        """Fold a later swap of the same request (the next chunk's) into this report."""
+        for name in ("ms", "bytes_copied", "modules_written", "modules_zeroed", "packed_writes", "per_module_writes"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.rank_bucket, self.adapters = other.rank_bucket, dict(other.adapters)
 
 
 @dataclass
@@ -89,8 +95,23 @@ def ceiling_modules(denoiser: torch.nn.Module, target_modules: Iterable[str] | s
     return {n: (linears[n].in_features, linears[n].out_features) for n in chosen}
 
 
+def check_slots(assignments: Mapping, slot_names: Sequence[str]) -> None:
+    unknown = [str(s) for s in assignments if s not in slot_names]
+    if unknown:
+        raise InvalidRequest(f"unknown slot(s) {', '.join(sorted(unknown))}; this engine has {', '.join(slot_names)}")
+
+
+def signature(assignment: Mapping[str, tuple[Adapter, float] | None]) -> tuple:
+    """What makes two samples' adapters the same: content and scale per slot."""
+    return tuple(sorted((slot, None if v is None else (v[0].sha256, float(v[1]))) for slot, v in assignment.items()))
+
+
 class SlotBank:
-    """The slots of one denoiser. Owns every LoRA tensor in it; nothing else writes them."""
+    """The slots of one denoiser (the ``slots`` adapter writer). Owns every LoRA tensor in it;
+    nothing else writes them. One request's adapters at a time."""
+
+    mixes_requests = False
+    PACK_CACHE_BYTES = 2 * 1024**3  # packed copies of prepared adapters (engine/writers/packing.py)
 
     def __init__(self, denoiser, family: str, slot_names: Iterable[str], target_rank: int, target_modules=None,
                  served_models: Iterable[str] = (), rank_buckets: Iterable[int] = ()):
@@ -108,6 +129,7 @@ class SlotBank:
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
                                    served_models=frozenset(n for n in served_models if n))
         self.layout = PackLayout.of(modules)
+        self.packs = PackCache(self.layout, self.PACK_CACHE_BYTES)
         self._slots: dict[str, _Slot] = {}
         self._peft: list[tuple[str, torch.nn.ModuleDict, torch.nn.ModuleDict]] = []  # what the model reads
         self._bucket_weights: dict[int, list[tuple[torch.nn.Parameter, torch.nn.Parameter]]] = {}
@@ -199,8 +221,30 @@ class SlotBank:
     def nbytes(self) -> int:
         return sum(t.nbytes for s in self._slots.values() for t in (*s.down.values(), *s.up.values()))
 
-    def occupants(self) -> dict[str, tuple[str | None, float | None]]:
-        return {name: (s.sha256, s.scale) for name, s in self._slots.items()}
+    def describe(self) -> dict:
+        return {"writer": "slots", "slot_bytes": self.nbytes, "rank_buckets": list(self.rank_buckets[:-1]),
+                "occupants": {name: (s.sha256, s.scale) for name, s in self._slots.items()}}
+
+    # ------------------------------------------------------------------ the writer interface
+
+    def prepare(self, resolved: Mapping[str, tuple[Adapter, float]]) -> None:
+        """On the request's thread: lay the adapters out for a one-copy swap (side table)."""
+        for adapter, _ in resolved.values():
+            self.packs.prepare(adapter)
+
+    def bind(self, samples: Sequence[Mapping[str, tuple[Adapter, float] | None]], repeat: int = 1) -> SwapReport:
+        """Before a chunk: every sample's adapters in place. The slots hold one request's adapters,
+        so every sample must carry the same; a repeated bind of what is in place copies nothing."""
+        if len({signature(s) for s in samples}) > 1:
+            raise InvalidRequest("this engine's slots hold one request's adapters at a time; "
+                                 "build it with mixed=True to batch requests with different adapters")
+        return self.swap(samples[0] if samples else {})
+
+    def warmup_states(self) -> Iterator[str]:
+        """Each state steady state may run in (one per rank bucket, largest first), entered in turn."""
+        for bucket in reversed(self.rank_buckets):
+            self.use_bucket(bucket)
+            yield f"rank bucket {bucket}"
 
     @torch.no_grad()
     def swap(self, assignments: Mapping[str, tuple[Adapter, float] | None]) -> SwapReport:
@@ -209,9 +253,7 @@ class SlotBank:
         Slots not named in ``assignments`` are emptied: a request gets exactly the adapters it
         names, never a previous request's.
         """
-        unknown = set(assignments) - set(self.slot_names)
-        if unknown:
-            raise KeyError(f"unknown slot(s): {', '.join(sorted(unknown))}")
+        check_slots(assignments, self.slot_names)
         start = time.perf_counter()
         report = SwapReport()
         for name, slot in self._slots.items():
@@ -220,7 +262,7 @@ class SlotBank:
             if adapter is not None and slot.sha256 == adapter.sha256 and slot.scale == scale:
                 report.adapters[name] = adapter.sha256
                 continue  # already in place: the cheapest swap is none
-            packed = adapter.packed if adapter is not None else None
+            packed = self.packs.get(adapter) if adapter is not None else None
             if packed is not None and packed.layout_key == self.layout.key and scale != 0.0:
                 write_packed(slot, packed, float(scale), report)
             else:
@@ -236,9 +278,6 @@ class SlotBank:
         synchronize(self.device)  # host-to-device copies are asynchronous
         report.ms = (time.perf_counter() - start) * 1000
         return report
-
-    def clear(self) -> SwapReport:
-        return self.swap({})
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from torch import nn
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
-from hotlora.engine.slots import SwapReport, _Slot, ceiling_modules, write_padded
+from hotlora.engine.writers.slots import SwapReport, _Slot, ceiling_modules, check_slots, write_padded
 from hotlora.errors import InvalidRequest, SlotStateCorrupt
 
 Assignment = Mapping[str, "tuple[Adapter, float] | None"]  # slot/kind -> adapter and scale
@@ -65,7 +65,10 @@ class BankedLinear(nn.Module):
 
 
 class AdapterBank:
-    """The banks of one denoiser, their entries' occupants, and the per-sample selection."""
+    """The banks of one denoiser, their entries' occupants, and the per-sample selection (the
+    ``banks`` adapter writer: several requests' adapters in one forward batch)."""
+
+    mixes_requests = True
 
     def __init__(self, denoiser: nn.Module, family: str, slot_names: Iterable[str], target_rank: int,
                  target_modules=None, served_models: Iterable[str] = (), *, entries: int, max_batch: int):
@@ -109,6 +112,20 @@ class AdapterBank:
         if self._fingerprint() != self._layout:
             raise SlotStateCorrupt("bank tensors were replaced or reshaped outside the adapter bank")
 
+    # ------------------------------------------------------------------ the writer interface
+
+    def prepare(self, resolved: Mapping[str, tuple[Adapter, float]]) -> None:
+        """Nothing to lay out: bank entries are written module by module."""
+
+    def bind(self, samples: Sequence[Assignment], repeat: int = 1) -> SwapReport:
+        return self.assign(samples, repeat)
+
+    def warmup_states(self) -> Iterator[str]:
+        yield "banks"
+
+    def describe(self) -> dict:
+        return {"writer": "banks", "slot_bytes": self.nbytes, "entries": self.entries, "resident": len(self._resident)}
+
     @torch.no_grad()
     def assign(self, samples: Sequence[Assignment], repeat: int = 1) -> SwapReport:
         """Make every sample's adapters resident and point the selector at them.
@@ -118,11 +135,12 @@ class AdapterBank:
         """
         start = time.perf_counter()
         report = SwapReport()
+        if len(samples) * repeat > self.max_batch:  # before anything is written
+            raise InvalidRequest(f"batch of {len(samples) * repeat} exceeds the bank's {self.max_batch}")
         wanted: dict[tuple[str, float], Adapter] = {}
         for sample in samples:
+            check_slots(sample, self.slot_names)
             for slot, assigned in sample.items():
-                if slot not in self.slot_names:
-                    raise InvalidRequest(f"unknown slot {slot!r}")
                 if assigned is not None and assigned[1] != 0.0:
                     wanted[(assigned[0].sha256, float(assigned[1]))] = assigned[0]
         if len(wanted) > self.entries - 1:
@@ -148,8 +166,6 @@ class AdapterBank:
                 if assigned is not None and assigned[1] != 0.0:
                     index[kind, position] = self._resident[(assigned[0].sha256, float(assigned[1]))]
         index = index.repeat(1, repeat)
-        if index.shape[1] > self.max_batch:
-            raise InvalidRequest(f"batch of {index.shape[1]} exceeds the bank's {self.max_batch}")
         self.selector.index.zero_()
         self.selector.index[:, : index.shape[1]].copy_(index)
         for sample in samples:

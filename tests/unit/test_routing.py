@@ -1,4 +1,4 @@
-"""The ingress's routing decisions and the Ray settings, without a cluster."""
+"""The ingress's routing decisions and the Ray settings: pure functions, no Ray needed (moved from tests/ray)."""
 
 import json
 from pathlib import Path

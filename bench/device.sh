@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# Step 2 of 2: the one command for a lent GPU machine (no network, its own python3, nothing of
+# .venv). First, on the dev machine: `bash bench/device-wheels.sh`. Then one device call:
+#
+#   command: bash bench/device.sh        carry: [".whl"]        timeout_s: 600
+#
+# 1. installs from .whl/ only what the machine's python3 lacks, or has outside pyproject's pins
+#    (pip --no-index --no-deps --target .cache/devdeps), and prepends it and src/ to PYTHONPATH;
+# 2. checks every import (torch with CUDA, diffusers, peft, transformers, hotlora, hotlora.engine),
+#    a bf16 matmul and a torch.compile on the GPU, and prints versions and nvidia-smi: a broken
+#    environment fails here in about a minute, before any GPU time goes to the bench;
+# 3. runs bench/gpu_flux.py at full size (1024x1536, 30 steps, pack 6, rank 128): no slots first,
+#    then slots on every Linear (with the swap rows), attention only, eager. Each result is written
+#    to $OUT/gpu.json as soon as it is measured; the log goes to $OUT/device.log.
+# The whole command stops within DEVICE_BUDGET_S (530 s): gpu_flux.py starts no measurement it
+# does not expect to finish in time, and `timeout` kills it 25 s before the end, which leaves time
+# to print the summary. Extra arguments go to gpu_flux.py, e.g. a second call for what the first
+# one skipped: `bash bench/device.sh --configs attention_only,eager_every_linear`.
+#
+#   bash bench/device.sh --dry-run        # here, on the CPU, in seconds: tiny sizes, eager
+# OUT defaults to ./out (ignored by git).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+STARTED=$(date +%s)
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
+OUT=${OUT:-$REPO/out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PY=${PYTHON:-python3}
+if [ "$DRY" = 1 ]; then BUDGET=${DEVICE_BUDGET_S:-240}; else BUDGET=${DEVICE_BUDGET_S:-530}; fi
+DEPS=${DEVDEPS:-$REPO/.cache/devdeps}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$REPO/.cache/inductor}
+
+elapsed() { echo $(( $(date +%s) - STARTED )); }
+
+install_missing() {
+    echo "== [$(elapsed)s] wheels: install what $PY lacks or has outside pyproject's pins"
+    rm -rf "$DEPS"
+    if ! ls .whl/*.whl >/dev/null 2>&1; then
+        echo "  no .whl/*.whl: nothing to install (on a lent machine: run 'bash bench/device-wheels.sh' on the"
+        echo "  dev machine first and carry [\".whl\"]); the import check below says what is missing"
+        return 0
+    fi
+    local wanted
+    # Reads the machine's own packages; prints name==version for each carried package to install.
+    wanted=$("$PY" - <<'EOF'
+import importlib.metadata as md, re, sys
+from pathlib import Path
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+try:
+    import tomllib
+    deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+except ImportError:  # Python < 3.11: the dependency strings are one per line
+    deps = re.findall(r'^\s*"([^"]+)",', Path("pyproject.toml").read_text().split("dependencies = [", 1)[1].split("]", 1)[0], re.M)
+pins = {canonicalize_name(Requirement(d).name): Requirement(d).specifier for d in deps}
+carried = {}
+for wheel in sorted(Path(".whl").glob("*.whl")):
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    carried[name] = str(version)
+for name, version in carried.items():
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        have = None
+    spec = pins.get(name)
+    if have is None:
+        print(f"  {name}: missing -> {version} from .whl", file=sys.stderr)
+        print(f"{name}=={version}")
+    elif spec is not None and not spec.contains(have, prereleases=True):
+        print(f"  {name}: {have} is outside pyproject's {spec} -> {version} from .whl", file=sys.stderr)
+        print(f"{name}=={version}")
+    else:
+        print(f"  {name}: {have} already there{f' (pyproject: {spec})' if spec else ''}", file=sys.stderr)
+EOF
+) || return 1
+    if [ -n "$wanted" ]; then
+        # Only .whl/: the dev machine's pip settings (extra indexes, find-links, constraints) stay out.
+        # shellcheck disable=SC2086
+        env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
+            "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
+            --upgrade --find-links .whl --target "$DEPS" $wanted || return 1
+        echo "  installed into $DEPS: $(echo $wanted)"
+    else
+        echo "  nothing to install"
+    fi
+}
+
+preflight() {
+    echo "== [$(elapsed)s] imports and versions ($PY)"
+    DRY=$DRY "$PY" - <<'EOF'
+import importlib, importlib.metadata as md, os, platform, sys, time
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+dry = os.environ["DRY"] == "1"
+print(f"python {platform.python_version()} at {sys.executable}")
+failed = []
+for name in ("torch", "diffusers", "peft", "transformers", "accelerate", "huggingface_hub", "safetensors",
+             "PIL", "requests", "numpy", "hotlora", "hotlora.engine", "hotlora.engine.runner", "hotlora.testing",
+             "hotlora.adapters.families", "bench.swap", "bench.gpu_flux"):
+    try:
+        module = importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - every failure is reported, then the run stops
+        failed.append(name)
+        print(f"  FAIL {name}: {type(exc).__name__}: {exc}")
+        continue
+    version = getattr(module, "__version__", "")
+    print(f"  ok   {name} {version} ({os.path.dirname(getattr(module, '__file__', '') or '')})")
+try:  # what bench/gpu_flux.py takes from them
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel  # noqa: F401
+    from hotlora import Engine  # noqa: F401
+    from bench.swap import swap_rows  # noqa: F401
+except Exception as exc:  # noqa: BLE001
+    failed.append("names")
+    print(f"  FAIL names used by the bench: {type(exc).__name__}: {exc}")
+
+# Declared requirements of hotlora (pyproject), diffusers and peft against what is installed.
+import tomllib
+reqs = [("hotlora", d) for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]]
+for dist in ("diffusers", "peft"):
+    reqs += [(dist, r) for r in (md.requires(dist) or [])]
+for owner, text in reqs:
+    req = Requirement(text)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    try:
+        have = md.version(req.name)
+    except md.PackageNotFoundError:
+        print(f"  note: {owner} declares {text}; not installed")
+        continue
+    if not req.specifier.contains(have, prereleases=True):
+        print(f"  note: {owner} declares {text}; installed {have}")
+
+import torch
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, available: {torch.cuda.is_available()}")
+if not dry:
+    if not torch.cuda.is_available():
+        failed.append("torch.cuda")
+    else:
+        print(f"  {torch.cuda.get_device_name()}, capability {torch.cuda.get_device_capability()}, "
+              f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
+        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        for _ in range(10):
+            b = a @ a
+        torch.cuda.synchronize()
+        print(f"  bf16 4096^3 matmul: {10 * 2 * 4096**3 / (time.perf_counter() - began) / 1e12:.0f} TFLOP/s (cold)")
+        began = time.perf_counter()
+        f = torch.compile(lambda x: torch.nn.functional.gelu(x @ x.T) + 1)
+        f(a)
+        torch.cuda.synchronize()
+        print(f"  torch.compile smoke test: {time.perf_counter() - began:.1f} s")
+if failed:
+    sys.exit(f"preflight FAILED: {', '.join(failed)}")
+print("preflight ok")
+EOF
+}
+
+summary() {
+    echo "== [$(elapsed)s] summary of $OUT/gpu.json"
+    "$PY" - "$OUT/gpu.json" <<'EOF'
+import json, sys
+try:
+    report = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as exc:
+    sys.exit(f"no results: {exc}")
+print(f"device: {report.get('device')}  torch {report.get('torch')}  elapsed {report.get('elapsed_s')} s"
+      f"  done: {report.get('done', False)}")
+for label in report.get("configs_done", []):
+    row = report[label]
+    keys = ("build_s", "warmup_s", "pack_ms", "wall_ms", "overhead_pct", "compile_speedup", "cuda_peak_gib",
+            "recompiles", "skipped", "error")
+    print(f"  {label:26s} " + "  ".join(f"{k}={row[k]}" for k in keys if k in row))
+for row in report.get("swap", []):
+    print(f"  swap rank {row['rank']:4d}  {row['bytes']:>12d} B  swap {row['swap_ms']} ms  copy_ {row['copy_ms']} ms"
+          f"  ratio {row['swap_over_copy']}x")
+for key, value in report.items():
+    if key.startswith(("skipped_", "error_")) or key == "killed":
+        print(f"  {key}: {str(value).splitlines()[-1] if value else value}")
+EOF
+}
+
+main() {
+    echo "== hotlora device bench ($( [ "$DRY" = 1 ] && echo 'dry run, CPU' || echo 'GPU' )); budget ${BUDGET}s; OUT=$OUT"
+    echo "   $(uname -srm); $(nproc) cores; $(date -u +%FT%TZ)"
+    install_missing || { echo "wheel install FAILED"; return 2; }
+    export PYTHONPATH="$DEPS:$REPO/src:$REPO${PYTHONPATH:+:$PYTHONPATH}"
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+            --format=csv || true
+    else
+        echo "no nvidia-smi"
+    fi
+    preflight || { echo "preflight FAILED: no GPU time spent on the bench"; return 3; }
+
+    local args left hard
+    if [ "$DRY" = 1 ]; then
+        args=(--device cpu --height 64 --width 64 --steps 2 --pack 2 --rank 4 --layers 1 --single-layers 1
+              --heads 2 --text-width 256 --swap-repeats 3)
+        [ "${DRY_COMPILE:-0}" = 1 ] || args+=(--no-compile)
+    else
+        args=(--height 1024 --width 1536 --steps 30 --pack 6 --rank 128)
+    fi
+    left=$(( BUDGET - $(elapsed) ))
+    hard=$(( left - 25 ))                  # kill the bench 25 s before the end: time for the summary
+    if [ "$hard" -lt 30 ]; then echo "no time left for the bench"; return 4; fi
+    echo "== [$(elapsed)s] bench/gpu_flux.py: ${hard}s hard limit, soft budget $(( hard - 15 ))s"
+    timeout --signal=TERM --kill-after=10 "$hard" \
+        "$PY" -u -m bench.gpu_flux "${args[@]}" --budget-s $(( hard - 15 )) --out "$OUT" "$@"
+    local rc=$?
+    [ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "bench stopped by the hard limit (rc $rc); results so far are in $OUT/gpu.json"
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=clocks.sm,memory.used,temperature.gpu,power.draw --format=csv || true
+    fi
+    summary
+    echo "== [$(elapsed)s] done (bench rc $rc); files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+    return "$rc"
+}
+
+main "$@" 2>&1 | tee "$OUT/device.log"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,62 @@
+"""Adapter writers: what puts a request's adapters into the model, behind one interface.
+
+Two today: ``slots`` (one PEFT adapter whose rows are the slots, one request's adapters at a time,
+packed for one-copy swaps) and ``banks`` (per-sample bank entries: several requests in one
+forward batch). A new way of applying adapters (fused mode) is a third writer, not a branch in
+the engine: the engine holds one writer and only ever calls what ``AdapterWriter`` declares.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Mapping, Protocol, Sequence
+
+from hotlora.adapters.formats import Adapter
+from hotlora.adapters.validate import SlotCeiling
+from hotlora.config import EngineConfig
+from hotlora.engine.writers.slots import SwapReport
+
+Assignment = Mapping[str, "tuple[Adapter, float] | None"]  # slot -> adapter and scale
+
+
+class AdapterWriter(Protocol):
+    slot_names: tuple[str, ...]
+    ceiling: SlotCeiling  # what adapters must fit: modules, shapes, rank (checked before prepare)
+    mixes_requests: bool  # whether one bind may carry several requests' different adapters
+
+    def prepare(self, resolved: Mapping[str, tuple[Adapter, float]]) -> None:
+        """On the request's thread, after validation: any per-adapter work the swap should not pay
+        (a layout copy). Never mutates the adapters."""
+
+    def bind(self, samples: Sequence[Assignment], repeat: int = 1) -> SwapReport:
+        """On the serving thread, before a chunk: sample i runs ``samples[i]`` (``repeat`` tiles the
+        batch for classifier-free guidance). InvalidRequest, before writing anything, for what
+        this writer cannot hold."""
+
+    def warmup_states(self) -> Iterator[str]:
+        """Enter, in turn, every state steady state may run in (the engine warms each up)."""
+
+    def check_intact(self) -> None:
+        """SlotStateCorrupt if what the model reads is no longer this writer's."""
+
+    def describe(self) -> dict:
+        """For /readyz and the logs: the writer's kind, memory (``slot_bytes``) and state."""
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the writer holds on the device."""
+
+
+def install_writer(config: EngineConfig, denoiser, family: str, served_models: Iterable[str]) -> AdapterWriter:
+    """The writer ``config`` asks for, installed into ``denoiser`` (before compile)."""
+    if config.mixed:
+        from hotlora.engine.writers.banks import AdapterBank
+
+        return AdapterBank(denoiser, family, config.slots, config.target_rank, config.target_modules, served_models,
+                           entries=config.bank_entries or 2 * config.batch_size + 1, max_batch=2 * config.batch_size)
+    from hotlora.engine.writers.slots import SlotBank
+
+    return SlotBank(denoiser, family, config.slots, config.target_rank, config.target_modules,
+                    served_models=served_models, rank_buckets=config.rank_buckets)
+
+
+__all__ = ["AdapterWriter", "Assignment", "SwapReport", "install_writer"]

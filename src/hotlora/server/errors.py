@@ -1,0 +1,82 @@
+"""Errors as HTTP answers, decided in one place: status, body, ``Retry-After``, validation messages.
+
+Plain Python over ``hotlora.errors`` (no FastAPI, Starlette, prometheus-client or torch), so the Ray
+ingress (``deploy/routing.py``, ``deploy/ingress.py``) answers in exactly the shape ``hotlora serve``
+does without importing the server. The two shapes:
+
+* hotlora's own APIs: ``{"error": message, "type": ExceptionName}``
+* the OpenAI images API (paths under ``/v1/images``): ``{"error": {"message": ..., "type": ...}}``
+
+A ``HotloraError`` carries its status (``status_code``, 500 when it has none) and, for the
+answers that mean "try again later" (429, 503), ``retry_after_s``. Anything else is a 500 whose
+body names only the exception's type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from hotlora.errors import HotloraError, InvalidRequest
+
+OPENAI_PREFIX = "/v1/images"  # the routes that answer in the OpenAI error shape
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """Everything an HTTP error response is made of; the web framework only serializes it."""
+
+    status: int
+    body: dict
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def is_openai(path: str) -> bool:
+    return path.startswith(OPENAI_PREFIX)
+
+
+def status_of(exc: BaseException) -> int:
+    return getattr(exc, "status_code", 500) if isinstance(exc, HotloraError) else 500
+
+
+def retry_after(exc: BaseException) -> str | None:
+    """The ``Retry-After`` header value (seconds), or None when the error does not ask for a retry."""
+    seconds = getattr(exc, "retry_after_s", None)
+    return None if seconds is None else str(seconds)
+
+
+def error_body(exc: BaseException, openai: bool = False) -> dict:
+    message = str(exc)
+    kind = type(exc).__name__
+    return {"error": {"message": message, "type": kind}} if openai else {"error": message, "type": kind}
+
+
+def error_reply(exc: BaseException, openai: bool = False) -> ErrorReply:
+    """A deliberate error (``HotloraError``) as status, body and headers."""
+    seconds = retry_after(exc)
+    headers = {"Retry-After": seconds} if seconds is not None else {}
+    return ErrorReply(status_of(exc), error_body(exc, openai), headers)
+
+
+def internal_error_body(exc: BaseException) -> dict:
+    """An unexpected exception: a 500 that names the type and nothing else (the log has the rest)."""
+    return {"error": f"internal error: {type(exc).__name__}"}
+
+
+def stream_error(exc: BaseException) -> dict:
+    """The ``error`` event of ``/v1/generate/stream``: the JSON error body plus its status."""
+    if isinstance(exc, HotloraError):
+        return {**error_body(exc), "status": status_of(exc)}
+    return {**internal_error_body(exc), "status": 500}
+
+
+def validation_error(errors: Iterable[Mapping[str, Any]], *, located: bool = False) -> InvalidRequest:
+    """Pydantic's errors as one ``InvalidRequest``: ``"invalid request: field.path: msg; ..."``.
+
+    ``located``: the errors are FastAPI's, whose ``loc`` starts with where the value came from
+    (``body``, ``query``...); that part is left out, so a field is named the same whether the
+    server or the Ray ingress found the problem. An error about the whole body is ``body: msg``.
+    """
+    skip = 1 if located else 0
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][skip:]) or 'body'}: {e['msg']}" for e in errors)
+    return InvalidRequest(f"invalid request: {problems}")

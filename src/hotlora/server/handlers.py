@@ -1,0 +1,36 @@
+"""The app's exception handlers: every error leaves as the response ``server/errors.py`` decides."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from hotlora.errors import HotloraError, RequestError
+from hotlora.server.errors import error_reply, internal_error_body, is_openai, validation_error
+
+log = logging.getLogger(__name__)
+
+
+def error_response(exc: Exception, openai: bool = False) -> JSONResponse:
+    reply = error_reply(exc, openai)
+    return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(HotloraError)
+    async def hotlora_error(request: Request, exc: HotloraError):
+        if not isinstance(exc, RequestError):
+            log.error("%s %s: %s", request.method, request.url.path, exc)
+        return error_response(exc, openai=is_openai(request.url.path))
+
+    @app.exception_handler(RequestValidationError)
+    async def request_validation_error(request: Request, exc: RequestValidationError):
+        return error_response(validation_error(exc.errors(), located=True), openai=is_openai(request.url.path))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error on %s", request.url.path)
+        return JSONResponse(internal_error_body(exc), status_code=500)

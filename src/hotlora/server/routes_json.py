@@ -1,0 +1,72 @@
+"""hotlora's own JSON API: ``POST /v1/generate`` and its progress stream ``POST /v1/generate/stream``."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from hotlora.errors import HotloraError
+from hotlora.server.errors import stream_error
+from hotlora.server.schemas import GenerateRequest, specs
+from hotlora.server.service import Service, server_timing
+
+log = logging.getLogger(__name__)
+
+
+def json_routes(service: Service) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/generate")
+    async def generate(body: GenerateRequest, request: Request):
+        payload = await generate_json(service, body, request)
+        return JSONResponse(payload, headers={"Server-Timing": server_timing(payload["timings"])})
+
+    @router.post("/v1/generate/stream")
+    async def generate_stream(body: GenerateRequest, request: Request):
+        """Server-Sent Events: ``progress`` {step, total} per denoising step, then ``result`` (the
+        /v1/generate body) or ``error`` {error, type, status}. Schema errors are plain 422s."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def progress(done: int, total: int) -> None:  # called on the worker thread
+            loop.call_soon_threadsafe(events.put_nowait, ("progress", {"step": done, "total": total}))
+
+        async def run():
+            try:
+                out = await generate_json(service, body, request, progress=progress)
+                await events.put(("result", out))
+            except Exception as exc:  # the stream must end with an answer, whatever happened
+                if not isinstance(exc, HotloraError):
+                    log.exception("stream generation failed")
+                await events.put(("error", stream_error(exc)))
+            finally:
+                await events.put(None)
+
+        task = asyncio.create_task(run())
+
+        async def stream():
+            yield "event: accepted\ndata: {}\n\n"
+            while (item := await events.get()) is not None:
+                name, data = item
+                yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
+            await task
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    return router
+
+
+async def generate_json(service: Service, body: GenerateRequest, request: Request, progress=None) -> dict:
+    """The /v1/generate body: the service's answer with the images base64-encoded."""
+    out = await service.generate(
+        request, prompt=body.prompt, adapters=specs(body.adapters), fmt=body.output_format,
+        num_images=body.num_images, timeout_s=body.timeout_s, negative_prompt=body.negative_prompt,
+        num_inference_steps=body.num_inference_steps, guidance_scale=body.guidance_scale, width=body.width,
+        height=body.height, seed=body.seed, progress=progress,
+    )
+    return {**out, "images": [base64.b64encode(b).decode() for b in out["images"]], "format": body.output_format}

@@ -1,0 +1,31 @@
+"""The OpenAI images API: ``POST /v1/images/generations`` (``b64_json`` only; errors nest, see
+``server/errors.py``)."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from hotlora.errors import InvalidRequest
+from hotlora.server.schemas import OpenAIImagesRequest, specs
+from hotlora.server.service import Service, server_timing
+
+
+def openai_routes(service: Service) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/images/generations")
+    async def openai_images(body: OpenAIImagesRequest, request: Request):
+        if body.response_format != "b64_json":
+            raise InvalidRequest("only response_format=b64_json is supported (hotlora keeps no image URLs)")
+        width, height = body.dimensions()
+        out = await service.generate(request, prompt=body.prompt, adapters=specs(body.adapters), fmt="png",
+                                     num_images=body.n, width=width, height=height, seed=body.seed)
+        data = [{"b64_json": base64.b64encode(b).decode()} for b in out["images"]]
+        return JSONResponse({"created": int(time.time()), "data": data},
+                            headers={"Server-Timing": server_timing(out["timings"])})
+
+    return router

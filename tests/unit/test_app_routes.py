@@ -1,0 +1,144 @@
+"""The HTTP app over a stand-in worker that is never ready: every route is there, and every
+answer that needs no engine (refusals, validation, body limits, health, metrics, the playground)
+has its status, headers and body. The e2e tests cover the answers that need a real engine."""
+
+import inspect
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+import hotlora.deploy
+import hotlora.server
+from hotlora.config import ServerConfig
+from hotlora.server.app import create_app
+
+ROUTES = {
+    ("get", "/healthz"), ("get", "/readyz"), ("get", "/metrics"), ("get", "/v1/adapters"),
+    ("post", "/v1/adapters/prefetch"), ("post", "/v1/generate"), ("post", "/v1/generate/stream"), ("get", "/"),
+    ("post", "/"), ("post", "/models/{model_id}"), ("post", "/v1/images/generations"),
+}
+
+
+class IdleWorker:
+    """What the app reads of a worker, for a worker whose engine never came up."""
+
+    def __init__(self, ready=True):
+        self.engine = self.resolver = self.store = self.failed = None
+        self.depth = self.rebuilds = self.batches = 0
+        self._ready = ready
+        self.on_event = None
+        self.faults = 0
+
+    @property
+    def ready(self):
+        if isinstance(self._ready, Exception):
+            raise self._ready
+        return self._ready
+
+    def inject_fault(self):
+        self.faults += 1
+
+
+def client(worker=None, **settings):
+    app = create_app(worker or IdleWorker(ready=False), ServerConfig(**settings), start_worker=False)
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def served_routes(app):
+    return {(method, path) for path, item in app.openapi()["paths"].items() for method in item}
+
+
+def metric(c, line_start) -> float:
+    for line in c.get("/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_every_route_and_the_fault_hook_only_when_enabled():
+    assert served_routes(client().app) == ROUTES
+    enabled = client(enable_fault_injection=True)
+    assert served_routes(enabled.app) == ROUTES | {("post", "/admin/fault")}
+    assert client().post("/admin/fault").status_code == 404
+    assert enabled.post("/admin/fault").json() == {"armed": True}
+    assert enabled.app.state.service.worker.faults == 1
+
+
+def test_a_worker_that_is_not_ready_is_a_503_in_each_apis_shape():
+    c = client()
+    generate = c.post("/v1/generate", json={"prompt": "x"})
+    assert generate.status_code == 503 and generate.headers["retry-after"] == "5"
+    assert generate.json()["type"] == "NotAccepting" and "not ready" in generate.json()["error"]
+    openai = c.post("/v1/images/generations", json={"prompt": "x"})
+    assert openai.status_code == 503 and openai.json()["error"]["type"] == "NotAccepting"
+    for path in ("/", "/models/org/some-model"):
+        inference = c.post(path, content="a dog")
+        assert inference.status_code == 503 and inference.json()["type"] == "NotAccepting"
+    assert metric(c, 'hotlora_requests_total{api="/v1/generate",outcome="rejected"}') == 1
+
+
+def test_the_stream_ends_with_the_error_event():
+    response = client().post("/v1/generate/stream", json={"prompt": "x"})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["cache-control"] == "no-cache"
+    events = [block.split("\n") for block in response.text.strip().split("\n\n")]
+    assert events[0] == ["event: accepted", "data: {}"]
+    assert events[-1][0] == "event: error"
+    assert '"type": "NotAccepting"' in events[-1][1] and '"status": 503' in events[-1][1]
+
+
+def test_schema_errors_are_422_with_the_field_named():
+    c = client()
+    bad = c.post("/v1/generate", json={"prompt": "x", "num_images": "many"})
+    assert bad.status_code == 422 and bad.json()["type"] == "InvalidRequest"
+    assert bad.json()["error"].startswith("invalid request: num_images: ")
+    not_json = c.post("/v1/generate", content=b"{oops", headers={"content-type": "application/json"})
+    assert not_json.status_code == 422 and not_json.json()["error"].startswith("invalid request: ")
+    openai = c.post("/v1/images/generations", json={"prompt": "x", "size": "huge"})
+    assert openai.status_code == 422 and openai.json()["error"]["message"].startswith("invalid request: size: ")
+    url = c.post("/v1/images/generations", json={"prompt": "x", "response_format": "url"})
+    assert url.status_code == 422 and "b64_json" in url.json()["error"]["message"]
+    raw = c.post("/", content=b"\xff\xfe", headers={"content-type": "text/plain"})
+    assert raw.status_code == 422 and raw.json()["error"].startswith("expected {\"inputs\": prompt")
+    header = c.post("/", content=b"a dog", headers={"lora": "a" * 5000})
+    assert header.status_code == 413 and header.json()["type"] == "RequestTooLarge"
+
+
+def test_bodies_over_the_limit_are_413_and_close_the_connection():
+    c = client(max_body_bytes=1000)
+    big = c.post("/v1/generate", content=b"x" * 2000, headers={"content-type": "application/json"})
+    assert big.status_code == 413 and big.headers["connection"] == "close"
+    assert big.json()["type"] == "RequestTooLarge" and "1000-byte limit" in big.json()["error"]
+    openai = c.post("/v1/images/generations", content=b"x" * 2000)
+    assert openai.status_code == 413 and openai.json()["error"]["type"] == "RequestTooLarge"
+    assert metric(c, 'hotlora_requests_total{api="unmatched",outcome="client_error"}') == 2
+
+
+def test_an_unexpected_exception_is_a_500_naming_only_its_type():
+    c = client(IdleWorker(ready=RuntimeError("secret detail")))
+    response = c.post("/v1/generate", json={"prompt": "x"})
+    assert response.status_code == 500 and response.json() == {"error": "internal error: RuntimeError"}
+
+
+def test_health_readiness_metrics_adapters_and_playground():
+    c = client()
+    assert c.get("/healthz").json() == {"status": "alive"}
+    ready = c.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json() == {"ready": False, "rebuilds": 0, "queue_depth": 0, "engine": None, "failed": None}
+    assert "hotlora_ready 0.0" in c.get("/metrics").text
+    assert c.get("/v1/adapters").json() == {"slots": ["identity", "style"], "catalog": [], "cached": [],
+                                            "stats": None}
+    prefetch = c.post("/v1/adapters/prefetch", json={"refs": ["x"]})
+    assert prefetch.status_code == 422 and prefetch.json()["error"] == "this server has no adapter store"
+    assert c.get("/").json()["name"] == "hotlora"
+    page = c.get("/", headers={"accept": "text/html"})
+    assert page.headers["content-type"].startswith("text/html") and "<html" in page.text.lower()
+
+
+def test_the_server_package_stays_small():
+    """create_app only assembles; no module of the HTTP edge or the Ray deployment grows past 400 lines."""
+    assert len(inspect.getsource(create_app).splitlines()) <= 60
+    for package in (hotlora.server, hotlora.deploy):
+        for path in Path(package.__file__).parent.glob("*.py"):
+            assert len(path.read_text().splitlines()) <= 400, path

@@ -1,0 +1,86 @@
+"""Errors as HTTP answers (hotlora/server/errors.py): one mapping for the server and the Ray ingress,
+importable where neither FastAPI nor torch is."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from hotlora.deploy.routing import route
+from hotlora.errors import AdapterNotFound, EngineError, HotloraError, InvalidRequest, RequestError
+from hotlora.server.errors import (
+    error_body, error_reply, internal_error_body, is_openai, status_of, stream_error, validation_error,
+)
+from hotlora.server.schemas import GenerateRequest
+
+HEAVY = ("torch", "fastapi", "starlette", "prometheus_client", "ray", "diffusers")
+
+
+@pytest.mark.parametrize("module", ["hotlora.server.errors", "hotlora.deploy.routing"])
+def test_imports_without_torch_fastapi_or_prometheus(module):
+    code = f"import sys, {module}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+class Busy(RequestError):
+    status_code = 429
+
+    def __init__(self, message, retry_after_s):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Bare(HotloraError):
+    """A HotloraError with no status of its own (start-up errors look like this)."""
+
+
+def test_the_two_body_shapes():
+    exc = AdapterNotFound("no adapter 'x'")
+    assert error_body(exc) == {"error": "no adapter 'x'", "type": "AdapterNotFound"}
+    assert error_body(exc, openai=True) == {"error": {"message": "no adapter 'x'", "type": "AdapterNotFound"}}
+    assert is_openai("/v1/images/generations") and not is_openai("/v1/generate") and not is_openai("/")
+
+
+def test_status_and_retry_after():
+    busy = error_reply(Busy("full", retry_after_s=7))
+    assert (busy.status, busy.headers) == (429, {"Retry-After": "7"})
+    assert busy.body == {"error": "full", "type": "Busy"}
+    plain = error_reply(InvalidRequest("bad"), openai=True)
+    assert (plain.status, plain.headers) == (422, {})
+    assert plain.body == {"error": {"message": "bad", "type": "InvalidRequest"}}
+    assert status_of(EngineError("x")) == 500 and status_of(Bare("x")) == 500
+    assert status_of(ValueError("x")) == 500
+
+
+def test_unexpected_errors_name_only_their_type():
+    assert internal_error_body(KeyError("secret detail")) == {"error": "internal error: KeyError"}
+    assert stream_error(KeyError("secret detail")) == {"error": "internal error: KeyError", "status": 500}
+    assert stream_error(AdapterNotFound("gone")) == {"error": "gone", "type": "AdapterNotFound", "status": 404}
+    assert stream_error(Bare("x"))["status"] == 500
+
+
+def _errors(data):
+    with pytest.raises(ValidationError) as caught:
+        GenerateRequest.model_validate(data)
+    return caught.value.errors()
+
+
+def test_validation_messages_name_the_field_the_same_way_whoever_found_it():
+    errors = _errors({"prompt": "x", "num_images": "many"})
+    plain = validation_error(errors)
+    # FastAPI's errors carry where the value came from first; the message leaves it out.
+    located = validation_error([{**e, "loc": ("body", *e["loc"])} for e in errors], located=True)
+    assert isinstance(plain, InvalidRequest) and str(plain) == str(located)
+    assert str(plain).startswith("invalid request: num_images: ")
+    whole = validation_error([{"loc": ("body",), "msg": "Field required"}], located=True)
+    assert str(whole) == "invalid request: body: Field required"
+
+
+def test_the_ingress_refuses_with_the_servers_message():
+    data = {"prompt": "x", "num_images": "many"}
+    with pytest.raises(InvalidRequest) as caught:
+        route("POST", "/v1/generate", {}, {}, json.dumps(data).encode(), {"m": "m"}, "m", {"m": "identity"})
+    assert str(caught.value) == str(validation_error(_errors(data)))
