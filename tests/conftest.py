@@ -8,7 +8,7 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TARGET_RANK = 8
+from .helpers import TARGET_RANK  # noqa: E402
 
 
 @pytest.fixture(scope="session")

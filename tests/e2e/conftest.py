@@ -1,7 +1,6 @@
 """A real uvicorn server on 127.0.0.1 in a background thread, and a real HTTP client."""
 
 import http.server
-import socket
 import threading
 import time
 
@@ -13,13 +12,9 @@ from hotlora.config import ServerConfig, StoreConfig
 from hotlora.server.app import create_app
 from hotlora.server.run import build_worker
 
+from ..helpers import free_port
+
 READY_TIMEOUT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RunningServer:

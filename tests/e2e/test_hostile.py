@@ -23,8 +23,7 @@ from safetensors.torch import load_file, save, save_file
 
 from hotlora.testing import random_lora
 
-from ..conftest import TARGET_RANK
-from .test_server import generate, metric, pixels
+from ..helpers import generate, metric, pixels
 
 FAST_S = 3.0  # a refusal before the engine runs (milliseconds in practice)
 STEPS = 2

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 
-from .test_server import generate, metric, pixels
+from ..helpers import generate, metric, pixels
 
 
 def test_many_users_share_batches_and_each_gets_its_own_result(tiny_models, tmp_path, start_server):

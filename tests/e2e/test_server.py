@@ -15,10 +15,9 @@ from safetensors.torch import load_file, save_file
 
 from hotlora.testing import random_lora, save_diffusers_lora
 
-from ..conftest import TARGET_RANK
+from ..helpers import TARGET_RANK, generate, metric, pixels
 
 FAST_S = 3.0  # a caller's fault must be answered well within this (it is milliseconds in practice)
-STEPS = 3
 
 
 @pytest.fixture(scope="module")
@@ -52,29 +51,6 @@ def served(tiny_models, tmp_path_factory, start_server):
     server = start_server(tiny_models["flux"], tmp, roots=(root, tiny_adapters), catalog=str(tiny_adapters / "catalog.toml"),
                           enable_fault_injection=True)
     return server, root
-
-
-def generate(url, identity=None, style=None, n=2, seed=0, client=None, **extra):
-    adapters = {}
-    if identity:
-        adapters["identity"] = {"ref": identity[0], "scale": identity[1]}
-    if style:
-        adapters["style"] = {"ref": style[0], "scale": style[1]}
-    body = {"prompt": "a portrait", "adapters": adapters, "num_images": n, "seed": seed,
-            "num_inference_steps": STEPS, **extra}
-    return (client or httpx).post(f"{url}/v1/generate", json=body, timeout=300)
-
-
-def pixels(response) -> np.ndarray:
-    assert response.status_code == 200, response.text
-    return np.stack([np.asarray(Image.open(io.BytesIO(base64.b64decode(b)))) for b in response.json()["images"]])
-
-
-def metric(url, name) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise KeyError(name)
 
 
 def test_every_endpoint(served):

@@ -16,7 +16,7 @@ from hotlora.adapters.formats import load_adapter
 from hotlora.errors import AdapterFormatError
 from hotlora.testing import denoiser_linears, random_lora
 
-from .test_formats import assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas
+from ..helpers import assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas
 
 FAMILIES = ["flux", "sdxl"]
 

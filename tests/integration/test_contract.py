@@ -19,7 +19,7 @@ from hotlora.testing import (
     save_kohya_sdxl_lora,
 )
 
-from ..conftest import TARGET_RANK
+from ..helpers import TARGET_RANK
 
 TOLERANCE = 1e-4  # float32 latents; compiled kernels reorder sums
 PROMPT = "a portrait of an astronaut, watercolor"

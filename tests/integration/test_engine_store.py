@@ -13,7 +13,7 @@ from hotlora.cli import main
 from hotlora.config import StoreConfig
 from hotlora.errors import AdapterRejected
 
-from .test_formats import canonical_deltas, fresh_pipeline, loaded_deltas
+from ..helpers import canonical_deltas, fresh_pipeline, loaded_deltas
 
 
 @pytest.fixture(scope="module")

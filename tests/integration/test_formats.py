@@ -7,34 +7,7 @@ from hotlora.adapters.families import family_named
 from hotlora.adapters.formats import load_adapter
 from hotlora.errors import AdapterFormatError, AdapterNotFound
 
-
-def loaded_deltas(denoiser, adapter_name):
-    """``scaling * B @ A`` per module, read back from a model the library loaded the adapter into."""
-    from peft.tuners.lora import LoraLayer
-
-    deltas = {}
-    for name, module in denoiser.named_modules():
-        if isinstance(module, LoraLayer) and adapter_name in module.lora_A:
-            a = module.lora_A[adapter_name].weight
-            b = module.lora_B[adapter_name].weight
-            deltas[name] = module.scaling[adapter_name] * (b @ a)
-    return deltas
-
-
-def canonical_deltas(adapter):
-    return {m: w.scaling * (w.up.float() @ w.down.float()) for m, w in adapter.modules.items()}
-
-
-def fresh_pipeline(model_dir):
-    from diffusers import DiffusionPipeline
-
-    return DiffusionPipeline.from_pretrained(str(model_dir), local_files_only=True)
-
-
-def assert_same_deltas(ours, theirs):
-    assert set(ours) == set(theirs)
-    for module in ours:
-        torch.testing.assert_close(ours[module], theirs[module].detach(), rtol=1e-5, atol=1e-6, msg=module)
+from ..helpers import assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas
 
 
 SAMPLES = {

@@ -11,7 +11,7 @@ from hotlora.engine.core import PackRequest
 from hotlora.errors import InvalidRequest
 from hotlora.testing import plain_diffusers_reference, random_lora, save_diffusers_lora, save_kohya_sdxl_lora
 
-from ..conftest import TARGET_RANK
+from ..helpers import TARGET_RANK
 
 TOLERANCE = 1e-4
 STEPS = 3

@@ -13,7 +13,7 @@ from hotlora.adapters.formats import Adapter, LoraWeights
 from hotlora.engine.writers.packing import MAX_PADDING, PackLayout, pack
 from hotlora.testing import random_lora
 
-from ..conftest import TARGET_RANK
+from ..helpers import TARGET_RANK
 
 
 @pytest.fixture(scope="module")

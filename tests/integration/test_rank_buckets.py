@@ -8,7 +8,7 @@ import torch
 from hotlora import Engine
 from hotlora.testing import plain_diffusers_reference, random_lora, save_diffusers_lora
 
-from ..conftest import TARGET_RANK
+from ..helpers import TARGET_RANK
 
 TOLERANCE = 1e-4
 PROMPT = "a lighthouse at dusk"

@@ -14,7 +14,7 @@ from hotlora.engine.request import UnservedShape
 from hotlora.errors import AdapterRejected, EngineError, InvalidRequest, RequestError, RequestTooLarge
 from hotlora.testing import denoiser_linears, plain_diffusers_reference, random_lora
 
-from ..conftest import TARGET_RANK
+from ..helpers import TARGET_RANK
 
 PROMPT = "a portrait"
 STEPS = 2

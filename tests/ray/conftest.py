@@ -2,7 +2,6 @@
 model on one, behind hotlora's ingress on 127.0.0.1. Started and shut down here, once per module."""
 
 import logging
-import socket
 from pathlib import Path
 
 import httpx
@@ -15,12 +14,7 @@ from hotlora.config import ServerConfig, StoreConfig  # noqa: E402
 from hotlora.deploy.app import APP_NAME, build_app  # noqa: E402
 from hotlora.deploy.config import RayServeConfig  # noqa: E402
 
-from ..conftest import TARGET_RANK  # noqa: E402
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ..helpers import TARGET_RANK, free_port  # noqa: E402
 
 
 def ray_config(tiny_models, cache: Path, port: int) -> RayServeConfig:

@@ -2,7 +2,9 @@ import pytest
 import torch
 
 from hotlora.adapters.formats import Adapter, LoraWeights
-from hotlora.adapters.validate import SlotCeiling, problems_with, validate
+from hotlora.adapters.families import family_named
+from hotlora.adapters.resolver import AdapterResolver
+from hotlora.adapters.validate import SlotCeiling, problems_with
 from hotlora.errors import AdapterRejected
 
 CEILING = SlotCeiling(modules={"blk.q": (8, 8), "blk.out": (8, 4)}, target_rank=4, family="flux")
@@ -46,9 +48,11 @@ def test_wrong_family_is_rejected():
 
 
 def test_every_problem_is_reported_at_once():
+    """What a request meets: the resolver raises one AdapterRejected with every problem."""
     bad = adapter({"blk.q": lora(9, 8, 8, fill=float("nan")), "nowhere": lora(1, 8, 8)})
+    resolver = AdapterResolver(("identity",), CEILING, family_named("flux"))
     with pytest.raises(AdapterRejected) as info:
-        validate(bad, CEILING)
+        resolver.resolve({"identity": bad})
     assert len(info.value.problems) == 3
     text = str(info.value)
     assert "blk.q" in text and "nowhere" in text

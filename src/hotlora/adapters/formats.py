@@ -22,9 +22,6 @@ another format and fails on with a ``KeyError``.
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import logging
 import math
 import os
@@ -36,14 +33,14 @@ from typing import Mapping
 import torch
 
 from hotlora.adapters.families import Family, pipeline_class
-from hotlora.errors import AdapterFormatError, AdapterNotFound
+from hotlora.adapters.reading import ReadLimits, declared_base_model, hash_state_dict, read_files
+from hotlora.errors import AdapterFormatError
 
 log = logging.getLogger(__name__)
 
 # Bumped whenever conversion changes what an adapter file turns into: the store keys converted
 # entries by it (and by hotlora's version), so a fixed converter never serves old conversions.
 CONVERTER_VERSION = 3  # 3: null base model is "not declared"; config patterns checked, not run as regexes
-PEFT_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
@@ -55,14 +52,12 @@ MAX_NAME_CHARS = 256
 MAX_PATTERN_KEYS = 4096
 # Pattern lookups cost modules x keys; far above a full-size SDXL LoRA's ~1000 x ~1000.
 MAX_PATTERN_PAIRS = 4_000_000
-MAX_BASE_MODEL_CHARS = 1024
 # T5 LoRA keys (sd-scripts' ``lora_te3_``, ComfyUI's ``text_encoders.t5xxl.``) that diffusers' Flux
 # converters drop without a trace; listed with the skipped keys so the caller learns they are not served.
 DROPPED_T5 = ("lora_te3_", "text_encoders.t5xxl.")
-DENOISER_DIRS = ("transformer", "unet")
 # kohya SDXL keys in SGM (Stability's original) block numbering; SDXL has 9 input, 3 middle, 9 output.
 SGM_BLOCKS = ("input_blocks", "middle_block", "output_blocks")
-MAX_SGM_BLOCKS = 64  # the pipeline subfolders of the denoisers hotlora serves
+MAX_SGM_BLOCKS = 64  # real SDXL files use about a dozen; diffusers' mapping is quadratic in them
 
 
 @dataclass(frozen=True)
@@ -99,15 +94,6 @@ class Adapter:
         return sum(w.down.nbytes + w.up.nbytes for w in self.modules.values())
 
 
-@dataclass(frozen=True)
-class ReadLimits:
-    """What a file must respect before its contents are parsed."""
-
-    max_bytes: int = 2 * 1024**3
-    max_header_bytes: int = 16 * 1024**2
-    allow_pickle: bool = False  # .bin/.pt, read with torch.load(weights_only=True)
-
-
 def load_adapter(
     source: str | os.PathLike | Mapping[str, torch.Tensor],
     family: Family,
@@ -122,148 +108,13 @@ def load_adapter(
     numbers the way ``load_lora_weights`` does.
     """
     if isinstance(source, Mapping):
-        raw, file_metadata, extra, digest = dict(source), None, {}, _hash_state_dict(source)
+        raw, file_metadata, extra, digest = dict(source), None, {}, hash_state_dict(source)
         label = name or "<state dict>"
     else:
         path = Path(source)
         label = name or str(path)
-        raw, file_metadata, extra, digest = _read_files(path, limits, label)
+        raw, file_metadata, extra, digest = read_files(path, limits, label)
     return _canonicalize(raw, file_metadata, extra, family, label, digest, denoiser_config)
-
-
-def _read_files(path: Path, limits: ReadLimits, label: str):
-    """The weights, diffusers' LoRA metadata, PEFT config / model card (``extra``) and sha256."""
-    if not path.exists():
-        raise AdapterNotFound(f"adapter not found: {label} does not exist")
-    extra: dict = {}
-    directory = path if path.is_dir() else path.parent
-    if (directory / PEFT_CONFIG).is_file() and (path.is_dir() or path.name == "adapter_model.safetensors"):
-        extra["peft_config"] = _read_json(directory / PEFT_CONFIG)
-    if path.is_dir():
-        extra["model_card"] = _model_card_base_model(path / "README.md")
-        path = path / _weight_file_in(path, limits, label)
-    if path.suffix == ".safetensors":
-        data = _read_capped(path, limits, label)
-        _check_safetensors_header(data, limits, label)
-        try:
-            from safetensors.torch import load as load_safetensors
-
-            raw = load_safetensors(data)
-        except Exception as exc:  # safetensors raises its own error type and plain ones for bad headers
-            raise AdapterFormatError(f"{label}: not a readable safetensors file ({exc})") from exc
-        extra["header_base_model"] = _header_base_model(data)
-        return raw, _lora_adapter_metadata(path, label), extra, hashlib.sha256(data).hexdigest()
-    if path.suffix in (".bin", ".pt", ".pth") and limits.allow_pickle:
-        data = _read_capped(path, limits, label)
-        try:
-            raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise AdapterFormatError(f"{label}: unreadable pickled weights ({type(exc).__name__}: {exc})") from exc
-        if not isinstance(raw, Mapping):
-            raise AdapterFormatError(f"{label}: pickled weights are not a state dict")
-        return dict(raw), None, extra, hashlib.sha256(data).hexdigest()
-    raise AdapterFormatError(
-        f"{label}: only .safetensors adapters are accepted ({path.suffix or 'no extension'} given; "
-        "pickled .bin files can run code and need the allow_pickle opt-in)"
-    )
-
-
-def _weight_file_in(directory: Path, limits: ReadLimits, label: str) -> str:
-    from diffusers.loaders.lora_base import _best_guess_weight_name
-
-    if (directory / "adapter_model.safetensors").is_file():
-        return "adapter_model.safetensors"
-    name = _best_guess_weight_name(str(directory), file_extension=".safetensors")
-    if name is None and limits.allow_pickle:
-        name = _best_guess_weight_name(str(directory), file_extension=".bin")
-    if name is None:
-        raise AdapterNotFound(f"adapter directory {label} holds no .safetensors weights")
-    return name
-
-
-def _read_capped(path: Path, limits: ReadLimits, label: str) -> bytes:
-    size = path.stat().st_size
-    if size > limits.max_bytes:
-        raise AdapterFormatError(f"{label}: {size} bytes exceeds the {limits.max_bytes}-byte adapter size cap")
-    return path.read_bytes()
-
-
-def _check_safetensors_header(data: bytes, limits: ReadLimits, label: str) -> None:
-    """The 8-byte header length is checked before safetensors parses anything."""
-    if len(data) < 8:
-        raise AdapterFormatError(f"{label}: truncated safetensors file ({len(data)} bytes)")
-    header = int.from_bytes(data[:8], "little")
-    if header > limits.max_header_bytes:
-        raise AdapterFormatError(f"{label}: safetensors header of {header} bytes exceeds the {limits.max_header_bytes}-byte cap")
-    if 8 + header > len(data):
-        raise AdapterFormatError(f"{label}: truncated safetensors file (header says {header} bytes, file has {len(data) - 8})")
-
-
-def _lora_adapter_metadata(path: Path, label: str) -> dict | None:
-    """diffusers' ``lora_adapter_metadata`` header entry (``LoraConfig`` fields, prefixed by component),
-    read by diffusers' own reader. It is JSON inside a string: a value diffusers cannot read
-    is refused here with the reason, not passed on as an odd type."""
-    from diffusers.loaders.lora_base import _load_sft_state_dict_metadata
-
-    try:
-        metadata = _load_sft_state_dict_metadata(str(path))
-    except Exception as exc:  # json's ValueError, RecursionError for deep nesting, safetensors' own
-        raise AdapterFormatError(
-            f"{label}: unreadable lora_adapter_metadata in the header ({type(exc).__name__}: {exc})"
-        ) from exc
-    if metadata is not None and not isinstance(metadata, dict):
-        kind = type(metadata).__name__
-        raise AdapterFormatError(f"{label}: lora_adapter_metadata in the header is a JSON {kind}, not an object")
-    return metadata
-
-
-def _header_base_model(data: bytes) -> str | None:
-    """``base_model`` from the safetensors ``__metadata__`` (the header is JSON behind 8 length bytes)."""
-    try:
-        header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
-    except (ValueError, RecursionError):
-        return None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(meta, dict):
-        return None
-    return _declared(meta.get("base_model")) or _declared(meta.get("base_model_name_or_path"))
-
-
-def _model_card_base_model(readme: Path) -> str | None:
-    if not readme.is_file():
-        return None
-    from huggingface_hub.repocard import metadata_load
-
-    try:
-        base = (metadata_load(readme) or {}).get("base_model")
-    except Exception:  # a malformed card is not a reason to refuse the weights
-        return None
-    if isinstance(base, list):
-        base = base[0] if base else None
-    return _declared(base)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise AdapterFormatError(f"{path}: unreadable JSON ({exc})") from exc
-    if not isinstance(value, dict):
-        raise AdapterFormatError(f"{path}: holds a JSON {type(value).__name__}, not an object")
-    return value
-
-
-def _hash_state_dict(state_dict: Mapping[str, torch.Tensor]) -> str:
-    digest = hashlib.sha256()
-    for key in sorted(state_dict):
-        tensor = state_dict[key]
-        digest.update(key.encode())
-        if isinstance(tensor, torch.Tensor):
-            digest.update(str(tensor.dtype).encode())
-            digest.update(str(tuple(tensor.shape)).encode())
-            # reshape: a 0-dim tensor (a kohya .alpha) cannot be viewed as bytes; same bytes otherwise.
-            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def detect_layout(keys) -> str:
@@ -340,7 +191,7 @@ def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, deno
         layout=layout,
         modules=modules,
         sha256=digest,
-        base_model=_declared_base_model(file_metadata, peft_config, extra.get("header_base_model") or extra.get("model_card")),
+        base_model=declared_base_model(file_metadata, peft_config, extra.get("header_base_model") or extra.get("model_card")),
         skipped_keys=skipped,
     )
 
@@ -529,38 +380,3 @@ def _lora_config_fields(peft_config: dict) -> dict:
     known = set(LoraConfig.__dataclass_fields__)
     return {k: v for k, v in peft_config.items() if k in known and k not in {"base_model_name_or_path", "revision"}}
 
-
-def _declared_base_model(file_metadata, peft_config, fallback) -> str | None:
-    """``adapter_config.json``, then diffusers' LoRA metadata, then the file header or the model card."""
-    if peft_config and _declared(peft_config.get("base_model_name_or_path")):
-        return _declared(peft_config["base_model_name_or_path"])
-    for key, value in (file_metadata or {}).items():
-        if key.endswith(("base_model", "base_model_name_or_path")) and _declared(value):
-            return _declared(value)
-    return fallback
-
-
-def _declared(value) -> str | None:
-    """A base model name, or None for "not declared". A ``LoraConfig`` saved by diffusers' training
-    scripts has ``base_model_name_or_path: null``; tools that stringify their config write "None"
-    or "null". Neither names a model, and neither does a non-string or a string no model id is as long as."""
-    if not isinstance(value, str):
-        return None
-    value = value.strip()
-    if value.lower() in ("", "none", "null") or len(value) > MAX_BASE_MODEL_CHARS:
-        return None
-    return _model_named_by(value)
-
-
-def _model_named_by(value: str) -> str:
-    """The model a declared path stands for. PEFT's ``save_pretrained`` on a diffusers denoiser puts
-    the denoiser's own directory in the model card: ``<pipeline dir>/transformer``, or inside the hub
-    cache ``.../models--org--name/snapshots/<hash>/transformer``. Those name the pipeline (the
-    directory) or the hub id ``org/name``, not a model called "transformer"."""
-    parts = [part for part in value.replace("\\", "/").split("/") if part]
-    for part in parts:
-        if part.startswith("models--") and part.count("--") >= 2:
-            return part.removeprefix("models--").replace("--", "/", 1)
-    if len(parts) > 1 and parts[-1] in DENOISER_DIRS:
-        return value.replace("\\", "/").rstrip("/").rsplit("/", 1)[0] or "/"
-    return value

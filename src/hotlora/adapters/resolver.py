@@ -8,8 +8,6 @@ the engine generates for others.
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,6 +17,7 @@ from hotlora.adapters.families import Family
 from hotlora.adapters.formats import Adapter, load_adapter
 from hotlora.adapters.validate import SlotCeiling, problems_with
 from hotlora.errors import AdapterRejected, InvalidRequest
+from hotlora.lru import LRU
 
 _MEMO = 1024  # validation results remembered by content hash (checking finiteness costs a pass over the weights)
 
@@ -35,9 +34,8 @@ class AdapterResolver:
         # What the folded update may reach: its square keeps activations (x @ delta^T, summed over
         # thousands of features) clear of the dtype's overflow. 1.8e19 for float32/bf16, 256 for fp16.
         self.max_update = torch.finfo(serving_dtype).max ** 0.5
-        self._peaks: OrderedDict[tuple, float] = OrderedDict()
-        self._checked: OrderedDict[tuple, list[str]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._peaks: LRU[tuple, float] = LRU(max_entries=_MEMO)
+        self._checked: LRU[tuple, list[str]] = LRU(max_entries=_MEMO)
 
     def load(self, source, name: str | None = None) -> Adapter:
         """An adapter from a reference (through the store), a path, a state dict or an Adapter."""
@@ -99,28 +97,19 @@ class AdapterResolver:
 
     def _peak(self, adapter: Adapter) -> float:
         key = _identity(adapter)
-        with self._lock:
-            if key in self._peaks:
-                return self._peaks[key]
-        peak = max((abs(w.scaling) * w.rank * float(w.down.abs().amax()) * float(w.up.abs().amax())
-                    for w in adapter.modules.values() if w.down.numel() and w.up.numel()), default=0.0)
-        with self._lock:
-            self._peaks[key] = peak
-            while len(self._peaks) > _MEMO:
-                self._peaks.popitem(last=False)
+        peak = self._peaks.get(key)
+        if peak is None:
+            peak = max((abs(w.scaling) * w.rank * float(w.down.abs().amax()) * float(w.up.abs().amax())
+                        for w in adapter.modules.values() if w.down.numel() and w.up.numel()), default=0.0)
+            self._peaks.put(key, peak)
         return peak
 
     def _problems(self, adapter: Adapter) -> list[str]:
         key = _identity(adapter)
-        with self._lock:
-            if key in self._checked:
-                self._checked.move_to_end(key)
-                return self._checked[key]
-        found = problems_with(adapter, self.ceiling)
-        with self._lock:
-            self._checked[key] = found
-            while len(self._checked) > _MEMO:
-                self._checked.popitem(last=False)
+        found = self._checked.get(key)
+        if found is None:
+            found = problems_with(adapter, self.ceiling)
+            self._checked.put(key, found)
         return found
 
 

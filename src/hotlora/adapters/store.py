@@ -40,6 +40,7 @@ from hotlora.adapters.references import Reference, parse_reference
 from hotlora.adapters.sources import Fetched, HttpSource, HubSource, LocalSource, S3Source, Source
 from hotlora.config import StoreConfig
 from hotlora.errors import AdapterNotFound, SourceUnavailable
+from hotlora.lru import LRU
 
 log = logging.getLogger(__name__)
 KEY_VERSION = "v2"  # the layout of the key string itself
@@ -162,7 +163,7 @@ class AdapterStore:
         self.catalog: dict[str, CatalogEntry] = (
             load_catalog(catalog) if isinstance(catalog, (str, Path)) else dict(catalog or {})
         )
-        self.limits = ReadLimits(config.max_adapter_bytes, config.max_header_bytes, config.allow_pickle)
+        self.limits = ReadLimits.of(config)
         self.sources: dict[str, Source] = {
             "file": LocalSource(config), "https": HttpSource(config), "s3": S3Source(config),
             "hf": HubSource(config, hf_cache_dir or config.hf_cache_dir),
@@ -177,7 +178,7 @@ class AdapterStore:
         sweep_orphans(self._work)
         self._lock = threading.Lock()
         self._inflight: dict[str, Future] = {}
-        self._identities: OrderedDict[Reference, tuple[str, float]] = OrderedDict()  # see _probe
+        self._identities: LRU[Reference, tuple[str, float]] = LRU(max_entries=_REMEMBERED_IDENTITIES)  # see _probe
         # Async callers fetch here: a bounded pool, so slow sources cannot take every thread.
         self.fetch_workers = config.max_fetch_workers
         self.fetch_executor = ThreadPoolExecutor(max_workers=self.fetch_workers, thread_name_prefix="hotlora-fetch")
@@ -302,8 +303,7 @@ class AdapterStore:
         return identity
 
     def _remembered(self, reference: Reference) -> str | None:
-        with self._lock:
-            known = self._identities.get(reference)
+        known = self._identities.get(reference)
         return known[0] if known is not None and known[1] > time.monotonic() else None
 
     def _remember(self, reference: Reference, identity: str) -> None:
@@ -312,11 +312,7 @@ class AdapterStore:
         ttl = self.config.revalidate_after_s
         if ttl <= 0 or reference.kind == "file":
             return
-        with self._lock:
-            self._identities[reference] = (identity, time.monotonic() + ttl)
-            self._identities.move_to_end(reference)
-            while len(self._identities) > _REMEMBERED_IDENTITIES:
-                self._identities.popitem(last=False)
+        self._identities.put(reference, (identity, time.monotonic() + ttl))
 
     def _key(self, identity: str) -> str:
         # The converter's version and hotlora's: after a converter fix, entries are converted again.

@@ -1,6 +1,7 @@
 """Pure checks that an adapter fits the served engine, run before any weight is touched.
 
-Every problem is collected and reported together (one AdapterRejected naming the modules), so a
+Every problem is collected and returned together (the resolver raises one AdapterRejected naming
+the modules, for all slots of a request), so a
 caller fixes their file once instead of discovering problems one round-trip at a time.
 """
 
@@ -13,7 +14,6 @@ from typing import Mapping
 import torch
 
 from hotlora.adapters.formats import Adapter
-from hotlora.errors import AdapterRejected
 
 # Long lists are cut in messages; the count is always given.
 MAX_LISTED = 8
@@ -90,12 +90,6 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
     if bad_scale:
         problems.append(f"non-finite alpha/rank scaling in {_listed(bad_scale)}")
     return problems
-
-
-def validate(adapter: Adapter, ceiling: SlotCeiling) -> None:
-    problems = problems_with(adapter, ceiling)
-    if problems:
-        raise AdapterRejected(adapter.name, problems)
 
 
 def _listed(items) -> str:

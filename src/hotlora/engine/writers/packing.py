@@ -20,18 +20,18 @@ Written by hand: no library lays LoRA weights out for in-place serving.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 
 from hotlora.adapters.formats import Adapter
+from hotlora.lru import LRU
 
 # A packed adapter may hold at most this much more than its own weights (zero padding for
 # modules it does not cover and for ranks below its largest); beyond it, it stays per-module.
 MAX_PADDING = 1.25
+_UNKNOWN = object()
 
 
 @dataclass(frozen=True)
@@ -91,30 +91,21 @@ class PackCache:
 
     def __init__(self, layout: PackLayout, budget_bytes: int):
         self.layout = layout
-        self.budget = budget_bytes
-        self.bytes = 0
-        self._entries: OrderedDict[tuple, PackedWeights | None] = OrderedDict()
-        self._lock = threading.Lock()
+        # An adapter that stays per-module is remembered too (as None, at no cost): asked once.
+        self._entries: LRU[tuple, PackedWeights | None] = LRU(max_cost=budget_bytes, cost=_nbytes)
 
     def prepare(self, adapter: Adapter) -> None:
         """Pack ``adapter`` (validated) unless it is packed already or stays per-module."""
         key = identity(adapter)
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                return
-        packed = pack(adapter, self.layout)  # outside the lock: a copy of the adapter's bytes
-        with self._lock:
-            if key not in self._entries:
-                self._entries[key] = packed
-                self.bytes += _nbytes(packed)
-            while self.bytes > self.budget and len(self._entries) > 1:
-                _, evicted = self._entries.popitem(last=False)
-                self.bytes -= _nbytes(evicted)
+        if self._entries.get(key, _UNKNOWN) is _UNKNOWN:
+            self._entries.put(key, pack(adapter, self.layout))
 
     def get(self, adapter: Adapter) -> PackedWeights | None:
-        with self._lock:
-            return self._entries.get(identity(adapter))
+        return self._entries.get(identity(adapter))
+
+    @property
+    def bytes(self) -> int:
+        return self._entries.total_cost
 
 
 def _nbytes(packed: PackedWeights | None) -> int:

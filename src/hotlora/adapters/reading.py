@@ -1,0 +1,208 @@
+"""Reading an adapter's files safely: size and header caps before parsing, diffusers' metadata
+reader, the PEFT config and model card beside the weights, the content hash, and the base model a
+file declares (null, "None" and the like mean "not declared").
+
+Nothing here converts: ``formats`` turns what is read into the canonical form.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from hotlora.config import StoreConfig
+from hotlora.errors import AdapterFormatError, AdapterNotFound
+
+PEFT_CONFIG = "adapter_config.json"
+MAX_BASE_MODEL_CHARS = 1024
+DENOISER_DIRS = ("transformer", "unet")  # the pipeline subfolders of the denoisers hotlora serves
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What a file must respect before its contents are parsed."""
+
+    max_bytes: int = StoreConfig.max_adapter_bytes
+    max_header_bytes: int = StoreConfig.max_header_bytes
+    allow_pickle: bool = StoreConfig.allow_pickle  # .bin/.pt, read with torch.load(weights_only=True)
+
+    @classmethod
+    def of(cls, config: StoreConfig) -> "ReadLimits":
+        return cls(config.max_adapter_bytes, config.max_header_bytes, config.allow_pickle)
+
+
+def read_files(path: Path, limits: ReadLimits, label: str):
+    """The weights, diffusers' LoRA metadata, PEFT config / model card (``extra``) and sha256."""
+    if not path.exists():
+        raise AdapterNotFound(f"adapter not found: {label} does not exist")
+    extra: dict = {}
+    directory = path if path.is_dir() else path.parent
+    if (directory / PEFT_CONFIG).is_file() and (path.is_dir() or path.name == "adapter_model.safetensors"):
+        extra["peft_config"] = _read_json(directory / PEFT_CONFIG)
+    if path.is_dir():
+        extra["model_card"] = _model_card_base_model(path / "README.md")
+        path = path / _weight_file_in(path, limits, label)
+    if path.suffix == ".safetensors":
+        data = _read_capped(path, limits, label)
+        _check_safetensors_header(data, limits, label)
+        try:
+            from safetensors.torch import load as load_safetensors
+
+            raw = load_safetensors(data)
+        except Exception as exc:  # safetensors raises its own error type and plain ones for bad headers
+            raise AdapterFormatError(f"{label}: not a readable safetensors file ({exc})") from exc
+        extra["header_base_model"] = _header_base_model(data)
+        return raw, _lora_adapter_metadata(path, label), extra, hashlib.sha256(data).hexdigest()
+    if path.suffix in (".bin", ".pt", ".pth") and limits.allow_pickle:
+        data = _read_capped(path, limits, label)
+        try:
+            raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise AdapterFormatError(f"{label}: unreadable pickled weights ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(raw, Mapping):
+            raise AdapterFormatError(f"{label}: pickled weights are not a state dict")
+        return dict(raw), None, extra, hashlib.sha256(data).hexdigest()
+    raise AdapterFormatError(
+        f"{label}: only .safetensors adapters are accepted ({path.suffix or 'no extension'} given; "
+        "pickled .bin files can run code and need the allow_pickle opt-in)"
+    )
+
+
+def _weight_file_in(directory: Path, limits: ReadLimits, label: str) -> str:
+    from diffusers.loaders.lora_base import _best_guess_weight_name
+
+    if (directory / "adapter_model.safetensors").is_file():
+        return "adapter_model.safetensors"
+    name = _best_guess_weight_name(str(directory), file_extension=".safetensors")
+    if name is None and limits.allow_pickle:
+        name = _best_guess_weight_name(str(directory), file_extension=".bin")
+    if name is None:
+        raise AdapterNotFound(f"adapter directory {label} holds no .safetensors weights")
+    return name
+
+
+def _read_capped(path: Path, limits: ReadLimits, label: str) -> bytes:
+    size = path.stat().st_size
+    if size > limits.max_bytes:
+        raise AdapterFormatError(f"{label}: {size} bytes exceeds the {limits.max_bytes}-byte adapter size cap")
+    return path.read_bytes()
+
+
+def _check_safetensors_header(data: bytes, limits: ReadLimits, label: str) -> None:
+    """The 8-byte header length is checked before safetensors parses anything."""
+    if len(data) < 8:
+        raise AdapterFormatError(f"{label}: truncated safetensors file ({len(data)} bytes)")
+    header = int.from_bytes(data[:8], "little")
+    if header > limits.max_header_bytes:
+        raise AdapterFormatError(f"{label}: safetensors header of {header} bytes exceeds the {limits.max_header_bytes}-byte cap")
+    if 8 + header > len(data):
+        raise AdapterFormatError(f"{label}: truncated safetensors file (header says {header} bytes, file has {len(data) - 8})")
+
+
+def _lora_adapter_metadata(path: Path, label: str) -> dict | None:
+    """diffusers' ``lora_adapter_metadata`` header entry (``LoraConfig`` fields, prefixed by component),
+    read by diffusers' own reader. It is JSON inside a string: a value diffusers cannot read
+    is refused here with the reason, not passed on as an odd type."""
+    from diffusers.loaders.lora_base import _load_sft_state_dict_metadata
+
+    try:
+        metadata = _load_sft_state_dict_metadata(str(path))
+    except Exception as exc:  # json's ValueError, RecursionError for deep nesting, safetensors' own
+        raise AdapterFormatError(
+            f"{label}: unreadable lora_adapter_metadata in the header ({type(exc).__name__}: {exc})"
+        ) from exc
+    if metadata is not None and not isinstance(metadata, dict):
+        kind = type(metadata).__name__
+        raise AdapterFormatError(f"{label}: lora_adapter_metadata in the header is a JSON {kind}, not an object")
+    return metadata
+
+
+def _header_base_model(data: bytes) -> str | None:
+    """``base_model`` from the safetensors ``__metadata__`` (the header is JSON behind 8 length bytes)."""
+    try:
+        header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    except (ValueError, RecursionError):
+        return None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    return _declared(meta.get("base_model")) or _declared(meta.get("base_model_name_or_path"))
+
+
+def _model_card_base_model(readme: Path) -> str | None:
+    if not readme.is_file():
+        return None
+    from huggingface_hub.repocard import metadata_load
+
+    try:
+        base = (metadata_load(readme) or {}).get("base_model")
+    except Exception:  # a malformed card is not a reason to refuse the weights
+        return None
+    if isinstance(base, list):
+        base = base[0] if base else None
+    return _declared(base)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise AdapterFormatError(f"{path}: unreadable JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise AdapterFormatError(f"{path}: holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def hash_state_dict(state_dict: Mapping[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(state_dict):
+        tensor = state_dict[key]
+        digest.update(key.encode())
+        if isinstance(tensor, torch.Tensor):
+            digest.update(str(tensor.dtype).encode())
+            digest.update(str(tuple(tensor.shape)).encode())
+            # reshape: a 0-dim tensor (a kohya .alpha) cannot be viewed as bytes; same bytes otherwise.
+            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def declared_base_model(file_metadata, peft_config, fallback) -> str | None:
+    """``adapter_config.json``, then diffusers' LoRA metadata, then the file header or the model card."""
+    if peft_config and _declared(peft_config.get("base_model_name_or_path")):
+        return _declared(peft_config["base_model_name_or_path"])
+    for key, value in (file_metadata or {}).items():
+        if key.endswith(("base_model", "base_model_name_or_path")) and _declared(value):
+            return _declared(value)
+    return fallback
+
+
+def _declared(value) -> str | None:
+    """A base model name, or None for "not declared". A ``LoraConfig`` saved by diffusers' training
+    scripts has ``base_model_name_or_path: null``; tools that stringify their config write "None"
+    or "null". Neither names a model, and neither does a non-string or a string no model id is as long as."""
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    if value.lower() in ("", "none", "null") or len(value) > MAX_BASE_MODEL_CHARS:
+        return None
+    return _model_named_by(value)
+
+
+def _model_named_by(value: str) -> str:
+    """The model a declared path stands for. PEFT's ``save_pretrained`` on a diffusers denoiser puts
+    the denoiser's own directory in the model card: ``<pipeline dir>/transformer``, or inside the hub
+    cache ``.../models--org--name/snapshots/<hash>/transformer``. Those name the pipeline (the
+    directory) or the hub id ``org/name``, not a model called "transformer"."""
+    parts = [part for part in value.replace("\\", "/").split("/") if part]
+    for part in parts:
+        if part.startswith("models--") and part.count("--") >= 2:
+            return part.removeprefix("models--").replace("--", "/", 1)
+    if len(parts) > 1 and parts[-1] in DENOISER_DIRS:
+        return value.replace("\\", "/").rstrip("/").rsplit("/", 1)[0] or "/"
+    return value

@@ -1,0 +1,90 @@
+"""Plain helpers and constants shared by several test modules (fixtures stay in conftest.py files).
+
+Heavy imports (torch, PIL, diffusers, peft) are deferred into the functions that use them, so that
+importing this module from tests/conftest.py does not import torch before the conftest has set its
+environment variables.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import socket
+from typing import TYPE_CHECKING
+
+import httpx
+
+if TYPE_CHECKING:
+    import numpy as np
+
+TARGET_RANK = 8
+GENERATE_STEPS = 3  # denoising steps of an e2e ``generate`` request unless the caller passes its own
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- e2e: a running hotlora server ---------------------------------------------------------------
+
+
+def generate(url, identity=None, style=None, n=2, seed=0, client=None, **extra):
+    adapters = {}
+    if identity:
+        adapters["identity"] = {"ref": identity[0], "scale": identity[1]}
+    if style:
+        adapters["style"] = {"ref": style[0], "scale": style[1]}
+    body = {"prompt": "a portrait", "adapters": adapters, "num_images": n, "seed": seed,
+            "num_inference_steps": GENERATE_STEPS, **extra}
+    return (client or httpx).post(f"{url}/v1/generate", json=body, timeout=300)
+
+
+def pixels(response) -> np.ndarray:
+    import numpy as np
+    from PIL import Image
+
+    assert response.status_code == 200, response.text
+    return np.stack([np.asarray(Image.open(io.BytesIO(base64.b64decode(b)))) for b in response.json()["images"]])
+
+
+def metric(url, name) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+# --- integration: comparing hotlora's adapters with what diffusers / PEFT load ----------------------
+
+
+def loaded_deltas(denoiser, adapter_name):
+    """``scaling * B @ A`` per module, read back from a model the library loaded the adapter into."""
+    from peft.tuners.lora import LoraLayer
+
+    deltas = {}
+    for name, module in denoiser.named_modules():
+        if isinstance(module, LoraLayer) and adapter_name in module.lora_A:
+            a = module.lora_A[adapter_name].weight
+            b = module.lora_B[adapter_name].weight
+            deltas[name] = module.scaling[adapter_name] * (b @ a)
+    return deltas
+
+
+def canonical_deltas(adapter):
+    return {m: w.scaling * (w.up.float() @ w.down.float()) for m, w in adapter.modules.items()}
+
+
+def fresh_pipeline(model_dir):
+    from diffusers import DiffusionPipeline
+
+    return DiffusionPipeline.from_pretrained(str(model_dir), local_files_only=True)
+
+
+def assert_same_deltas(ours, theirs):
+    import torch
+
+    assert set(ours) == set(theirs)
+    for module in ours:
+        torch.testing.assert_close(ours[module], theirs[module].detach(), rtol=1e-5, atol=1e-6, msg=module)
