@@ -63,7 +63,7 @@ def build_full_flux(layers: int, single_layers: int, device: str = "cuda", heads
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    from hotlora.testing import _clip_tokenizer, _t5_tokenizer
+    from hotlora.tiny import _clip_tokenizer, _t5_tokenizer
 
     torch.manual_seed(0)
     previous = torch.get_default_dtype()
