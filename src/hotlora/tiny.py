@@ -144,12 +144,16 @@ def random_lora(
 
 
 def save_diffusers_lora(path: Path, family: str, sd: Mapping[str, torch.Tensor], rank: int, alpha: float) -> Path:
-    """diffusers layout, written by diffusers' own ``save_lora_weights`` (with metadata, so alpha survives)."""
+    """diffusers layout, written as diffusers' training scripts write it: ``save_lora_weights`` with
+    the ``LoraConfig`` as metadata (so alpha survives; ``base_model_name_or_path`` and other
+    fields null, exactly what a user's file carries)."""
+    from peft import LoraConfig
+
     from hotlora.adapters.families import pipeline_class
 
     fam = family_named(family)
     path.mkdir(parents=True, exist_ok=True)
-    meta = {"r": rank, "lora_alpha": alpha, "target_modules": sorted({k.split(".lora_")[0] for k in sd})}
+    meta = LoraConfig(r=rank, lora_alpha=alpha, target_modules=sorted({k.split(".lora_")[0] for k in sd})).to_dict()
     pipeline_class(fam).save_lora_weights(
         str(path), **{f"{fam.denoiser}_lora_layers": dict(sd), f"{fam.denoiser}_lora_adapter_metadata": meta}
     )

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save, save_file
 
-from hotlora.testing import random_lora
+from hotlora.testing import random_lora, save_diffusers_lora
 
 from ..helpers import generate, metric, pixels
 
@@ -29,18 +29,6 @@ FAST_S = 3.0  # a refusal before the engine runs (milliseconds in practice)
 STEPS = 2
 DEADLINE_S = 2.0  # the store's whole-download deadline in this server
 PREFETCH_BOUND = 8  # adapter fetches a prefetch may have running
-
-
-def save_like_diffusers_training(directory, sd, rank, alpha):
-    """What diffusers' training scripts write: ``save_lora_weights`` with the LoraConfig as metadata
-    (``base_model_name_or_path`` and many other fields null)."""
-    from diffusers import FluxPipeline
-    from peft import LoraConfig
-
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=sorted({k.split(".lora_")[0] for k in sd}))
-    FluxPipeline.save_lora_weights(str(directory), transformer_lora_layers=dict(sd),
-                                   transformer_lora_adapter_metadata=config.to_dict())
-    return directory / "pytorch_lora_weights.safetensors"
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +41,7 @@ def hostile(tiny_models, tmp_path_factory, start_server, drip_url):
     linears = {n: (m.in_features, m.out_features) for n, m in transformer.named_modules()
                if isinstance(m, torch.nn.Linear)}
     for i in range(4):
-        save_like_diffusers_training(root / f"trained-{i}", random_lora(linears, 4, seed=200 + i), rank=4, alpha=4 + 4 * i)
+        save_diffusers_lora(root / f"trained-{i}", "flux", random_lora(linears, 4, seed=200 + i), rank=4, alpha=4 + 4 * i)
     good = load_file(str(root / "trained-0" / "pytorch_lora_weights.safetensors"))
     save_file({k: v * 1e12 for k, v in good.items()}, str(root / "huge.safetensors"))
     save_file({k: v * 3e7 for k, v in good.items()}, str(root / "overflowing.safetensors"))
@@ -214,8 +202,8 @@ def test_overload_soak(hostile, tiny_models):
             identity, style, seed = goods[index % len(goods)]
             return generate(server.url, identity, style, n=2, seed=seed, num_inference_steps=STEPS)
         if kind == "cold":  # a new user's adapter, written as diffusers' training scripts write it
-            path = save_like_diffusers_training(cold_dir / f"user-{index}", random_lora(linears, 4, seed=index),
-                                                rank=4, alpha=8)
+            path = save_diffusers_lora(cold_dir / f"user-{index}", "flux", random_lora(linears, 4, seed=index),
+                                       rank=4, alpha=8)
             return post(server.url, body({"identity": str(path)}))
         if kind == "drip":
             return post(server.url, body({"style": f"{drip_url}/soak-{index}.safetensors"}))

@@ -12,7 +12,7 @@ from hotlora.config import RequestLimits
 from hotlora.engine.guard import NonFiniteOutput
 from hotlora.engine.request import UnservedShape
 from hotlora.errors import AdapterRejected, EngineError, InvalidRequest, RequestError, RequestTooLarge
-from hotlora.testing import denoiser_linears, plain_diffusers_reference, random_lora
+from hotlora.testing import plain_diffusers_reference, random_lora
 
 from ..helpers import TARGET_RANK
 

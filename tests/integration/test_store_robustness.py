@@ -418,7 +418,7 @@ def test_start_up_removes_only_leftovers_of_dead_processes(tmp_path):
     live = work / f"{host}+{os.getppid()}+abc"  # the parent is alive and older than the leftover
     mine = work / f"{owner_tag()}+abc"  # this very process: a store alive in it may be using it
     other_host = work / f"elsewhere.example+{dead_pid()}+abc"  # cannot tell from here: kept
-    ancient = work / f"elsewhere.example+1+old"
+    ancient = work / "elsewhere.example+1+old"
     legacy = work / "tmpq1w2e3r4"  # an unowned name from an older version, recent
     for path in (dead, live, mine, other_host, ancient, legacy):
         path.mkdir()

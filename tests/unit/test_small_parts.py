@@ -46,3 +46,17 @@ def test_rank_buckets_come_from_flags_env_and_files(monkeypatch, tmp_path):
     assert ServerConfig.load(config_file)[0].rank_buckets == (4,)
     with pytest.raises(ValueError, match="integers"):
         ServerConfig(rank_buckets="four")
+
+
+def test_skipped_text_encoder_parts_are_reported_by_model_not_by_layer():
+    from hotlora.adapters.formats import Adapter
+    from hotlora.engine.guard import skipped
+
+    keys = ["text_encoder.text_model.encoder.layers.0.mlp.fc1.lora_A.weight",
+            "text_encoder_2.text_model.encoder.layers.1.mlp.fc1.lora_A.weight",
+            "lora_te3_encoder_block_0_layer_0_SelfAttention_q.lora_down.weight",
+            "lora_te3_encoder_block_1_layer_0_SelfAttention_q.lora_down.weight"]
+    adapter = Adapter("a", "flux", "kohya", {}, "0" * 64, skipped_keys=keys)
+    report = skipped(adapter)
+    assert report["keys"] == 4 and report["parts"] == ["lora_te3", "text_encoder", "text_encoder_2"]
+    assert skipped(Adapter("b", "flux", "diffusers", {}, "1" * 64)) is None

@@ -27,6 +27,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Mapping
 
@@ -88,6 +89,13 @@ class Adapter:
     @property
     def rank(self) -> int:
         return max((w.rank for w in self.modules.values()), default=0)
+
+    @cached_property
+    def key(self) -> tuple:
+        """What the adapter is, for memos and side tables: the weights' hash plus what sits beside
+        them (alphas, declared base model). Computed once: adapters are not changed once made."""
+        return (self.sha256, self.family, self.base_model,
+                hash(tuple(sorted((m, w.scaling) for m, w in self.modules.items()))))
 
     @property
     def nbytes(self) -> int:

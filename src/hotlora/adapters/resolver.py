@@ -51,19 +51,10 @@ class AdapterResolver:
         A spec is a source, ``(source, scale)`` or ``{"ref": source, "scale": s}``; a missing scale
         is the catalog entry's default, else 1.0.
         """
-        adapters = dict(adapters or {})
-        self.check_slots(adapters)
         resolved: dict[str, tuple[Adapter, float]] = {}
         problems: list[str] = []
         names = []
-        for slot, spec in adapters.items():
-            if spec is None:
-                continue
-            source, scale = split_spec(spec, slot)
-            if scale is None:
-                default = self.store.default_scale(source) if self.store and isinstance(source, str) else None
-                scale = 1.0 if default is None else default
-            self.check_scale(slot, scale)
+        for slot, (source, scale) in self.sources(adapters).items():
             adapter = self.load(source, name=source if isinstance(source, str) else None)
             problems += [f"[{slot}] {p}" for p in self._problems(adapter)]
             if not problems:
@@ -74,17 +65,25 @@ class AdapterResolver:
             raise AdapterRejected(", ".join(names), problems)
         return resolved
 
-    def check_slots(self, adapters: Mapping[str, Any]) -> None:
-        unknown = [s for s in adapters if s not in self.slot_names]
-        if unknown:
-            shown = ", ".join(repr(str(s)[:64]) for s in unknown[:8])
-            raise InvalidRequest(f"unknown slot(s) {shown}; this engine has {', '.join(self.slot_names)}")
-
-    def check_scale(self, slot: str, scale: float) -> None:
-        """A finite scale can still overflow the pack (1e30 does); bounded like any other input."""
-        if abs(scale) > self.max_scale:
-            raise InvalidRequest(f"[{slot}] scale {scale:g} is outside the allowed range "
-                                 f"-{self.max_scale:g}..{self.max_scale:g}")
+    def sources(self, adapters: Mapping[str, Any] | None) -> dict[str, tuple[Any, float]]:
+        """``{slot: (source, scale)}`` with slots and scales checked, before anything is fetched;
+        a missing scale is the catalog entry's default, else 1.0."""
+        adapters = dict(adapters or {})
+        check_slots(adapters, self.slot_names)
+        out = {}
+        for slot, spec in adapters.items():
+            if spec is None:
+                continue
+            source, scale = split_spec(spec, slot)
+            if scale is None:
+                default = self.store.default_scale(source) if self.store and isinstance(source, str) else None
+                scale = 1.0 if default is None else default
+            # A finite scale can still overflow the pack (1e30 does); bounded like any other input.
+            if abs(scale) > self.max_scale:
+                raise InvalidRequest(f"[{slot}] scale {scale:g} is outside the allowed range "
+                                     f"-{self.max_scale:g}..{self.max_scale:g}")
+            out[slot] = (source, scale)
+        return out
 
     def _magnitude_problems(self, adapter: Adapter, scale: float) -> list[str]:
         """Huge but finite weights overflow like a huge scale. ``peak`` bounds every entry of every
@@ -96,7 +95,7 @@ class AdapterResolver:
         return []
 
     def _peak(self, adapter: Adapter) -> float:
-        key = _identity(adapter)
+        key = adapter.key
         peak = self._peaks.get(key)
         if peak is None:
             peak = max((abs(w.scaling) * w.rank * float(w.down.abs().amax()) * float(w.up.abs().amax())
@@ -105,7 +104,7 @@ class AdapterResolver:
         return peak
 
     def _problems(self, adapter: Adapter) -> list[str]:
-        key = _identity(adapter)
+        key = adapter.key
         found = self._checked.get(key)
         if found is None:
             found = problems_with(adapter, self.ceiling)
@@ -113,10 +112,12 @@ class AdapterResolver:
         return found
 
 
-def _identity(adapter: Adapter) -> tuple:
-    # The weights' hash does not cover what sits beside them (alphas, declared base model).
-    return (adapter.sha256, adapter.family, adapter.base_model,
-            hash(tuple(sorted((m, w.scaling) for m, w in adapter.modules.items()))))
+def check_slots(adapters: Mapping[str, Any], slot_names) -> None:
+    """Unknown slots are one InvalidRequest everywhere (the resolver and every adapter writer)."""
+    unknown = [s for s in adapters if s not in slot_names]
+    if unknown:
+        shown = ", ".join(repr(str(s)[:64]) for s in unknown[:8])
+        raise InvalidRequest(f"unknown slot(s) {shown}; this engine has {', '.join(slot_names)}")
 
 
 def split_spec(spec, slot: str) -> tuple[Any, float | None]:

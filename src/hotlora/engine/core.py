@@ -21,7 +21,7 @@ import torch
 from hotlora.adapters.families import Family
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.resolver import AdapterResolver
-from hotlora.config import EngineConfig, read_model_defaults
+from hotlora.config import EngineConfig, StoreConfig, read_model_defaults
 from hotlora.engine import guard
 from hotlora.engine.guard import NonFiniteOutput
 from hotlora.engine.pipeline import (
@@ -104,7 +104,7 @@ class Engine:
                                                   attention=self.attention_backend, dtype=str(self.denoiser.dtype))
             artifacts = compile_artifacts_path(config.compile_cache_dir, fingerprint)
             self.compile_artifacts_loaded = load_compile_artifacts(artifacts)
-        states = len(list(self.writer.warmup_states()))
+        states = len(self.writer.warmup_states())
         if states > 1 and torch._dynamo.config.recompile_limit < RECOMPILES_PER_STATE * states:
             log.info("%d writer states: dynamo recompile_limit raised to %d", states, RECOMPILES_PER_STATE * states)
             torch._dynamo.config.recompile_limit = RECOMPILES_PER_STATE * states
@@ -126,7 +126,7 @@ class Engine:
         device = config.device or default_device()
         dtype = config.dtype or default_dtype(device)
         pipeline, family = load_pipeline(model, dtype=dtype, device=device)
-        if store is not None and not hasattr(store, "get"):  # a StoreConfig
+        if isinstance(store, StoreConfig):
             from hotlora.adapters.store import AdapterStore
 
             store = AdapterStore(store, family, denoiser_config=getattr(pipeline, family.denoiser).config
@@ -145,9 +145,11 @@ class Engine:
         guidance = [self.defaults["guidance_scale"], *([1.0] if self.family.name == "sdxl" else [])]
         began = time.perf_counter()
         for state in self.writer.warmup_states():
+            self.writer.enter(state)
             for scale in guidance:
                 for size in sizes:
-                    log.info("warm-up: batch %d, guidance %.1f, %s (%s)", size, scale, state, self.compile_mode or "eager")
+                    log.info("warm-up: batch %d, guidance %.1f, writer state %s (%s)", size, scale, state,
+                             self.compile_mode or "eager")
                     self.pipeline(prompt="warm-up", num_images_per_prompt=size, num_inference_steps=2,
                                   guidance_scale=scale, height=self.height, width=self.width,
                                   generator=[torch.Generator().manual_seed(i) for i in range(size)],
@@ -259,7 +261,7 @@ class Engine:
                               batch_size=self.batch_size, seed=request.seed, call_kwargs=call, timings=timings,
                               output_type="pt" if request.output_type == "pil" else request.output_type,
                               progress=request.progress, before_chunk=bind)
-            self._check_finite(images, request.adapters)
+            guard.check_finite(images, request.adapters, self.pipeline)
         timings.swap_ms = swap.ms
         images = self._finish(images, request.output_type)
         timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
@@ -278,8 +280,11 @@ class Engine:
             call["negative_prompt"] = [r.negative_prompt or "" for r in requests for _ in range(r.num_images)]
         listeners = [r.progress for r in requests if r.progress is not None]
         if listeners:
-            call["callback_on_step_end"] = step_callback(
-                lambda done, steps: [listener(done, steps) for listener in listeners], 0, call["num_inference_steps"])
+            def progress(done: int, steps: int) -> None:
+                for listener in listeners:
+                    listener(done, steps)
+
+            call["callback_on_step_end"] = step_callback(progress, 0, call["num_inference_steps"])
         bounds = [sum(r.num_images for r in requests[:i]) for i in range(len(requests) + 1)]
         with self._engine_section():
             swap = self.writer.bind(samples, repeat=self._batch_factor(first.params))
@@ -294,7 +299,7 @@ class Engine:
             refused = {}
             for i, request in enumerate(requests):
                 try:
-                    self._check_finite(images[bounds[i]:bounds[i + 1]], request.adapters)
+                    guard.check_finite(images[bounds[i]:bounds[i + 1]], request.adapters, self.pipeline)
                 except NonFiniteOutput as exc:
                     refused[i] = exc
         results = []
@@ -339,9 +344,6 @@ class Engine:
                 raise EngineError(f"generation failed inside the engine: {type(exc).__name__}: {exc}") from exc
             finally:
                 self._recompiles += graph_count() - graphs_before
-
-    def _check_finite(self, images, resolved: Resolved) -> None:
-        guard.check_finite(images, resolved, self.pipeline)
 
     def _finish(self, images, output_type: str):
         """Encode PIL (finiteness was checked inside the engine section)."""

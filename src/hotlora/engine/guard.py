@@ -50,9 +50,17 @@ def skipped(adapter: Adapter) -> dict | None:
     slots exist), so a caller sees it in the response, not only in the server's log."""
     if not adapter.skipped_keys:
         return None
-    parts = sorted({key.split(".", 1)[0] for key in adapter.skipped_keys})
+    parts = sorted({_part(key) for key in adapter.skipped_keys})
     return {"keys": len(adapter.skipped_keys), "parts": parts,
             "reason": "text-encoder LoRA weights are not applied by this engine (its adapters are on the denoiser)"}
+
+
+def _part(key: str) -> str:
+    """The model a skipped key belongs to: ``text_encoder_2`` for diffusers names, ``lora_te3`` for
+    kohya's (whose module names have no dots: the first dotted part would be one per layer)."""
+    if key.startswith("lora_te"):
+        return key.split("_", 2)[0] + "_" + key.split("_", 2)[1]
+    return key.split(".", 1)[0]
 
 
 def _all_finite(images) -> bool:

@@ -8,9 +8,13 @@ from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from hotlora.errors import InvalidRequest, RequestTooLarge
+from hotlora.server.errors import validation_error
 from hotlora.server.images import MEDIA_TYPES, format_from_accept
 from hotlora.server.schemas import MAX_REF_CHARS, HFRequest, specs
 from hotlora.server.service import Service, server_timing
+
+
+EXPECTED = 'expected {"inputs": prompt, "parameters": {...}} or a raw prompt'
 
 
 def inference_routes(service: Service) -> APIRouter:
@@ -35,8 +39,10 @@ async def inference_api(service: Service, request: Request) -> Response:
             body = HFRequest.model_validate_json(raw)
         else:
             body = HFRequest(inputs=raw.decode("utf-8"))
-    except (ValidationError, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidRequest(f"expected {{\"inputs\": prompt, \"parameters\": {{...}}}} or a raw prompt: {exc}") from None
+    except ValidationError as exc:  # the same formatter as every other schema error
+        raise InvalidRequest(f"{EXPECTED}; {validation_error(exc.errors())}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidRequest(f"{EXPECTED}: {exc}") from None
     params = body.parameters
     adapters = specs(params.adapters)
     header = request.headers.get("lora")

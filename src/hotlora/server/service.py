@@ -14,7 +14,6 @@ import time
 
 from fastapi import Request
 
-from hotlora.adapters.resolver import split_spec
 from hotlora.config import ServerConfig
 from hotlora.engine.worker import Job, NotAccepting, Overloaded, Worker
 from hotlora.errors import HotloraError
@@ -101,21 +100,15 @@ class Service:
         """Fetch every slot's adapter concurrently on the store's own fetch pool (a RAM-cached
         adapter returns at once, never behind someone's slow download); ``Engine.prepare``
         validates them. Slots and scales are checked before any download."""
-        resolver.check_slots(adapters)
         store = resolver.store
 
-        async def fetch(slot, spec):
-            source, scale = split_spec(spec, slot)
-            if scale is None and store is not None and isinstance(source, str):
-                scale = store.default_scale(source)
-            scale = 1.0 if scale is None else scale
-            resolver.check_scale(slot, scale)  # before any download
+        async def fetch(slot, source, scale):
             if isinstance(source, str) and store is not None:
                 source = await store.aget(source)
             return slot, (source, scale)
 
-        fetched = await asyncio.gather(*(fetch(slot, spec) for slot, spec in adapters.items() if spec is not None))
-        return dict(fetched)
+        specs = resolver.sources(adapters)
+        return dict(await asyncio.gather(*(fetch(slot, *spec) for slot, spec in specs.items())))
 
     async def prefetch(self, store, refs: list[str]) -> None:
         """Fetch in the background under an admission bound: 429 when too many fetches are running."""

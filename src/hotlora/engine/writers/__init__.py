@@ -8,7 +8,7 @@ the engine: the engine holds one writer and only ever calls what ``AdapterWriter
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence
 
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.validate import SlotCeiling
@@ -32,8 +32,11 @@ class AdapterWriter(Protocol):
         batch for classifier-free guidance). InvalidRequest, before writing anything, for what
         this writer cannot hold."""
 
-    def warmup_states(self) -> Iterator[str]:
-        """Enter, in turn, every state steady state may run in (the engine warms each up)."""
+    def warmup_states(self) -> tuple:
+        """Every state steady state may run in (the engine enters and warms up each)."""
+
+    def enter(self, state) -> None:
+        """Switch to ``state`` (one of ``warmup_states``) for the warm-up."""
 
     def check_intact(self) -> None:
         """SlotStateCorrupt if what the model reads is no longer this writer's."""

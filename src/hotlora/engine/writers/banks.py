@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -23,7 +23,8 @@ from torch import nn
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
-from hotlora.engine.writers.slots import SwapReport, _Slot, ceiling_modules, check_slots, write_padded
+from hotlora.adapters.resolver import check_slots
+from hotlora.engine.writers.slots import SwapReport, _Slot, ceiling_modules, write_padded
 from hotlora.errors import InvalidRequest, SlotStateCorrupt
 
 Assignment = Mapping[str, "tuple[Adapter, float] | None"]  # slot/kind -> adapter and scale
@@ -120,8 +121,11 @@ class AdapterBank:
     def bind(self, samples: Sequence[Assignment], repeat: int = 1) -> SwapReport:
         return self.assign(samples, repeat)
 
-    def warmup_states(self) -> Iterator[str]:
-        yield "banks"
+    def warmup_states(self) -> tuple[str, ...]:
+        return ("banks",)  # one graph serves any assignment of entries
+
+    def enter(self, state: str) -> None:
+        pass
 
     def describe(self) -> dict:
         return {"writer": "banks", "slot_bytes": self.nbytes, "entries": self.entries, "resident": len(self._resident)}

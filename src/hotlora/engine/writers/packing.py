@@ -80,11 +80,6 @@ class PackedWeights:
         return self.down.shape[0]
 
 
-def identity(adapter: Adapter) -> tuple:
-    """What a packing depends on: the weights' hash and what sits beside them (the alphas)."""
-    return adapter.sha256, hash(tuple(sorted((m, w.scaling) for m, w in adapter.modules.items())))
-
-
 class PackCache:
     """Packed copies of the adapters requests were prepared with, least recently used out first,
     under a byte budget. Thread-safe: requests' threads put, the serving thread gets."""
@@ -96,12 +91,11 @@ class PackCache:
 
     def prepare(self, adapter: Adapter) -> None:
         """Pack ``adapter`` (validated) unless it is packed already or stays per-module."""
-        key = identity(adapter)
-        if self._entries.get(key, _UNKNOWN) is _UNKNOWN:
-            self._entries.put(key, pack(adapter, self.layout))
+        if self._entries.get(adapter.key, _UNKNOWN) is _UNKNOWN:
+            self._entries.put(adapter.key, pack(adapter, self.layout))
 
     def get(self, adapter: Adapter) -> PackedWeights | None:
-        return self._entries.get(identity(adapter))
+        return self._entries.get(adapter.key)
 
     @property
     def bytes(self) -> int:

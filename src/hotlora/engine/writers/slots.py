@@ -31,11 +31,12 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
 from hotlora.adapters.formats import Adapter
+from hotlora.adapters.resolver import check_slots
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
 from hotlora.engine.writers.packing import PackCache, PackedWeights, PackLayout
@@ -93,12 +94,6 @@ def ceiling_modules(denoiser: torch.nn.Module, target_modules: Iterable[str] | s
     if not chosen:
         raise ValueError("the slot ceiling selects no Linear layer of the denoiser")
     return {n: (linears[n].in_features, linears[n].out_features) for n in chosen}
-
-
-def check_slots(assignments: Mapping, slot_names: Sequence[str]) -> None:
-    unknown = [str(s) for s in assignments if s not in slot_names]
-    if unknown:
-        raise InvalidRequest(f"unknown slot(s) {', '.join(sorted(unknown))}; this engine has {', '.join(slot_names)}")
 
 
 def signature(assignment: Mapping[str, tuple[Adapter, float] | None]) -> tuple:
@@ -240,11 +235,12 @@ class SlotBank:
                                  "build it with mixed=True to batch requests with different adapters")
         return self.swap(samples[0] if samples else {})
 
-    def warmup_states(self) -> Iterator[str]:
-        """Each state steady state may run in (one per rank bucket, largest first), entered in turn."""
-        for bucket in reversed(self.rank_buckets):
-            self.use_bucket(bucket)
-            yield f"rank bucket {bucket}"
+    def warmup_states(self) -> tuple[int, ...]:
+        """The states steady state may run in: one per rank bucket, largest first."""
+        return tuple(reversed(self.rank_buckets))
+
+    def enter(self, state: int) -> None:
+        self.use_bucket(state)
 
     @torch.no_grad()
     def swap(self, assignments: Mapping[str, tuple[Adapter, float] | None]) -> SwapReport:
