@@ -21,13 +21,13 @@ import socket
 import tempfile
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from hotlora.adapters.formats import Adapter, LoraWeights
+from hotlora.lru import LRU
 
 log = logging.getLogger(__name__)
 FORMAT = "hotlora-canonical-v1"
@@ -180,8 +180,9 @@ class DiskCache:
         self.root.mkdir(parents=True, exist_ok=True)
         self.budget = budget_bytes
         self.stats = TierStats()
-        self._lock = threading.Lock()
-        self._index: OrderedDict[str, int] = OrderedDict()  # key -> data bytes, least recently used first
+        # key -> data bytes, least recently used first; a put or a hit may evict (files removed here).
+        self._index: LRU[str, int] = LRU(max_cost=budget_bytes, cost=int)
+        self._lock = threading.Lock()  # the disk-full flag and the stats
         self._disk_full = False  # warn once per spell of failing writes, not per write
         self.rescan_every_s = self.RESCAN_EVERY_S
         self._rescan()
@@ -200,11 +201,8 @@ class DiskCache:
                 except FileNotFoundError:  # evicted meanwhile
                     continue
                 found.append((st.st_mtime_ns, entry.name.removesuffix(".safetensors"), st.st_size))
-        index = OrderedDict((key, size) for _, key, size in sorted(found))
-        with self._lock:
-            self._index = index
-            self.stats.bytes = sum(index.values())
-            self.stats.entries = len(index)
+        self._index.replace_all((key, size) for _, key, size in sorted(found))
+        self._count()
 
     def _paths(self, key: str) -> tuple[Path, Path]:
         return self.root / f"{key}.safetensors", self.root / f"{key}.sha256"
@@ -249,8 +247,7 @@ class DiskCache:
             return
         except OSError:  # a read-only disk: recency is best effort
             pass
-        with self._lock:
-            self._remember(key, size)
+        self._remember(key, size)
 
     def put(self, key: str, adapter: Adapter) -> bool:
         """Write an entry; False when the disk refused it (full, read-only): the caller keeps
@@ -277,9 +274,7 @@ class DiskCache:
                 self._rescan()  # see what other replicas wrote, so the budget holds for all of them
             except OSError as exc:  # keep the index we have
                 log.warning("disk cache rescan failed: %s", exc)
-        with self._lock:
-            self._remember(key, len(data))
-            self._evict(keep=key)
+        self._remember(key, len(data))
         return True
 
     def _write_failed(self, key: str, exc: OSError) -> None:
@@ -305,31 +300,25 @@ class DiskCache:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    # Index bookkeeping; callers hold self._lock.
+    # Index bookkeeping.
 
     def _remember(self, key: str, size: int) -> None:
-        self.stats.bytes += size - self._index.get(key, 0)
-        self._index[key] = size
-        self._index.move_to_end(key)
-        self.stats.entries = len(self._index)
-
-    def _forget_locked(self, key: str) -> None:
-        self.stats.bytes -= self._index.pop(key, 0)
-        self.stats.entries = len(self._index)
+        """``key`` is the most recent entry; what that pushes over the budget is removed from disk."""
+        evicted = self._index.put(key, size)
+        for old, _ in evicted:
+            for path in self._paths(old):
+                _remove(path)  # another process may have removed it already
+        with self._lock:
+            self.stats.evictions += len(evicted)
+        self._count()
 
     def _forget(self, key: str) -> None:
-        with self._lock:
-            self._forget_locked(key)
+        self._index.pop(key)
+        self._count()
 
-    def _evict(self, keep: str) -> None:
-        while self.stats.bytes > self.budget and len(self._index) > 1:
-            key = next(iter(self._index))
-            if key == keep:  # the entry just written is the newest; only it is left
-                break
-            self._forget_locked(key)
-            for path in self._paths(key):
-                _remove(path)  # another process may have removed it already
-            self.stats.evictions += 1
+    def _count(self) -> None:
+        with self._lock:
+            self.stats.bytes, self.stats.entries = self._index.total_cost, len(self._index)
 
     def _discard(self, key: str, why: str) -> None:
         log.warning("disk cache entry %s discarded: %s", key[:12], why)
@@ -340,5 +329,4 @@ class DiskCache:
 
     def keys(self) -> list[str]:
         """The entries this process knows of (its index), least recently used first."""
-        with self._lock:
-            return list(self._index)
+        return self._index.keys()

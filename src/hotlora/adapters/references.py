@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -56,6 +57,22 @@ def redact_url(url: str) -> str:
         host = f"{host}:{parts.port}"
     redacted_query = "<redacted>" if parts.query else ""
     return urlunsplit((parts.scheme, host, parts.path, redacted_query, ""))
+
+
+def redact_reference(ref) -> str:
+    """The one redaction used by logs, errors, metrics, listings and the playground: a raw
+    client-supplied reference as it may be shown. URLs lose user info, query and fragment (presigned
+    signatures, tokens); anything that does not parse is shown as its hash, never as its text."""
+    try:
+        return parse_reference(ref).display
+    except InvalidRequest:
+        return f"<unparseable reference {reference_id(ref)[:12]}>"
+
+
+def reference_id(ref) -> str:
+    """A stable, opaque id for a raw reference (the Ray multiplexed model id): a hash, so a presigned
+    URL's signature never travels as a routing key, a log field or a metric label."""
+    return hashlib.sha256(str(ref).encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def parse_reference(ref: str, catalog_names=()) -> Reference:

@@ -18,6 +18,7 @@ from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hotlora.adapters.references import reference_id
 from hotlora.deploy.config import RayServeConfig
 from hotlora.deploy.replica import ForwardedReply, ForwardedRequest
 from hotlora.deploy.routing import ATTEMPTS_HEADER, Route, route
@@ -63,7 +64,7 @@ class Ingress:
             chosen = route(request.method, path, request.query_params, request.headers, body, self.table,
                            self.config.default_model, self.identity_slot)
             forwarded = ForwardedRequest(request.method, path, request.url.query, list(request.headers.items()),
-                                         chosen.body)
+                                         chosen.body, identity=chosen.identity)
             reply, attempts = await self._forward(chosen, forwarded)
         except HotloraError as exc:  # answered in the shape and status ``hotlora serve`` gives
             reply = error_reply(exc, openai=is_openai(path))
@@ -80,7 +81,7 @@ class Ingress:
         """
         handle = self.handles[chosen.deployment]
         if chosen.identity:
-            handle = handle.options(multiplexed_model_id=chosen.identity)
+            handle = handle.options(multiplexed_model_id=reference_id(chosen.identity))
         config = self.config
         problems = []
         for attempt in range(1, config.max_attempts + 1):

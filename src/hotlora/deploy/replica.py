@@ -3,8 +3,9 @@
 The ingress forwards the raw HTTP request; the replica replays it against ``create_app``'s ASGI
 app in-process (httpx's ASGI transport), so every route, its validation, errors, metrics and
 timings are exactly the single-process server's. Serve's model multiplexing keys the replica
-on the request's identity adapter: the first request for an identity loads it into the store's
-RAM cache, Serve reports the replica as holding it, and later requests for it are routed here.
+on the request's identity adapter (by a hash of its reference, ``reference_id``): the first request
+for an identity loads it into the store's RAM cache, Serve reports the replica as holding it, and
+later requests for it are routed here.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from dataclasses import dataclass
 import httpx
 from ray import serve
 
+from hotlora.adapters.references import redact_reference, reference_id
 from hotlora.deploy.config import ModelDeployment
 from hotlora.deploy.routing import REPLICA_HEADER
 from hotlora.errors import HotloraError
+from hotlora.lru import LRU
 
 log = logging.getLogger(__name__)
 # Recomputed by whoever re-frames the body (Starlette on the ingress); never forwarded as is.
@@ -31,6 +34,7 @@ class ForwardedRequest:
     query: str
     headers: list[tuple[str, str]]
     body: bytes
+    identity: str | None = None  # the identity adapter's reference; Serve's model id is its hash
 
 
 @dataclass
@@ -68,9 +72,14 @@ class ModelReplica:
 
         # Applied here rather than as a class decorator because the count is only known once the
         # catalog is loaded; Serve detects multiplexed functions stored on the instance.
+        # Serve's model id is a hash (reference_id); the reference it stands for is noted by
+        # ``handle`` just before the multiplexed call, bounded like Serve's own model table.
+        self._identity_refs: LRU[str, str] = LRU(max_entries=4 * self.max_adapters)
+
         @serve.multiplexed(max_num_models_per_replica=self.max_adapters)
-        async def hold_identity(ref: str):
-            return await self._fetch(ref)
+        async def hold_identity(model_id: str):
+            ref = self._identity_refs.get(model_id)
+            return await self._fetch(ref) if ref is not None else None
 
         self.hold_identity = hold_identity
         log.info("replica %s ready: %s, up to %d identity adapters", self.replica_id, spec.server.model,
@@ -81,14 +90,15 @@ class ModelReplica:
         holding it). A bad reference is not an error here: the app resolves it again and answers it."""
         try:
             return await self.worker.store.prefetch(ref)
-        except HotloraError as exc:
-            log.info("identity adapter %s did not load: %s", ref, exc)
+        except HotloraError as exc:  # its message names the reference redacted (Reference.display)
+            log.info("identity adapter %s did not load: %s", redact_reference(ref), exc)
             return None
 
     async def handle(self, request: ForwardedRequest) -> ForwardedReply:
-        identity = serve.get_multiplexed_model_id()
-        if identity:
-            await self.hold_identity(identity)
+        model_id = serve.get_multiplexed_model_id()
+        if model_id and request.identity and reference_id(request.identity) == model_id:
+            self._identity_refs.put(model_id, request.identity)
+            await self.hold_identity(model_id)
         response = await self.client.request(request.method, request.path, params=request.query or None,
                                               headers=[(k, v) for k, v in request.headers if k.lower() not in HOP_HEADERS],
                                               content=request.body)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
 
 import torch
@@ -98,10 +99,32 @@ def compile_artifacts_path(cache_dir: str | os.PathLike, fingerprint: str) -> Pa
     return Path(cache_dir) / f"compile-artifacts-{digest}.bin"
 
 
+def untrusted_because(path: Path) -> str | None:
+    """Why ``path`` may hold something another user wrote, or None. Compile artifacts are pickles:
+    loading one runs whatever its writer put there, so only this process's user (or root) may have
+    been able to write the file or the folder that holds it."""
+    if not hasattr(os, "getuid"):  # no POSIX owners and modes to check (Windows)
+        return None
+    for place in (path.parent, path):
+        if not place.exists():
+            continue
+        info = place.stat()
+        if info.st_uid not in (os.getuid(), 0):
+            return f"{place} belongs to another user (uid {info.st_uid})"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{place} is writable by other users (mode {stat.filemode(info.st_mode)})"
+    return None
+
+
 def load_compile_artifacts(path: Path) -> bool:
-    """Pre-load the compiler's caches saved by an earlier process (``torch.compiler.load_cache_artifacts``)."""
+    """Pre-load the compiler's caches saved by an earlier process (``torch.compiler.load_cache_artifacts``),
+    only from a file and folder no other user can write (see ``untrusted_because``)."""
     if not path.is_file():
         log.info("no compile artifacts at %s: compiling from scratch", path)
+        return False
+    reason = untrusted_because(path)
+    if reason:
+        log.warning("not loading compile artifacts (they are pickles): %s; compiling from scratch", reason)
         return False
     try:
         torch.compiler.load_cache_artifacts(path.read_bytes())
@@ -118,9 +141,14 @@ def save_compile_artifacts(path: Path) -> bool:
     if not saved:
         return False
     data, _info = saved
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    reason = untrusted_because(path)
+    if reason:
+        log.warning("not saving compile artifacts where another user could replace them: %s", reason)
+        return False
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_bytes(data)
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
+        out.write(data)
     os.replace(tmp, path)
     log.info("saved %d bytes of compile artifacts to %s", len(data), path)
     return True

@@ -14,7 +14,6 @@ scale per sample. The LoRA math is the same as PEFT's: ``base(x) + scale * B @ A
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from typing import Iterable, Mapping, Sequence
 
 import torch
@@ -26,6 +25,7 @@ from hotlora.engine.runner import synchronize
 from hotlora.adapters.resolver import check_slots
 from hotlora.engine.writers.slots import SwapReport, _Slot, ceiling_modules, write_padded
 from hotlora.errors import InvalidRequest, SlotStateCorrupt
+from hotlora.lru import LRU
 
 Assignment = Mapping[str, "tuple[Adapter, float] | None"]  # slot/kind -> adapter and scale
 
@@ -95,7 +95,7 @@ class AdapterBank:
             for e in range(entries)
         ]
         # Resident (sha256, scale) -> entry, in least-recently-used order; entry 0 is never given out.
-        self._resident: OrderedDict[tuple[str, float], int] = OrderedDict()
+        self._resident: LRU[tuple[str, float], int] = LRU()  # bounded by the bank: entries recycled below
         self._layout = self._fingerprint()
 
     @property
@@ -150,25 +150,24 @@ class AdapterBank:
         if len(wanted) > self.entries - 1:
             raise InvalidRequest(f"{len(wanted)} distinct adapters in one batch; the bank holds {self.entries - 1}")
         for key in wanted:
-            if key in self._resident:
-                self._resident.move_to_end(key)
-        free = [e for e in range(1, self.entries) if e not in self._resident.values()]
+            self._resident.get(key)  # now among the most recently used
+        taken = set(self._resident.values())
+        free = [e for e in range(1, self.entries) if e not in taken]
         for key, adapter in wanted.items():
             if key in self._resident:
                 continue
             if free:
                 entry = free.pop()
             else:  # recycle the least recently used entry this batch does not need
-                victim = next(k for k in self._resident if k not in wanted)
-                entry = self._resident.pop(victim)
+                _, entry = self._resident.pop_oldest(exclude=wanted)
             write_padded(self._entries[entry], adapter, key[1], report)
-            self._resident[key] = entry
+            self._resident.put(key, entry)
         index = torch.zeros(len(self.slot_names), len(samples), dtype=torch.long)
         for position, sample in enumerate(samples):
             for kind, slot in enumerate(self.slot_names):
                 assigned = sample.get(slot)
                 if assigned is not None and assigned[1] != 0.0:
-                    index[kind, position] = self._resident[(assigned[0].sha256, float(assigned[1]))]
+                    index[kind, position] = self._resident.get((assigned[0].sha256, float(assigned[1])))
         index = index.repeat(1, repeat)
         self.selector.index.zero_()
         self.selector.index[:, : index.shape[1]].copy_(index)

@@ -1,0 +1,63 @@
+"""What the ingress hands to Serve: the multiplexed model id is a hash of the identity reference
+(Serve logs and exports model ids), and the reference itself travels only in the request. No cluster:
+the ingress class runs against a recording handle."""
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("ray", reason="the ray extra is not installed")
+
+from hotlora.adapters.references import reference_id  # noqa: E402
+from hotlora.config import ServerConfig, StoreConfig  # noqa: E402
+from hotlora.deploy.config import RayServeConfig  # noqa: E402
+from hotlora.deploy.ingress import Ingress  # noqa: E402
+from hotlora.deploy.replica import ForwardedReply  # noqa: E402
+
+PRESIGNED = "https://bucket.example/u/42.safetensors?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=5ecret5ig"
+
+
+class RecordingHandle:
+    def __init__(self):
+        self.model_ids, self.forwarded = [], []
+
+    def options(self, multiplexed_model_id):
+        self.model_ids.append(multiplexed_model_id)
+        return self
+
+    @property
+    def handle(self):
+        return self
+
+    def remote(self, forwarded):
+        self.forwarded.append(forwarded)
+
+        async def reply():
+            return ForwardedReply(200, [], b"{}")
+
+        return asyncio.ensure_future(reply())
+
+
+def test_serve_sees_a_hash_of_the_identity_never_its_url(tmp_path):
+    from starlette.requests import Request
+
+    config = RayServeConfig.from_dict({"models": {"flux": {"model": "org/flux"}}}, ServerConfig(),
+                                      StoreConfig(cache_dir=tmp_path))
+    recording = RecordingHandle()
+    ingress = Ingress.func_or_class({"flux": recording}, config)
+    body = json.dumps({"prompt": "x", "adapters": {"identity": PRESIGNED}}).encode()
+
+    async def call():
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/generate", "query_string": b"",
+                 "headers": [(b"content-type", b"application/json")]}
+        return await ingress(Request(scope, receive))
+
+    response = asyncio.run(call())
+    assert response.status_code == 200
+    assert recording.model_ids == [reference_id(PRESIGNED)]
+    assert "5ecret5ig" not in recording.model_ids[0] and len(recording.model_ids[0]) == 32
+    assert recording.forwarded[0].identity == PRESIGNED  # the replica fetches by the reference itself
