@@ -1,4 +1,4 @@
-"""`hotlora tiny-model | generate | adapters inspect | adapters convert`."""
+"""`hotlora tiny-model | generate | serve | keys new | adapters inspect | adapters convert | bench`."""
 
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ def _cli_store(args):
     from hotlora.adapters.store import AdapterStore
     from hotlora.config import StoreConfig
 
-    # The operator's own command: any local path they can read is fair game.
+    # The operator's own offline command, never the server's path: any local path they can read
+    # is fair game (the server's roots come from StoreConfig.local_roots and the catalog).
     config = StoreConfig.from_env(cache_dir=Path(args.cache_dir), local_roots=(Path.cwd(), Path("/")))
     return AdapterStore(config, family_named(args.family), catalog=args.catalog)
 
@@ -105,19 +106,47 @@ def cmd_serve(args) -> int:
     from hotlora.config import ServerConfig
     from hotlora.server.run import serve
 
+    from hotlora.server.auth import AuthConfigError
+
     config, store_config = ServerConfig.load(
         args.config, model=args.model, slots=args.slots, target_rank=args.target_rank,
         target_modules=args.target_modules, batch_size=args.batch_size, compile=False if args.no_compile else None,
         host=args.host, port=args.port, max_queue=args.max_queue, mixed=True if args.mixed else None,
-        attention_backend=args.attention_backend, rank_buckets=args.rank_buckets,
-        store_flags={"catalog": args.catalog, "cache_dir": Path(args.cache_dir) if args.cache_dir else None},
+        attention_backend=args.attention_backend, rank_buckets=args.rank_buckets, auth=args.auth,
+        api_keys_file=args.api_keys_file, allowed_host_headers=args.allowed_host_headers,
+        cors_origins=args.cors_origins,
+        store_flags={"catalog": args.catalog, "cache_dir": Path(args.cache_dir) if args.cache_dir else None,
+                     "local_roots": tuple(Path(p) for p in args.adapter_root) if args.adapter_root else None},
     )
     if args.ray:  # one deployment per base model on Ray Serve; see docs/scale-out.md
         from hotlora.deploy import RayServeConfig, run
 
         run(RayServeConfig.load(args.config, config, store_config))
         return 0
-    serve(config, store_config)
+    try:
+        serve(config, store_config)
+    except AuthConfigError as exc:  # a settings problem, not an engine fault
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_keys_new(args) -> int:
+    """A new API key (printed once: the server keeps only its hash) and the line for the keys file."""
+    from hotlora.server.auth import AuthConfigError, new_key
+
+    scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
+    sources = [s.strip() for s in (args.sources or "").split(",") if s.strip()]
+    try:
+        key, line = new_key(args.name, scopes, sources)
+    except AuthConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("the key, shown once (give it to the client, who sends it as 'Authorization: Bearer <key>'):",
+          file=sys.stderr)
+    print(key)
+    print("the line for the server's keys file (--api-keys-file) or HOTLORA_API_KEYS:", file=sys.stderr)
+    print(line)
     return 0
 
 
@@ -173,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--batch-size", type=int)
     srv.add_argument("--catalog", help="catalog file of adapters to pre-cache")
     srv.add_argument("--cache-dir", help="adapter cache directory (default .cache/hotlora)")
+    srv.add_argument("--adapter-root", action="append", metavar="DIR",
+                     help="a folder local adapter references may read (repeatable; default: only the catalog's "
+                          "folder, never the working directory)")
     srv.add_argument("--host")
     srv.add_argument("--port", type=int)
     srv.add_argument("--max-queue", type=int)
@@ -182,7 +214,23 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--rank-buckets", help="extra ranks to compile for, e.g. 4,8: a request runs the smallest "
                                             "that holds its adapters (default: target rank only)")
     srv.add_argument("--ray", action="store_true", help="scale out on Ray Serve (models from the config's [ray] table)")
+    srv.add_argument("--auth", choices=["auto", "on", "off"],
+                     help="API keys: auto (default) requires them unless bound to loopback with none configured")
+    srv.add_argument("--api-keys-file", help="file of API key hashes, one per line (`hotlora keys new` makes them)")
+    srv.add_argument("--allowed-host-headers", help="comma-separated Host header names to answer (default: "
+                                                    "loopback names without keys on loopback, else any)")
+    srv.add_argument("--cors-origins", help="comma-separated browser origins allowed to call this server "
+                                            "(default none)")
     srv.set_defaults(run=cmd_serve)
+
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)
+    new = keys.add_parser("new", help="print a new API key once, and the line the server's keys file needs")
+    new.add_argument("--name", help="the key's name in logs and listings (default: the hash's first 8 digits)")
+    new.add_argument("--scopes", default="generate,prefetch", help="comma-separated: generate, prefetch, metrics, "
+                                                                   "admin (default generate,prefetch)")
+    new.add_argument("--sources", help="comma-separated reference prefixes the key may use, e.g. "
+                                       "s3://tenant-a/,catalog: (default: any)")
+    new.set_defaults(run=cmd_keys_new)
 
     bench = sub.add_parser("bench", help="run a benchmark from bench/ (ablation, swap, mixed, affinity, ...)")
     bench.add_argument("name", help="ablation | swap | mixed | affinity | engine_figures")

@@ -95,11 +95,23 @@ class StoreConfig:
     cache_dir: Path = Path(".cache/hotlora")
     disk_budget_bytes: int = 20 * GiB
     ram_budget_bytes: int = 4 * GiB
-    # Local references must resolve (symlinks followed) inside one of these directories.
-    local_roots: tuple[Path, ...] = (Path("."),)
-    # Remote hosts (HTTPS hosts and S3 endpoint hosts) allowed; empty = any host.
+    # Local references must resolve (symlinks followed, every file of a directory too) inside one
+    # of these directories or the catalog file's folder. Empty: only the catalog's folder; never
+    # the working directory.
+    local_roots: tuple[Path, ...] = ()
+    # Egress (adapters.egress): every remote connection goes to a public address only, resolved
+    # once and pinned. Entries here (``host`` or ``host:port``) are allowed even when internal
+    # (how a test server on 127.0.0.1 is reached); when not empty, https:// references may name
+    # only these hosts. The S3 and Hub endpoints need an entry only when they are internal.
     allowed_hosts: tuple[str, ...] = ()
     allow_http: bool = False  # plain http:// (loopback test servers, trusted networks)
+    # s3:// references allowed, as ``bucket`` or ``bucket/prefix`` entries; empty: s3:// refused
+    # (the server's credentials may read far more than its clients should).
+    allowed_s3: tuple[str, ...] = ()
+    # Hub repositories (``owner/repo`` or ``owner/*``) fetched with the server's HF token; any other
+    # hf:// repository is fetched anonymously, so private and gated repos the token reaches stay
+    # unreachable to clients. Empty: no request ever uses the token.
+    allowed_hub_repos: tuple[str, ...] = ()
     allow_pickle: bool = False  # .bin / .pt adapters: torch.load(weights_only=True), still opt-in
     max_adapter_bytes: int = 2 * GiB
     max_header_bytes: int = 16 * MiB
@@ -114,7 +126,9 @@ class StoreConfig:
     s3_endpoint_url: str | None = None  # R2, MinIO, ...; else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL
     s3_region: str | None = None
     catalog: str | None = None  # TOML/YAML file of adapters to pre-cache at start-up
-    hf_cache_dir: str | None = None  # None: huggingface_hub's own (HF_HOME / HF_HUB_CACHE)
+    # Read only in offline mode (HF_HUB_OFFLINE): a pre-filled Hub cache. None: huggingface_hub's
+    # own (HF_HOME / HF_HUB_CACHE). Online, Hub files download into the store's work folder.
+    hf_cache_dir: str | None = None
     # How long a remote reference's content identity (ETag, S3 ETag, hub revision) is trusted
     # before asking the server again. 0: ask on every request (never stale, one round trip per
     # request even when the adapter is in RAM); N: an object replaced at the same address may be
@@ -129,8 +143,16 @@ class StoreConfig:
 
     def __post_init__(self):
         self.cache_dir = Path(self.cache_dir)
-        self.local_roots = tuple(Path(p) for p in self.local_roots)
-        self.allowed_hosts = tuple(h.lower() for h in self.allowed_hosts)
+        roots = self.local_roots.split(os.pathsep) if isinstance(self.local_roots, str) else self.local_roots
+        self.local_roots = tuple(Path(p) for p in roots if str(p))
+        self.allowed_hosts = tuple(h.strip().lower() for h in _listed(self.allowed_hosts))
+        self.allowed_s3 = tuple(e.strip().strip("/") for e in _listed(self.allowed_s3) if e.strip().strip("/"))
+        self.allowed_hub_repos = tuple(e.strip() for e in _listed(self.allowed_hub_repos))
+
+
+def _listed(value) -> tuple:
+    """A tuple setting given as one comma-separated string (a config file, a flag) or a sequence."""
+    return tuple(p for p in value.split(",") if p.strip()) if isinstance(value, str) else tuple(value)
 
 
 @dataclass
@@ -168,6 +190,16 @@ class ServerConfig:
     max_rebuild_attempts: int = 5  # consecutive failed rebuilds before the worker gives up (503s)
     lora_header_slot: str = "identity"  # the slot the inference API's `lora` header fills
     enable_fault_injection: bool = False  # POST /admin/fault: for tests of the rebuild path only
+    # API keys (server/auth.py). auto: required unless the server binds a loopback address and no
+    # keys are configured; on: required; off: never (logged loudly when not on loopback).
+    auth: str = "auto"
+    api_keys_file: str | None = None  # one `sha256:<hex> name=.. scopes=.. sources=..` line per key
+    api_keys: str | None = None  # the same lines (';' or newline between them), e.g. HOTLORA_API_KEYS
+    # Host headers answered (Starlette's TrustedHostMiddleware: DNS rebinding). Empty: 127.0.0.1,
+    # localhost and [::1] while the server takes requests without keys on loopback, else any.
+    allowed_host_headers: tuple[str, ...] = ()
+    # Browser origins other than the server's own that may call it (CORS). Empty: none, and no CORS headers.
+    cors_origins: tuple[str, ...] = ()
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -197,6 +229,12 @@ class ServerConfig:
             self.rank_buckets = tuple(int(str(b).strip()) for b in self.rank_buckets if str(b).strip())
         except ValueError:
             raise ValueError(f"rank_buckets must be integers, got {self.rank_buckets!r}") from None
+        for name in ("allowed_host_headers", "cors_origins"):  # flags and env give "a,b"
+            setattr(self, name, tuple(p.strip() for p in _listed(getattr(self, name)) if p.strip()))
+        if isinstance(self.auth, bool):  # `auth = false` in a TOML file
+            self.auth = "on" if self.auth else "off"
+        if self.auth not in ("auto", "on", "off"):
+            raise ValueError(f"auth must be auto, on or off, got {self.auth!r}")
 
 
 def read_config_file(path) -> dict:

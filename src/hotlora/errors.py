@@ -12,11 +12,17 @@
     │   │   ├── RequestTooLarge       over a work, body or field bound: 413, the limit in the message
     │   │   ├── UnsafeReference       (adapters.references) a path or host outside what is allowed
     │   │   ├── UnservedShape         (engine.request) a size or shape the warm engine would compile for
-    │   │   └── NonFiniteOutput       (engine.guard) the request's adapters overflowed the pack; the
-    │   │                             base weights were checked and are intact
+    │   │   ├── NonFiniteOutput       (engine.guard) the request's adapters overflowed the pack; the
+    │   │   │                         base weights were checked and are intact
+    │   │   └── UnsupportedMediaType  (server.middleware) POST / with a body a cross-site form could
+    │   │                             send, or JSON not labelled as JSON: 415
     │   ├── Overloaded, NotAccepting, DeadlineExceeded, ClientGone
     │   │                         (engine.worker) the queue's answers: 429, 503, 504, 499
     │   ├── BodyTimeout           (server.middleware) a body that trickled in too long: 408
+    │   ├── CrossOriginRefused    (server.middleware) a web page's request from another origin: 403
+    │   ├── Unauthorized, Forbidden
+    │   │                         (server.auth) no or an unknown API key: 401 with WWW-Authenticate;
+    │   │                         a key outside its scopes or adapter sources: 403
     │   └── UnknownModel          (deploy.routing) a model id no deployment serves: 404
     ├── SourceUnavailable     a remote source failed after retries: 502, nobody's fault here,
     │                         nothing to rebuild
@@ -26,7 +32,8 @@
     │                         (deploy.ingress) the Ray ingress's answers; nothing to rebuild
     └── start-up faults, raised before anything serves: ModelLoadError (engine.pipeline),
         StepCacheError (engine.stepcache), CatalogError (adapters.catalog), ModelDefaultsError
-        (config: an unreadable hotlora.json), DeployConfigError (deploy.config)
+        (config: an unreadable hotlora.json), DeployConfigError (deploy.config), AuthConfigError
+        (server.auth: no API keys where they are required, an unreadable keys line)
 
 The subclasses that belong to one module are defined next to it; they all derive from this tree.
 

@@ -52,8 +52,10 @@ def start_server():
         settings = dict(model=str(model), target_rank=8, batch_size=3, port=free_port(), max_queue=32,
                         drain_timeout_s=60)
         settings.update(overrides)
-        store = StoreConfig(cache_dir=tmp / "cache", local_roots=tuple(roots), catalog=catalog,
-                            **(store_overrides or {}))
+        store_overrides = dict(store_overrides or {})
+        if store_overrides.get("allow_http"):  # the loopback test sources (drip_url): internal, so listed
+            store_overrides.setdefault("allowed_hosts", ("127.0.0.1",))
+        store = StoreConfig(cache_dir=tmp / "cache", local_roots=tuple(roots), catalog=catalog, **store_overrides)
         server = RunningServer(ServerConfig(**settings), store).start()
         servers.append(server)
         return server

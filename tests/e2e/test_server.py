@@ -143,7 +143,8 @@ BAD = [
     ("/v1/generate", {"json": {"prompt": "x", "adapters": {"identity": "ROOT/garbage.safetensors"}}}, 422),
     ("/v1/generate", {"json": {"prompt": "x", "adapters": {"identity": "ftp://host/x"}}}, 422),
     ("/v1/generate", {"json": {"prompt": "x", "adapters": {"identity": {"ref": "style-kohya", "scale": "big"}}}}, 422),
-    ("/", {"content": b"\xff\xfe\xfa", "headers": {"content-type": "text/plain"}}, 422),
+    ("/", {"content": b"\xff\xfe\xfa", "headers": {"content-type": "text/plain", "lora": "style-kohya"}}, 422),
+    ("/", {"content": b"a dog", "headers": {"content-type": "text/plain"}}, 415),  # any web page could send it
     ("/", {"json": {"parameters": {}}}, 422),
     ("/v1/images/generations", {"json": {"prompt": "x", "size": "huge"}}, 422),
     ("/v1/images/generations", {"json": {"prompt": "x", "n": 0}}, 422),

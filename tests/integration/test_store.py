@@ -34,6 +34,7 @@ def adapters(tiny_models, tmp_path):
 
 
 def make_store(tmp_path, roots, **overrides):
+    overrides.setdefault("allowed_hosts", ("127.0.0.1",))  # the local test servers: internal, so listed
     config = StoreConfig(cache_dir=tmp_path / "cache", local_roots=tuple(roots), allow_http=True, backoff_s=0.01,
                          **overrides)
     return AdapterStore(config, FLUX)
@@ -355,9 +356,9 @@ def test_https_retries_then_fails_clearly_without_leaking_secrets(http_files, ad
 
 def test_https_host_rules_and_size_cap(http_files, adapters, tmp_path):
     url = f"{http_files}/style.safetensors"
-    with pytest.raises(UnsafeReference, match="not in the allowed hosts"):
+    with pytest.raises(UnsafeReference, match="not allowed"):
         make_store(tmp_path, [adapters], allowed_hosts=("adapters.example.com",)).get(url)
-    with pytest.raises(UnsafeReference, match="plain http"):
+    with pytest.raises(UnsafeReference, match=r"not allowed \(https only\)"):
         AdapterStore(StoreConfig(cache_dir=tmp_path / "c", local_roots=(adapters,)), FLUX).get(url)
     with pytest.raises(AdapterFormatError, match="size cap"):
         make_store(tmp_path / "d", [adapters], max_adapter_bytes=1000).get(url)
@@ -403,7 +404,7 @@ def test_s3_multipart_object_through_a_real_endpoint(s3_endpoint, adapters, tmp_
                                      MultipartUpload={"Parts": parts})
     assert client.head_object(Bucket="loras", Key="users/42/identity.safetensors")["ETag"].endswith('-2"')
 
-    store = make_store(tmp_path, [adapters], s3_endpoint_url=s3_endpoint)
+    store = make_store(tmp_path, [adapters], s3_endpoint_url=s3_endpoint, allowed_s3=("loras/users",))
     adapter = store.get("s3://loras/users/42/identity.safetensors")
     same_weights(adapter, load_adapter(adapters / "style-kohya.safetensors", FLUX))
     assert adapter.sha256 == hashlib.sha256(data).hexdigest()
@@ -412,8 +413,8 @@ def test_s3_multipart_object_through_a_real_endpoint(s3_endpoint, adapters, tmp_
     with pytest.raises(AdapterNotFound):
         store.get("s3://loras/users/43/identity.safetensors")
     with pytest.raises(UnsafeReference):
-        make_store(tmp_path / "x", [adapters], s3_endpoint_url=s3_endpoint, allowed_hosts=("r2.example",)).get(
-            "s3://loras/users/42/identity.safetensors")
+        make_store(tmp_path / "x", [adapters], s3_endpoint_url=s3_endpoint, allowed_hosts=("r2.example",),
+                   allowed_s3=("loras",)).get("s3://loras/users/42/identity.safetensors")
 
 
 # ----------------------------------------------------------------------------- Hugging Face Hub (offline cache)

@@ -41,7 +41,8 @@ class IdleWorker:
 
 def client(worker=None, **settings):
     app = create_app(worker or IdleWorker(ready=False), ServerConfig(**settings), start_worker=False)
-    return TestClient(app, raise_server_exceptions=False)
+    # A loopback server without keys answers only to loopback Host headers (not TestClient's "testserver").
+    return TestClient(app, raise_server_exceptions=False, base_url="http://127.0.0.1:8000")
 
 
 def served_routes(app):
@@ -72,7 +73,7 @@ def test_a_worker_that_is_not_ready_is_a_503_in_each_apis_shape():
     openai = c.post("/v1/images/generations", json={"prompt": "x"})
     assert openai.status_code == 503 and openai.json()["error"]["type"] == "NotAccepting"
     for path in ("/", "/models/org/some-model"):
-        inference = c.post(path, content="a dog")
+        inference = c.post(path, content="a dog", headers={"content-type": "text/x-prompt"})
         assert inference.status_code == 503 and inference.json()["type"] == "NotAccepting"
     assert metric(c, 'hotlora_requests_total{api="/v1/generate",outcome="rejected"}') == 1
 
@@ -98,7 +99,7 @@ def test_schema_errors_are_422_with_the_field_named():
     assert openai.status_code == 422 and openai.json()["error"]["message"].startswith("invalid request: size: ")
     url = c.post("/v1/images/generations", json={"prompt": "x", "response_format": "url"})
     assert url.status_code == 422 and "b64_json" in url.json()["error"]["message"]
-    raw = c.post("/", content=b"\xff\xfe", headers={"content-type": "text/plain"})
+    raw = c.post("/", content=b"\xff\xfe", headers={"content-type": "text/plain", "lora": "x"})
     assert raw.status_code == 422 and raw.json()["error"].startswith("expected {\"inputs\": prompt")
     header = c.post("/", content=b"a dog", headers={"lora": "a" * 5000})
     assert header.status_code == 413 and header.json()["type"] == "RequestTooLarge"

@@ -106,3 +106,16 @@ def test_a_config_file_layers_ray_tables_over_the_server_settings(tmp_path):
     flux = config.models["flux"]
     assert (config.max_attempts, flux.server.target_rank, flux.server.batch_size) == (5, 32, 2)
     assert flux.store.ram_budget_bytes == 1024 and flux.autoscaling == {"max_replicas": 3}
+
+
+def test_a_public_ray_ingress_needs_keys_and_its_replicas_know_they_are_public(tmp_path):
+    from hotlora.server.auth import AuthConfigError
+
+    models = {"models": {"flux": {"model": "org/flux"}}}
+    store = StoreConfig(cache_dir=tmp_path / "cache")
+    with pytest.raises(AuthConfigError, match="needs API keys"):
+        RayServeConfig.from_dict({**models, "host": "0.0.0.0"}, ServerConfig(), store)
+    keyed = ServerConfig(api_keys="sha256:" + "ab" * 32 + " name=ops")
+    config = RayServeConfig.from_dict({**models, "host": "0.0.0.0"}, keyed, store)
+    assert config.models["flux"].server.host == "0.0.0.0"  # the replicas' apps require keys too
+    assert RayServeConfig.from_dict(models, ServerConfig(), store).models["flux"].server.host == "127.0.0.1"

@@ -10,14 +10,19 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 import torch
 
+from hotlora.adapters.references import UnsafeReference, inside
 from hotlora.config import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound
+
+log = logging.getLogger(__name__)
 
 PEFT_CONFIG = "adapter_config.json"
 MAX_BASE_MODEL_CHARS = 1024
@@ -31,6 +36,10 @@ class ReadLimits:
     max_bytes: int = StoreConfig.max_adapter_bytes
     max_header_bytes: int = StoreConfig.max_header_bytes
     allow_pickle: bool = StoreConfig.allow_pickle  # .bin/.pt, read with torch.load(weights_only=True)
+    # Every file read must lie inside one of these once symlinks are followed (the store passes
+    # the source's: local roots, the download folder, the Hub repository folder). Empty: a path
+    # the caller chose itself (the library API, the operator's CLI), read as given.
+    roots: tuple = ()
 
     @classmethod
     def of(cls, config: StoreConfig) -> "ReadLimits":
@@ -44,10 +53,11 @@ def read_files(path: Path, limits: ReadLimits, label: str):
     extra: dict = {}
     directory = path if path.is_dir() else path.parent
     if (directory / PEFT_CONFIG).is_file() and (path.is_dir() or path.name == "adapter_model.safetensors"):
-        extra["peft_config"] = _read_json(directory / PEFT_CONFIG)
+        extra["peft_config"] = _read_json(_confined(directory / PEFT_CONFIG, limits, label), label)
     if path.is_dir():
-        extra["model_card"] = _model_card_base_model(path / "README.md")
+        extra["model_card"] = _model_card_base_model(_confined(path / "README.md", limits, label))
         path = path / _weight_file_in(path, limits, label)
+    path = _confined(path, limits, label)
     if path.suffix == ".safetensors":
         data = _read_capped(path, limits, label)
         _check_safetensors_header(data, limits, label)
@@ -56,7 +66,10 @@ def read_files(path: Path, limits: ReadLimits, label: str):
 
             raw = load_safetensors(data)
         except Exception as exc:  # safetensors raises its own error type and plain ones for bad headers
-            raise AdapterFormatError(f"{label}: not a readable safetensors file ({exc})") from exc
+            # Its message can quote the header's bytes (serde names the value it choked on), and a
+            # file may be anything a remote sent: the detail stays in the log.
+            log.info("%s: safetensors refused the file: %s", label, exc)
+            raise AdapterFormatError(f"{label}: not a readable safetensors file") from None
         extra["header_base_model"] = _header_base_model(data)
         return raw, _lora_adapter_metadata(path, label), extra, hashlib.sha256(data).hexdigest()
     if path.suffix in (".bin", ".pt", ".pth") and limits.allow_pickle:
@@ -72,6 +85,13 @@ def read_files(path: Path, limits: ReadLimits, label: str):
         f"{label}: only .safetensors adapters are accepted ({path.suffix or 'no extension'} given; "
         "pickled .bin files can run code and need the allow_pickle opt-in)"
     )
+
+
+def _confined(path: Path, limits: ReadLimits, label: str) -> Path:
+    """``path`` if it stays inside ``limits.roots`` with symlinks followed (or no roots are set)."""
+    if limits.roots and not any(inside(os.path.realpath(path), os.path.realpath(root)) for root in limits.roots):
+        raise UnsafeReference(f"{label}: not allowed (a file links outside the allowed directories)")
+    return path
 
 
 def _weight_file_in(directory: Path, limits: ReadLimits, label: str) -> str:
@@ -95,14 +115,16 @@ def _read_capped(path: Path, limits: ReadLimits, label: str) -> bytes:
 
 
 def _check_safetensors_header(data: bytes, limits: ReadLimits, label: str) -> None:
-    """The 8-byte header length is checked before safetensors parses anything."""
+    """The 8-byte header length is checked before safetensors parses anything. The messages name
+    the limit, never the value read: those 8 bytes may be the start of anything (an error page a
+    redirect led to), and echoing them as a number would echo the bytes."""
     if len(data) < 8:
-        raise AdapterFormatError(f"{label}: truncated safetensors file ({len(data)} bytes)")
+        raise AdapterFormatError(f"{label}: truncated safetensors file")
     header = int.from_bytes(data[:8], "little")
     if header > limits.max_header_bytes:
-        raise AdapterFormatError(f"{label}: safetensors header of {header} bytes exceeds the {limits.max_header_bytes}-byte cap")
+        raise AdapterFormatError(f"{label}: safetensors header exceeds the {limits.max_header_bytes}-byte cap")
     if 8 + header > len(data):
-        raise AdapterFormatError(f"{label}: truncated safetensors file (header says {header} bytes, file has {len(data) - 8})")
+        raise AdapterFormatError(f"{label}: truncated safetensors file (shorter than its header says)")
 
 
 def _lora_adapter_metadata(path: Path, label: str) -> dict | None:
@@ -149,13 +171,14 @@ def _model_card_base_model(readme: Path) -> str | None:
     return _declared(base)
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path, label: str) -> dict:
+    # Named by the reference as the client wrote it, never by the path it resolved to.
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as exc:
-        raise AdapterFormatError(f"{path}: unreadable JSON ({exc})") from exc
+        raise AdapterFormatError(f"{label}: unreadable {path.name} ({type(exc).__name__})") from None
     if not isinstance(value, dict):
-        raise AdapterFormatError(f"{path}: holds a JSON {type(value).__name__}, not an object")
+        raise AdapterFormatError(f"{label}: {path.name} holds a JSON {type(value).__name__}, not an object")
     return value
 
 

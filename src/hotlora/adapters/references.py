@@ -5,6 +5,11 @@
     s3://bucket/key                                S3-compatible storage (AWS, R2, MinIO)
     hf://owner/repo[@revision][/file.safetensors]  Hugging Face Hub, through huggingface_hub
     catalog:name  (or a bare catalog name)         an entry of the adapter catalog
+
+Confined by construction: a Hub file part and revision, and an S3 key, are relative paths of
+plain components (no ``..``, ``.``, empty components, backslashes or percent-escapes), so what
+they name cannot climb out of the snapshot, the prefix or the bucket however it is joined or
+URL-normalised later. Where a reference reaches the network is ``egress``'s business.
 """
 
 from __future__ import annotations
@@ -25,6 +30,15 @@ class UnsafeReference(InvalidRequest):
     """A reference that points outside what this server may read."""
 
     status_code = 403
+
+
+def _plain_components(path: str) -> bool:
+    """A relative path of ordinary names: what may be joined onto a folder or a URL path."""
+    if not path or "\\" in path or "%" in path or path.startswith("/"):
+        return False
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return False
+    return all(part not in ("", ".", "..") for part in path.split("/"))
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,8 @@ def redact_url(url: str) -> str:
     """Drop user info, query and fragment: presigned URLs carry their signature there."""
     parts = urlsplit(url)
     host = parts.hostname or ""
+    if ":" in host:  # an IPv6 literal keeps its brackets, or the port would read as part of it
+        host = f"[{host}]"
     if parts.port:
         host = f"{host}:{parts.port}"
     redacted_query = "<redacted>" if parts.query else ""
@@ -92,17 +108,42 @@ def parse_reference(ref: str, catalog_names=()) -> Reference:
         bucket, _, key = ref[5:].partition("/")
         if not bucket or not key:
             raise InvalidRequest(f"S3 reference must be s3://bucket/key, got {redact_url(ref)!r}")
+        if not _plain_components(key) or "?" in key or "#" in key:
+            # URL clients drop dot segments ("a/../b" is fetched as "b"): a key with them would
+            # leave the prefix the bucket allow list granted.
+            raise UnsafeReference(f"S3 key of {redact_url(ref)!r} must be a plain relative path")
         return Reference("s3", f"{bucket}/{key}")
     if lowered.startswith("hf://"):
         match = _HF.match(ref)
         if not match:
-            raise InvalidRequest(f"Hub reference must be hf://owner/repo[@revision][/file], got {ref!r}")
+            raise InvalidRequest("Hub reference must be hf://owner/repo[@revision][/file]")
+        _check_hub_parts(match["repo"], match["revision"], match["file"])
         return Reference("hf", match["repo"], match["revision"], match["file"])
     if lowered.startswith("file://"):
         return Reference("file", ref[len("file://"):])
     if "://" in ref:
         raise InvalidRequest(f"unsupported reference scheme {ref.split('://')[0]!r}://")
     return Reference("file", ref)
+
+
+def _check_hub_parts(repo: str, revision: str | None, filename: str | None) -> None:
+    """hf:// parts that name something inside one repository's snapshot, nothing else."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo)  # the hub's own rule: no "..", "--", leading/trailing "." or "-"
+    except HFValidationError:
+        raise InvalidRequest("Hub reference names no valid owner/repo") from None
+    if revision is not None and not _plain_components(revision):
+        raise UnsafeReference(f"hf://{repo}: the revision must be a plain name")
+    if filename is not None and not _plain_components(filename):
+        raise UnsafeReference(f"hf://{repo}: the file must be a relative path inside the repository")
+
+
+def inside(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether ``path`` is ``folder`` or below it (both taken as given: resolve them first)."""
+    path, folder = Path(path), Path(folder)
+    return path == folder or folder in path.parents
 
 
 def confine_local_path(path: str, roots) -> Path:
@@ -113,14 +154,24 @@ def confine_local_path(path: str, roots) -> Path:
     """
     if any(part == ".." for part in Path(path).parts):
         raise UnsafeReference(f"adapter path {path!r} contains '..'")
-    roots = [Path(r).resolve() for r in roots]
+    roots = [Path(os.path.realpath(r)) for r in roots]
     if not roots:
         raise UnsafeReference("local adapter references are disabled (no local roots configured)")
     candidate = Path(path)
     if not candidate.is_absolute():
         candidate = roots[0] / candidate
     resolved = Path(os.path.realpath(candidate))
-    for root in roots:
-        if resolved == root or root in resolved.parents:
-            return resolved
+    if any(inside(resolved, root) for root in roots):
+        return resolved
+    # The same words whether or not something exists there: no probing outside the roots.
     raise UnsafeReference(f"adapter path {path!r} is outside the allowed directories")
+
+
+def confine_tree(path: Path, roots) -> None:
+    """Every file a local adapter directory holds stays inside ``roots`` once symlinks are followed
+    (a file reference is checked by ``confine_local_path``; this covers what lies beside or below)."""
+    roots = [Path(os.path.realpath(r)) for r in roots]
+    entries = path.iterdir() if path.is_dir() else [path]
+    for entry in entries:
+        if not any(inside(os.path.realpath(entry), root) for root in roots):
+            raise UnsafeReference("adapter directory holds a link to outside the allowed directories")

@@ -16,6 +16,7 @@ pool (``fetch_executor``) while RAM hits answer without waiting for it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import importlib.metadata
 import logging
@@ -23,7 +24,6 @@ import shutil
 import tempfile
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +37,8 @@ from hotlora.adapters.diskcache import DiskCache, TierStats, owner_tag, sweep_or
 from hotlora.adapters.families import Family
 from hotlora.adapters.formats import Adapter, LoraWeights, ReadLimits, load_adapter
 from hotlora.adapters.references import Reference, parse_reference
-from hotlora.adapters.sources import Fetched, HttpSource, HubSource, LocalSource, S3Source, Source
+from hotlora.adapters.hub import HubSource
+from hotlora.adapters.sources import Fetched, HttpSource, LocalSource, S3Source, Source
 from hotlora.config import StoreConfig
 from hotlora.errors import AdapterNotFound, SourceUnavailable
 from hotlora.lru import LRU
@@ -74,17 +75,15 @@ class RemoteStats:
 
 
 class RamCache:
-    """Host-RAM LRU under a byte budget and an entry cap. Bytes count each entry's overhead
-    besides its tensors (``cost``). Pinned entries (catalog) are never evicted; they count
-    against both limits, and when they alone exceed them, they are all that is kept."""
+    """Host-RAM LRU under a byte budget and an entry cap (the shared ``LRU``). Bytes count each
+    entry's overhead besides its tensors (``cost``). Pinned entries (catalog) are never evicted;
+    they count against both limits, and when they alone exceed them, they are all that is kept."""
 
     def __init__(self, budget_bytes: int, max_entries: int = StoreConfig.ram_max_entries):
         self.budget = budget_bytes
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, Adapter] = OrderedDict()  # evictable, least recently used first
-        self._pinned: dict[str, Adapter] = {}  # kept apart: eviction pops the LRU end, never scans
-        self._costs: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self._lru: LRU[str, Adapter] = LRU(max_entries=max_entries, max_cost=budget_bytes, cost=self.cost)
+        self._lock = threading.Lock()  # keeps the stats in step with the map
         self.stats = TierStats()
 
     @staticmethod
@@ -93,11 +92,7 @@ class RamCache:
 
     def get(self, key: str, count_miss: bool = True) -> Adapter | None:
         with self._lock:
-            adapter = self._pinned.get(key)
-            if adapter is None:
-                adapter = self._entries.get(key)
-                if adapter is not None:
-                    self._entries.move_to_end(key)
+            adapter = self._lru.get(key)
             if adapter is None:
                 self.stats.misses += count_miss
                 return None
@@ -106,42 +101,20 @@ class RamCache:
 
     def put(self, key: str, adapter: Adapter, pin: bool = False) -> None:
         with self._lock:
-            pin = pin or key in self._pinned  # once pinned, always pinned
-            self._drop(key)
-            (self._pinned if pin else self._entries)[key] = adapter
-            self._costs[key] = self.cost(adapter)
-            self.stats.bytes += self._costs[key]
-            self._evict(keep=key)
-            self.stats.entries = len(self._costs)
-
-    def _drop(self, key: str) -> None:
-        cost = self._costs.pop(key, None)
-        if cost is not None:
-            self.stats.bytes -= cost
-            self._entries.pop(key, None)
-            self._pinned.pop(key, None)
-
-    def _evict(self, keep: str) -> None:
-        while self._entries and (self.stats.bytes > self.budget or len(self._costs) > self.max_entries):
-            oldest = next(iter(self._entries))
-            if oldest == keep:  # the entry just put is the newest: it is all that is left to evict
-                break
-            self._drop(oldest)
-            self.stats.evictions += 1
+            self.stats.evictions += len(self._lru.put(key, adapter, pin=pin))
+            self.stats.bytes, self.stats.entries = self._lru.total_cost, len(self._lru)
 
     def __contains__(self, key: str) -> bool:
-        return key in self._costs
+        return key in self._lru
 
     def __len__(self) -> int:
-        return len(self._costs)
+        return len(self._lru)
 
     def keys(self) -> list[str]:
-        with self._lock:
-            return [*self._pinned, *self._entries]
+        return self._lru.keys()
 
     def values(self) -> list[Adapter]:
-        with self._lock:
-            return [*self._pinned.values(), *self._entries.values()]
+        return self._lru.values()
 
 
 def _ready_to_copy(adapter: Adapter) -> Adapter:
@@ -164,8 +137,13 @@ class AdapterStore:
             load_catalog(catalog) if isinstance(catalog, (str, Path)) else dict(catalog or {})
         )
         self.limits = ReadLimits.of(config)
+        # Local references resolve inside the configured roots and the catalog file's own folder
+        # (its relative entries live there), never the working directory.
+        roots = tuple(config.local_roots)
+        if isinstance(catalog, (str, Path)):
+            roots += (Path(catalog).resolve().parent,)
         self.sources: dict[str, Source] = {
-            "file": LocalSource(config), "https": HttpSource(config), "s3": S3Source(config),
+            "file": LocalSource(config, roots), "https": HttpSource(config), "s3": S3Source(config),
             "hf": HubSource(config, hf_cache_dir or config.hf_cache_dir),
         }
         self.ram = RamCache(config.ram_budget_bytes, config.ram_max_entries)
@@ -334,7 +312,7 @@ class AdapterStore:
         try:
             workdir = Path(tempfile.mkdtemp(prefix=f"{owner_tag()}+", dir=self._work))
         except OSError as exc:  # a full or read-only cache disk: the request gets an answer, not a crash
-            raise SourceUnavailable(f"{reference.display}: no room to download ({exc.strerror or exc})") from None
+            raise SourceUnavailable(f"{reference.display}: no room to download ({exc.strerror or 'I/O error'})") from None
         try:
             began = time.perf_counter()
             try:
@@ -357,7 +335,8 @@ class AdapterStore:
                 return cached
             began = time.perf_counter()
             adapter = load_adapter(fetched.path, self.family, name=reference.display,
-                                   denoiser_config=self.denoiser_config, limits=self.limits)
+                                   denoiser_config=self.denoiser_config,
+                                   limits=dataclasses.replace(self.limits, roots=fetched.roots))
             self.remote.convert_ms += (time.perf_counter() - began) * 1000
             self.disk.put(key, adapter)  # False on a full disk: counted there, served from RAM anyway
             adapter = _ready_to_copy(adapter)

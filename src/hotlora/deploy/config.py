@@ -94,6 +94,12 @@ class RayServeConfig:
         if self.default_model not in self.models:
             raise DeployConfigError(f"default_model {self.default_model!r} is not one of {sorted(self.models)}")
         self.routing_table()  # refuse an ambiguous table now, not on the first request
+        # Missing keys on a public address: refused now, not in every replica. (Imported here: the
+        # references it parses import torch, which the ingress's routing must not.)
+        from hotlora.server.auth import keyring_for
+
+        for spec in self.models.values():
+            keyring_for(spec.server)
 
     def routing_table(self) -> dict[str, str]:
         """model id -> deployment name. A declared id claimed by two models is refused (a request must
@@ -131,6 +137,9 @@ class RayServeConfig:
             raise DeployConfigError(f"unknown [ray] settings {sorted(unknown)}; known: {sorted(known)}")
         data.setdefault("host", server.host)
         data.setdefault("port", server.port)
+        # The replicas' apps judge access (keys required off loopback) by the address clients reach:
+        # the ingress's, not the [server] default.
+        server = replace(server, host=data["host"])
         models = {name: _model_deployment(name, dict(spec), server, store) for name, spec in models_data.items()}
         return cls(models=models, **data)
 

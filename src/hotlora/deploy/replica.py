@@ -25,6 +25,9 @@ from hotlora.lru import LRU
 log = logging.getLogger(__name__)
 # Recomputed by whoever re-frames the body (Starlette on the ingress); never forwarded as is.
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "host", "keep-alive"}
+# The client's Host header does reach the app: its Host allow list (DNS rebinding) and same-origin
+# check judge the name the client used, not the in-process transport's.
+REQUEST_HOP_HEADERS = HOP_HEADERS - {"host"}
 
 
 @dataclass
@@ -100,7 +103,7 @@ class ModelReplica:
             self._identity_refs.put(model_id, request.identity)
             await self.hold_identity(model_id)
         response = await self.client.request(request.method, request.path, params=request.query or None,
-                                              headers=[(k, v) for k, v in request.headers if k.lower() not in HOP_HEADERS],
+                                              headers=[(k, v) for k, v in request.headers if k.lower() not in REQUEST_HOP_HEADERS],
                                               content=request.body)
         headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in HOP_HEADERS]
         headers.append((REPLICA_HEADER, self.replica_id))

@@ -2,7 +2,9 @@
 
 Where things are: ``service`` (admission, resolve, queue, wait, encode; prefetch), ``errors``
 (error -> status, body, headers; no web framework), ``handlers`` (the app's exception handlers),
-``middleware`` (request counting, body limits), one ``routes_*`` module per API family.
+``middleware`` (request counting, body limits, Host and Origin checks, CORS), ``auth`` (API keys)
+and ``access`` (the key check per route, each caller's view of the cache), one ``routes_*`` module
+per API family.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from fastapi import FastAPI
 from hotlora.config import ServerConfig
 from hotlora.engine.worker import Worker
 from hotlora.server.handlers import error_response, install_error_handlers
-from hotlora.server.middleware import BodyLimit, CountRequests
+from hotlora.server.logs import redact_url_logs
+from hotlora.server.middleware import BodyLimit, CountRequests, browser_guards
 from hotlora.server.routes_admin import admin_routes
 from hotlora.server.routes_inference import inference_routes
 from hotlora.server.routes_json import json_routes
@@ -30,11 +33,13 @@ log = logging.getLogger(__name__)
 def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = True) -> FastAPI:
     """The app over ``worker``; with ``start_worker`` the lifespan builds and warms its engine (in
     the background: /healthz answers at once, /readyz once warm) and drains it at shutdown."""
-    service = Service(worker, config)
+    service = Service(worker, config)  # reads the API keys: raises AuthConfigError before anything starts
+    redact_url_logs()  # httpx logs every adapter download's URL, presigned signature included
     worker.on_event = service.metrics.on_event
     app = FastAPI(title="hotlora", version="0.1.0", lifespan=_lifespan(worker, config, start_worker))
     app.state.service = service
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, refuse=error_response)
+    browser_guards(app, config, service.access.enabled, refuse=error_response)  # Host, CORS, Origin
     app.add_middleware(CountRequests, metrics=service.metrics)  # added last: outermost, sees every answer
     install_error_handlers(app)
     for router in (admin_routes(service), json_routes(service), playground_routes(), inference_routes(service),

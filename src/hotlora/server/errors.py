@@ -7,8 +7,9 @@ does without importing the server. The two shapes:
 * hotlora's own APIs: ``{"error": message, "type": ExceptionName}``
 * the OpenAI images API (paths under ``/v1/images``): ``{"error": {"message": ..., "type": ...}}``
 
-A ``HotloraError`` carries its status (``status_code``, 500 when it has none) and, for the
-answers that mean "try again later" (429, 503), ``retry_after_s``. Anything else is a 500 whose
+A ``HotloraError`` carries its status (``status_code``, 500 when it has none), for the answers
+that mean "try again later" (429, 503) ``retry_after_s``, and headers its class always sends
+(``http_headers``: ``WWW-Authenticate`` on a 401). Anything else is a 500 whose
 body names only the exception's type.
 """
 
@@ -52,9 +53,12 @@ def error_body(exc: BaseException, openai: bool = False) -> dict:
 
 
 def error_reply(exc: BaseException, openai: bool = False) -> ErrorReply:
-    """A deliberate error (``HotloraError``) as status, body and headers."""
+    """A deliberate error (``HotloraError``) as status, body and headers (``http_headers``: those an
+    error class always carries, e.g. ``WWW-Authenticate`` on a 401)."""
     seconds = retry_after(exc)
-    headers = {"Retry-After": seconds} if seconds is not None else {}
+    headers = dict(getattr(exc, "http_headers", None) or {})
+    if seconds is not None:
+        headers["Retry-After"] = seconds
     return ErrorReply(status_of(exc), error_body(exc, openai), headers)
 
 

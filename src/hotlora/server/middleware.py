@@ -1,6 +1,8 @@
 """The app's pure ASGI middleware (not BaseHTTPMiddleware, which hides client disconnects from
 the endpoints): ``CountRequests`` counts every POST by route and outcome; ``BodyLimit`` bounds
-request bodies (Starlette has no body cap of its own).
+request bodies (Starlette has no body cap of its own); ``SameOrigin`` refuses requests a web page
+on another origin made the user's browser send; ``browser_guards`` adds Starlette's own Host check
+and, only when configured, CORS.
 
 Bodies here are prompts and adapter references, never weights, so a small cap is generous. The
 body is read (at most ``limit`` bytes, within ``deadline_s``) before the app sees it, and
@@ -13,11 +15,17 @@ from __future__ import annotations
 
 import asyncio
 from typing import Callable
+from urllib.parse import urlsplit
 
-from hotlora.errors import RequestError, RequestTooLarge
+from hotlora.errors import InvalidRequest, RequestError, RequestTooLarge
+from hotlora.server.auth import is_loopback
 from hotlora.server.errors import is_openai
 
 BODY_METHODS = {"POST", "PUT", "PATCH"}
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+# What a loopback server without keys answers to: a page whose own name resolves to 127.0.0.1
+# (DNS rebinding) arrives with that name in Host, and is refused.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
 def outcome(status: int) -> str:
@@ -114,3 +122,85 @@ class BodyLimit:
         response = self.refuse(exc, openai)
         response.headers["Connection"] = "close"  # the rest of the body is never read
         await response(scope, receive, send)
+
+
+class CrossOriginRefused(RequestError):
+    """A browser request from another origin (its ``Origin`` header) without a key: 403."""
+
+    status_code = 403
+
+
+class UnsupportedMediaType(InvalidRequest):
+    """A body whose content type a cross-site form could have sent, or JSON not labelled as JSON: 415."""
+
+    status_code = 415
+
+
+class SameOrigin:
+    """Refuse a state-changing request whose ``Origin`` is neither this server's own nor one of
+    ``cors_origins``, unless it carries an ``Authorization`` header.
+
+    Browsers name the page behind every cross-origin POST in ``Origin``, and a page may send a
+    "simple" POST (text/plain, a form, a body without a type) to any address without asking first:
+    with no keys on a loopback server, that is enough to generate and fetch. A request with an
+    ``Authorization`` header is one no page can send cross-origin without a CORS preflight this
+    server only grants to ``cors_origins``; curl and the Python clients send no ``Origin``.
+    """
+
+    def __init__(self, inner, *, allowed_origins=(), refuse: Callable):
+        self.inner = inner
+        self.allowed = {o.rstrip("/").lower() for o in allowed_origins}
+        self.refuse = refuse
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] in SAFE_METHODS:
+            return await self.inner(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        origin = headers.get(b"origin", b"").decode("latin-1").strip().lower()
+        if not origin or b"authorization" in headers or origin in self.allowed or self._same(origin, headers):
+            return await self.inner(scope, receive, send)
+        exc = CrossOriginRefused("a request from another origin (a web page) needs an API key; "
+                                 "allow a page's origin with cors_origins")
+        response = self.refuse(exc, is_openai(scope.get("path", "")))
+        response.headers["Connection"] = "close"  # the body is never read
+        await response(scope, receive, send)
+
+    @staticmethod
+    def _same(origin: str, headers: dict) -> bool:
+        """Origin ``scheme://host[:port]`` against the Host header (default ports dropped). The scheme
+        is not compared: behind a TLS terminator the page is https and this server hears http."""
+        if origin == "null":  # sandboxed frames, file: pages, cross-origin redirects
+            return False
+        parts = urlsplit(origin)
+        host = headers.get(b"host", b"").decode("latin-1").lower()
+        return bool(parts.netloc) and _without_default_port(parts.netloc) == _without_default_port(host)
+
+
+def _without_default_port(netloc: str) -> str:
+    for port in (":80", ":443"):
+        if netloc.endswith(port):
+            return netloc[: -len(port)]
+    return netloc
+
+
+def allowed_hosts(config, keys_required: bool) -> list[str]:
+    """The Host headers to answer: the configured list; else any when keys are required or the
+    server binds a non-loopback address (every name it is reached by is fine); else the loopback names."""
+    if config.allowed_host_headers:
+        return list(config.allowed_host_headers)
+    if keys_required or not is_loopback(config.host):
+        return ["*"]
+    return list(LOOPBACK_HOSTS)
+
+
+def browser_guards(app, config, keys_required: bool, refuse: Callable) -> None:
+    """Starlette's Host check (outermost of the three), CORS only for ``cors_origins``, then ``SameOrigin``."""
+    from starlette.middleware.cors import CORSMiddleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+    app.add_middleware(SameOrigin, allowed_origins=config.cors_origins, refuse=refuse)
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type", "accept", "lora"],
+                           expose_headers=["server-timing", "retry-after"])
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(config, keys_required))

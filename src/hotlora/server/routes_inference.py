@@ -1,24 +1,35 @@
 """The Hugging Face inference API: ``POST /`` and ``POST /models/{model_id}``, a JSON body
 ``{"inputs": prompt, "parameters": {...}}`` or a raw prompt, a ``lora`` header for the
-identity slot, the image's bytes back in the type the ``Accept`` header asks for."""
+identity slot, the image's bytes back in the type the ``Accept`` header asks for.
+
+Only a body labelled JSON is read as JSON. A raw prompt is taken from a request no web page can
+make a browser send without asking this server first (a CORS preflight it does not grant): one
+with a ``lora`` or ``Authorization`` header, or a content type other than the three a page may
+send freely (text/plain, the two form types) or none. huggingface_hub's ``InferenceClient`` sends
+JSON; ``curl -d PROMPT -H 'lora: ...'`` a form type with a custom header: both are served.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import ValidationError
 
 from hotlora.errors import InvalidRequest, RequestTooLarge
 from hotlora.server.errors import validation_error
 from hotlora.server.images import MEDIA_TYPES, format_from_accept
+from hotlora.server.middleware import UnsupportedMediaType
 from hotlora.server.schemas import MAX_REF_CHARS, HFRequest, specs
 from hotlora.server.service import Service, server_timing
 
 
 EXPECTED = 'expected {"inputs": prompt, "parameters": {...}} or a raw prompt'
+# Content types a page may POST anywhere without a preflight (the Fetch standard's CORS-safelisted
+# ones); no content type at all is one too (a Blob body).
+SIMPLE_TYPES = {"", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"}
 
 
 def inference_routes(service: Service) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(service.access.require("generate"))])
 
     @router.post("/")
     async def inference_root(request: Request):
@@ -33,9 +44,18 @@ def inference_routes(service: Service) -> APIRouter:
 
 async def inference_api(service: Service, request: Request) -> Response:
     raw = await request.body()
-    content_type = request.headers.get("content-type", "")
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    is_json = media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+    if not is_json:
+        if raw.lstrip().startswith(b"{"):
+            raise UnsupportedMediaType("a JSON body needs 'Content-Type: application/json'")
+        if media in SIMPLE_TYPES and "lora" not in request.headers and "authorization" not in request.headers:
+            raise UnsupportedMediaType(
+                f"send {{\"inputs\": prompt}} as application/json, or a raw prompt with a 'lora' header, an API "
+                f"key or a content type such as text/x-prompt: any web page can POST "
+                f"{media or 'a body without a type'} here")
     try:
-        if "json" in content_type or raw.lstrip().startswith(b"{"):
+        if is_json:
             body = HFRequest.model_validate_json(raw)
         else:
             body = HFRequest(inputs=raw.decode("utf-8"))

@@ -7,7 +7,7 @@ import base64
 import json
 import logging
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hotlora.errors import HotloraError
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def json_routes(service: Service) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(service.access.require("generate"))])
 
     @router.post("/v1/generate")
     async def generate(body: GenerateRequest, request: Request):

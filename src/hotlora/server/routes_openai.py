@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import time
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from hotlora.errors import InvalidRequest
@@ -15,7 +15,7 @@ from hotlora.server.service import Service, server_timing
 
 
 def openai_routes(service: Service) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(service.access.require("generate"))])
 
     @router.post("/v1/images/generations")
     async def openai_images(body: OpenAIImagesRequest, request: Request):

@@ -73,7 +73,9 @@ def serve(config: ServerConfig, store_config: StoreConfig) -> None:
     import uvicorn
 
     from hotlora.server.app import create_app
+    from hotlora.server.auth import keyring_for
 
+    keyring_for(config)  # no keys where keys are required: refuse now, before a model is built or loaded
     config, store_config = prepare_tiny_model(config, store_config)
     app = create_app(build_worker(config, store_config), config)
     log.info("listening on http://%s:%d (ready once /readyz says so)", config.host, config.port)

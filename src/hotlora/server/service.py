@@ -14,9 +14,12 @@ import time
 
 from fastapi import Request
 
+from hotlora.adapters.references import redact_reference
 from hotlora.config import ServerConfig
 from hotlora.engine.worker import Job, NotAccepting, Overloaded, Worker
 from hotlora.errors import HotloraError
+from hotlora.server.access import Access
+from hotlora.server.auth import Principal
 from hotlora.server.images import encode
 from hotlora.server.metrics import Metrics
 
@@ -30,6 +33,7 @@ class Service:
     def __init__(self, worker: Worker, config: ServerConfig):
         self.worker = worker
         self.config = config
+        self.access = Access(config)
         self.metrics = Metrics(worker)
         # Requests being resolved count against the bound too: a flood of cold adapters must
         # not pile up unbounded fetches in front of the queue.
@@ -54,6 +58,8 @@ class Service:
                        timeout_s: float | None = None, progress=None, **params) -> dict:
         """Validate, resolve, queue, wait (watching the client), encode. Returns images and timings."""
         began = time.monotonic()
+        principal = self.access.principal_of(request)
+        self.check_sources(principal, [spec["ref"] for spec in adapters.values() if spec])  # before any fetch
         self.admit()
         try:
             engine = self.worker.engine
@@ -65,7 +71,7 @@ class Service:
                                          params.get("guidance_scale"), params.get("height"), params.get("width"),
                                          seed, "pil", negative)
             fetch_began = time.monotonic()
-            fetched = await self.fetch(engine.resolver, adapters)
+            fetched = await self.fetch(engine.resolver, adapters, principal)
             prepared = await asyncio.to_thread(engine.prepare, prompt, adapters=fetched, num_images=num_images,
                                                seed=seed, output_type="pil", negative_prompt=negative,
                                                progress=progress, params=checked)
@@ -96,21 +102,27 @@ class Service:
         return {"images": images, "seeds": result.seeds, "adapters": result.adapters, "timings": timings,
                 "recompiles": result.recompiles}
 
-    async def fetch(self, resolver, adapters: dict) -> dict:
+    def check_sources(self, principal: Principal, refs: list[str]) -> None:
+        """403 for a reference outside the caller's key's sources; nothing has been fetched yet."""
+        store = self.worker.store
+        principal.check_references(refs, catalog_names=store.catalog if store is not None else ())
+
+    async def fetch(self, resolver, adapters: dict, principal: Principal) -> dict:
         """Fetch every slot's adapter concurrently on the store's own fetch pool (a RAM-cached
         adapter returns at once, never behind someone's slow download); ``Engine.prepare``
-        validates them. Slots and scales are checked before any download."""
+        validates them. Slots and scales are checked before any download. Each adapter goes on
+        under the caller's own reference: a content-addressed hit carries the first fetcher's."""
         store = resolver.store
 
         async def fetch(slot, source, scale):
             if isinstance(source, str) and store is not None:
-                source = await store.aget(source)
+                source = self.access.named(principal, await store.aget(source), source)
             return slot, (source, scale)
 
         specs = resolver.sources(adapters)
         return dict(await asyncio.gather(*(fetch(slot, *spec) for slot, spec in specs.items())))
 
-    async def prefetch(self, store, refs: list[str]) -> None:
+    async def prefetch(self, store, refs: list[str], principal: Principal) -> None:
         """Fetch in the background under an admission bound: 429 when too many fetches are running."""
         running = store.fetches_in_flight
         if running + len(refs) > self.config.max_prefetch_inflight:
@@ -119,9 +131,9 @@ class Service:
 
         async def fetch(ref):
             try:
-                await store.aget(ref)
-            except HotloraError as exc:
-                log.warning("prefetch of %s failed: %s", ref, exc)
+                self.access.named(principal, await store.aget(ref), ref)  # listed for this caller
+            except HotloraError as exc:  # the store's messages show references redacted too
+                log.warning("prefetch of %s failed: %s", redact_reference(ref), exc)
 
         for ref in refs:
             task = asyncio.get_running_loop().create_task(fetch(ref))
