@@ -8,6 +8,7 @@ Configurations (per-pack time; each request uses a different adapter pair, as in
   + batched pack   the same, the whole pack in one call
   + compile        the same, regionally compiled (every load changes the model: it recompiles)
   + hot-swapped    hotlora's engine: compiled once, slots swapped in place, batched (the full engine)
+  + fused          the same engine in fused mode: no LoRA layers, each request's pair merged into the weights
   + step cache     the full engine with cache-dit DBCache
   full - compile, full - batching   leave-one-out from the full engine
 Plus the seed article's recipe run literally (enable_lora_hotswap, placeholders, set_adapters,
@@ -175,15 +176,18 @@ def main() -> None:
     from hotlora.engine.stepcache import StepCache
 
     for label, kwargs in (("+ hot-swapped slots (full engine)", {}),
+                          ("+ fused (adapters merged into the weights)", {"adapter_mode": "fused"}),
                           (f"+ step cache (dbcache {args.cache_threshold})",
                            {"step_cache": StepCache(threshold=args.cache_threshold, warmup_steps=2)}),
-                          ("full - compile", {"compile": False}), ("full - batching", {"batch_size": 1})):
+                          ("full - compile", {"compile": False}), ("full - batching", {"batch_size": 1}),
+                          # the chunk size measured at warm-up (issue: choose the batch by measurement)
+                          ("full, batch auto", {"batch_size": "auto", "max_batch_size": args.pack})):
         options = {"target_rank": args.rank, "batch_size": args.pack, "compile": True, **kwargs}
         began = time.perf_counter()
         engine = Engine.from_pretrained(model, **options)
         ready_s = time.perf_counter() - began
         rows[label] = {**measure(engine_pack(engine), pairs, args.runs), "ready_s": round(ready_s, 1),
-                       "recompiles": engine.recompiles}
+                       "recompiles": engine.recompiles, "chunks": engine.chunks}
     base = rows["naive"]["pack_ms"]
     for row in rows.values():
         row["speedup_vs_naive"] = round(base / row["pack_ms"], 2)

@@ -9,6 +9,9 @@ Usage: .venv/bin/python bench/swap.py [--family flux] [--target-rank 16] [--pack
 2. Compiled generation of one pack with both slots filled, against the same model compiled with
    no adapter slots at all: the full ceiling with full-rank and quarter-rank requests, the same
    with rank buckets, and an attention-only ceiling. Target: < 10%.
+3. Fused mode: the merge of a pair of adapters on every Linear against a plain ``copy_`` of the
+   touched weights' bytes, and its pack time next to no slots and slots (``--fused-only`` runs
+   just these and writes swap-fused.{json,md}).
 Writes bench/results/swap.{json,md}. Ratios are measured side by side in one run.
 """
 
@@ -96,6 +99,51 @@ def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
     return rows
 
 
+def fused_swap_rows(model: Path, ranks, repeats: int) -> list[dict]:
+    """Fused mode: time to merge a pair of adapters on every Linear (alternating two pairs, so every
+    swap restores and re-merges every layer) against one plain ``copy_`` of the touched weights'
+    bytes on the device (what a swap must at least write). Eager engine: a swap never runs the model."""
+    from hotlora import Engine
+    from hotlora.adapters.formats import Adapter, LoraWeights
+    from hotlora.testing import random_lora
+
+    engine = Engine.from_pretrained(model, adapter_mode="fused", batch_size=1, compile=False)
+    linears = dict(engine.ceiling.modules)
+    device = next(engine.denoiser.parameters()).device
+    rows = []
+    for rank in ranks:
+        pairs = []
+        for seed in (1, 2, 3, 4):
+            sd = random_lora(linears, rank, seed=seed)
+            modules = {m: LoraWeights(sd[f"{m}.lora_A.weight"], sd[f"{m}.lora_B.weight"], 1.0) for m in linears}
+            pairs.append(Adapter(f"r{rank}-{seed}", engine.family.name, "diffusers", modules, sha256=f"{rank}-{seed}"))
+        requests = [{"identity": (pairs[0], 0.9), "style": (pairs[1], 0.7)},
+                    {"identity": (pairs[2], 0.9), "style": (pairs[3], 0.7)}]
+        for request in requests:
+            engine.writer.prepare(request)  # what Engine.prepare does on a request's thread
+        state = {"i": 0}
+
+        def swap():
+            state["i"] += 1
+            engine.writer.swap(requests[state["i"] % 2])
+
+        weights = [engine.denoiser.get_submodule(m).weight for m in linears]
+        nbytes = sum(w.nbytes for w in weights)
+        sources = [torch.ones(nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        target = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+        def copy():
+            state["i"] += 1
+            target.copy_(sources[state["i"] % 2])
+
+        swap_ms, copy_ms = timed(swap, repeats), timed(copy, repeats)
+        rows.append({"rank": f"2 x r{rank}", "modules": len(linears), "bytes": nbytes, "restore": engine.writer.restore,
+                     "swap_ms": round(swap_ms, 3), "copy_ms": round(copy_ms, 3),
+                     "swap_over_copy": round(swap_ms / copy_ms, 2), "pristine_bytes": engine.writer.pristine_bytes})
+    engine.writer.swap({})
+    return rows
+
+
 def full_width_pipeline():
     """Real Flux blocks (width 3072, one double and one single block, random weights built in
     memory) in the engine's dtype for this device: an adapter over them is megabytes."""
@@ -167,7 +215,7 @@ def full_width_overhead_rows(base, target_rank: int, runs: int) -> list[dict]:
             for (label, rank), v in samples.items()]
 
 
-def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: int) -> list[dict]:
+def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: int, fused_only: bool = False) -> list[dict]:
     """Compiled pack time against the same model with no slots: the full ceiling with a request
     that needs the full rank and one that needs a quarter of it, the same with rank buckets, and
     an attention-only ceiling."""
@@ -189,7 +237,10 @@ def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: in
         ("2 slots, every Linear", {}, small),
         (f"2 slots, every Linear, rank buckets {','.join(map(str, buckets))}", {"rank_buckets": buckets}, small),
         ("2 slots, attention only", {"target_modules": r".*attn.*"}, full),
+        ("fused (adapters merged into the weights)", {"adapter_mode": "fused"}, full),
     ]
+    if fused_only:
+        configs = [c for c in configs if c[0] in ("no slots", "2 slots, every Linear", "fused (adapters merged into the weights)")]
     engines = {}
     for label, options, _ in configs:
         if label not in engines:
@@ -237,9 +288,21 @@ def main() -> None:
     parser.add_argument("--full-width-rank", type=int, default=64,
                         help="target rank of the swap rows on full-width Flux blocks (0: skip them)")
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--fused-only", action="store_true",
+                        help="only the fused rows (swap vs copy; pack time: no slots, slots, fused): swap-fused.{json,md}")
     args = parser.parse_args()
     from hotlora import Engine
     from hotlora.testing import save_tiny_model
+
+    if args.fused_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            model = Path(args.model) if args.model else save_tiny_model(Path(tmp) / args.family, args.family,
+                                                                       target_rank=args.target_rank)
+            fused = fused_swap_rows(model, (args.target_rank, 2 * args.target_rank, 8 * args.target_rank),
+                                    repeats=max(20, args.runs))
+            overhead = overhead_rows(model, args.target_rank, args.pack, args.steps, args.runs, fused_only=True)
+        write_fused_results(args, fused, overhead)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model) if args.model else save_tiny_model(Path(tmp) / args.family, args.family,
@@ -247,6 +310,7 @@ def main() -> None:
         engine = Engine.from_pretrained(model, target_rank=args.target_rank, batch_size=args.pack)
         swaps = swap_rows(engine, args.target_rank, repeats=max(20, args.runs))
         overhead = overhead_rows(model, args.target_rank, args.pack, args.steps, args.runs)
+        fused = fused_swap_rows(model, (args.target_rank, 2 * args.target_rank), repeats=max(20, args.runs))
         del engine
     wide, wide_overhead = [], []
     if args.full_width_rank:
@@ -267,8 +331,24 @@ def main() -> None:
             ["configuration", "request", "rank run", "pack ms", "overhead vs no slots", "slot bytes", "recompiles"],
             [[r["config"], r["request"], r["rank_bucket"], r["pack_ms"], f"{r['overhead_pct']}%", r["slot_bytes"],
               r["recompiles"]] for r in wide_overhead])
+    table += "\n\nFused mode, swap against a copy of the touched weights:\n\n" + markdown_table(
+        ["adapters (every Linear)", "touched bytes", "restore from", "fused swap ms", "copy_ ms", "swap / copy"],
+        [[r["rank"], r["bytes"], r["restore"], r["swap_ms"], r["copy_ms"], f"{r['swap_over_copy']}x"] for r in fused])
     write_results(args.out, "swap", {"args": vars(args), "swap": swaps, "swap_full_width": wide, "overhead": overhead,
-                   "overhead_full_width": wide_overhead},
+                   "overhead_full_width": wide_overhead, "fused_swap": fused},
+                  table, str(vars(args)))
+
+
+def write_fused_results(args, fused: list[dict], overhead: list[dict]) -> None:
+    table = markdown_table(["adapters (every Linear)", "modules", "touched bytes", "restore from", "fused swap ms",
+                            "copy_ ms", "swap / copy"],
+                           [[r["rank"], r["modules"], r["bytes"], r["restore"], r["swap_ms"], r["copy_ms"],
+                             f"{r['swap_over_copy']}x"] for r in fused])
+    table += "\n\n" + markdown_table(
+        ["configuration", "request", "pack ms", "overhead vs no slots", "writer bytes", "recompiles"],
+        [[r["config"], r["request"], r["pack_ms"], f"{r['overhead_pct']}%", r["slot_bytes"], r["recompiles"]]
+         for r in overhead])
+    write_results(args.out, "swap-fused", {"args": vars(args), "fused_swap": fused, "overhead": overhead},
                   table, str(vars(args)))
 
 

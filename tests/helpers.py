@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import socket
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
@@ -88,3 +89,19 @@ def assert_same_deltas(ours, theirs):
     assert set(ours) == set(theirs)
     for module in ours:
         torch.testing.assert_close(ours[module], theirs[module].detach(), rtol=1e-5, atol=1e-6, msg=module)
+
+
+def write_lora(path: Path, seed: int = 0, modules: int = 2, rank: int = 2, dim: int = 8) -> Path:
+    """A valid Flux LoRA in the diffusers layout, a few hundred bytes."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for i in range(modules):
+        m = f"transformer.single_transformer_blocks.{i}.proj_out"
+        sd[f"{m}.lora_A.weight"] = torch.randn(rank, dim, generator=g)
+        sd[f"{m}.lora_B.weight"] = torch.randn(dim, rank, generator=g)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(path))
+    return path

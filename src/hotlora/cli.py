@@ -114,7 +114,8 @@ def cmd_serve(args) -> int:
         host=args.host, port=args.port, max_queue=args.max_queue, mixed=True if args.mixed else None,
         attention_backend=args.attention_backend, rank_buckets=args.rank_buckets, auth=args.auth,
         api_keys_file=args.api_keys_file, allowed_host_headers=args.allowed_host_headers,
-        cors_origins=args.cors_origins,
+        cors_origins=args.cors_origins, adapter_mode=args.adapter_mode, sizes=args.sizes,
+        size_policy=args.size_policy,
         store_flags={"catalog": args.catalog, "cache_dir": Path(args.cache_dir) if args.cache_dir else None,
                      "local_roots": tuple(Path(p) for p in args.adapter_root) if args.adapter_root else None},
     )
@@ -188,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--height", type=int, default=None)
     gen.add_argument("--width", type=int, default=None)
     gen.add_argument("--target-rank", type=int, default=16)
-    gen.add_argument("--batch-size", type=int, default=6)
+    gen.add_argument("--batch-size", default="auto", help="chunk size: auto (measured at warm-up) or an integer")
     gen.add_argument("--no-compile", action="store_true")
     gen.add_argument("--out", default="out")
     gen.set_defaults(run=cmd_generate)
@@ -199,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--slots", help="comma-separated slot names (default identity,style)")
     srv.add_argument("--target-rank", type=int)
     srv.add_argument("--target-modules", help="regex over the denoiser's Linear layer names (default: all)")
-    srv.add_argument("--batch-size", type=int)
+    srv.add_argument("--batch-size", help="auto (default: the chunk size measured fastest per image at warm-up, "
+                                           "up to max_batch_size) or a fixed integer")
     srv.add_argument("--catalog", help="catalog file of adapters to pre-cache")
     srv.add_argument("--cache-dir", help="adapter cache directory (default .cache/hotlora)")
     srv.add_argument("--adapter-root", action="append", metavar="DIR",
@@ -210,9 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-queue", type=int)
     srv.add_argument("--no-compile", action="store_true")
     srv.add_argument("--mixed", action="store_true", help="merge requests with different adapters into one batch")
+    srv.add_argument("--adapter-mode", choices=["slots", "fused"],
+                     help="slots (default): LoRA slots in the compiled model; fused: adapters merged into the weights")
     srv.add_argument("--attention-backend", help="native (default), fa3, flash, or a diffusers backend name")
     srv.add_argument("--rank-buckets", help="extra ranks to compile for, e.g. 4,8: a request runs the smallest "
                                             "that holds its adapters (default: target rank only)")
+    srv.add_argument("--sizes", help="sizes served without compiling, WIDTHxHEIGHT, the default first, e.g. "
+                                      "1024x1024,832x1216 (default: the model's size); all warmed at start-up")
+    srv.add_argument("--size-policy", choices=["refuse", "nearest"],
+                     help="a request at another size: refuse (default, 422) or nearest (snapped, and said so)")
     srv.add_argument("--ray", action="store_true", help="scale out on Ray Serve (models from the config's [ray] table)")
     srv.add_argument("--auth", choices=["auto", "on", "off"],
                      help="API keys: auto (default) requires them unless bound to loopback with none configured")

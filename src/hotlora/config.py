@@ -53,39 +53,119 @@ class EngineConfig:
     target_rank: int = 16
     # None: every Linear layer of the denoiser (the widest ceiling); names/suffixes; or one regex.
     target_modules: Any = None
-    batch_size: int = 6
+    # "auto": compiled for batches up to max_batch_size, and each pack runs in the chunk size measured
+    # fastest per image at warm-up (per size and CFG mode); an integer: compiled for it, packs chunked to it.
+    batch_size: int | str = "auto"
+    max_batch_size: int = 6
     compile: bool = True
     dtype: Any = None  # None: bf16 on CUDA, float32 on CPU
     device: str | None = None  # None: CUDA when available
     height: int | None = None  # None: hotlora.json's, else the pipeline's default size
     width: int | None = None
+    # Sizes served without compiling: (height, width) pairs, or "WIDTHxHEIGHT" strings as the OpenAI
+    # images API's `size` writes them ("1024x1024,832x1216" too). Every one is warmed up at start-up
+    # and part of the compile fingerprint. Empty: height x width (the default) only. The default size
+    # is height x width when given (it must then be one of them), else the first.
+    sizes: tuple[tuple[int, int], ...] = ()
+    # A request at a size not served: "refuse" (422 listing the sizes) or "nearest" (snapped to the
+    # served size closest in aspect ratio, then area; the result says so).
+    size_policy: str = "refuse"
     mixed: bool = False  # adapter banks: several requests' adapters in one forward batch
     bank_entries: int | None = None  # None: 2 * batch_size + 1
     attention_backend: str = "native"
     compile_cache_dir: str | os.PathLike | None = None
     step_cache: StepCache | None = None
     rank_buckets: tuple[int, ...] = ()
+    # "slots": LoRA layers in the compiled model, adapters copied into them per request (bounded by
+    # target_rank and the ceiling). "fused": no LoRA layers; each request's adapters are merged
+    # into the weights in place and restored from a pristine copy (any rank, any Linear; one
+    # adapter set per forward batch). engine/writers/fused.py.
+    adapter_mode: str = "slots"
+    # Where fused mode keeps its pristine weights: "device", "host" (pinned when CUDA), or "auto"
+    # (the device when they fit in its free memory, else the host).
+    fused_restore: str = "auto"
     limits: RequestLimits = field(default_factory=RequestLimits)
 
     def __post_init__(self):
-        if self.batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
+        if isinstance(self.batch_size, str) and self.batch_size.strip().isdigit():
+            object.__setattr__(self, "batch_size", int(self.batch_size))
+        if self.batch_size != "auto" and not (isinstance(self.batch_size, int) and self.batch_size >= 1):
+            raise ValueError(f"batch_size must be 'auto' or an integer >= 1, got {self.batch_size!r}")
+        if self.max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
         object.__setattr__(self, "slots", tuple(self.slots))
         object.__setattr__(self, "rank_buckets", tuple(self.rank_buckets))
+        object.__setattr__(self, "sizes", parse_sizes(self.sizes))
+        if self.size_policy not in SIZE_POLICIES:
+            raise ValueError(f"size_policy must be one of {', '.join(SIZE_POLICIES)}, got {self.size_policy!r}")
         if isinstance(self.target_modules, list):
             object.__setattr__(self, "target_modules", tuple(self.target_modules))
         if self.mixed and self.rank_buckets:
             raise ValueError("rank buckets apply to the slots of single-request packs, not to mixed batches")
+        if self.adapter_mode not in ADAPTER_MODES:
+            raise ValueError(f"adapter_mode must be one of {', '.join(ADAPTER_MODES)}, got {self.adapter_mode!r}")
+        if self.fused_restore not in FUSED_RESTORE:
+            raise ValueError(f"fused_restore must be one of {', '.join(FUSED_RESTORE)}, got {self.fused_restore!r}")
+        if self.adapter_mode == "fused" and (self.mixed or self.rank_buckets):
+            raise ValueError("fused mode holds one adapter set per forward batch in the weights themselves: "
+                             "it has no mixed batches and no rank buckets")
 
     # What the compiled graphs depend on; request limits, the device and the cache folder do not.
+    # The sizes enter resolved (``sizes=``, the default one resolved from the model), like the dtype.
     FINGERPRINT_EXCLUDES = frozenset({"limits", "compile_cache_dir", "device", "dtype", "height", "width",
-                                      "attention_backend"})
+                                      "sizes", "size_policy", "attention_backend"})
 
     def fingerprint(self, model: str | None, family: str, **resolved) -> str:
         """The compile-cache key: the model, the family, every option the graphs depend on, and the
-        values resolved at load time (``resolved``: size, attention backend, dtype)."""
+        values resolved at load time (``resolved``: sizes, attention backend, dtype)."""
         options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.FINGERPRINT_EXCLUDES}
         return json.dumps({"model": model, "family": family, **options, **resolved}, sort_keys=True, default=repr)
+
+    @property
+    def batch_limit(self) -> int:
+        """The largest batch compiled for (and the bound of a mixed batch)."""
+        return self.max_batch_size if self.batch_size == "auto" else self.batch_size
+
+
+SIZE_POLICIES = ("refuse", "nearest")
+ADAPTER_MODES = ("slots", "fused")
+FUSED_RESTORE = ("auto", "device", "host")
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"WIDTHxHEIGHT"`` (the OpenAI images API's ``size``, e.g. ``"832x1216"``) -> (height, width)."""
+    parts = str(text).strip().lower().split("x")
+    try:
+        width, height = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"a size is WIDTHxHEIGHT in pixels, like 1024x1024; got {text!r}") from None
+    if width <= 0 or height <= 0:
+        raise ValueError(f"a size must be positive, got {text!r}")
+    return height, width
+
+
+def parse_sizes(value) -> tuple[tuple[int, int], ...]:
+    """Sizes as (height, width) pairs, in order, without repeats: from pairs, ``"WxH"`` strings, or
+    one comma-separated string of them (a config file, an environment variable, a flag)."""
+    if isinstance(value, str):
+        value = [p for p in value.split(",") if p.strip()]
+    sizes = []
+    for item in value or ():
+        if isinstance(item, str):
+            size = parse_size(item)
+        else:
+            height, width = item
+            if not (isinstance(height, int) and isinstance(width, int) and height > 0 and width > 0):
+                raise ValueError(f"a (height, width) size must be two positive integers, got {item!r}")
+            size = (height, width)
+        if size not in sizes:
+            sizes.append(size)
+    return tuple(sizes)
+
+
+def format_size(height: int, width: int) -> str:
+    """(height, width) -> ``"WIDTHxHEIGHT"``, as the OpenAI images API writes a size."""
+    return f"{width}x{height}"
 
 
 @dataclass
@@ -163,12 +243,14 @@ class ServerConfig:
     slots: tuple[str, ...] = ("identity", "style")
     target_rank: int = 16
     target_modules: str | None = None  # a regex (full match) over the denoiser's Linear layer names
-    batch_size: int = 6
+    batch_size: str | int = "auto"  # "auto": measured at warm-up, up to max_batch_size; or a fixed integer
+    max_batch_size: int = 6
     compile: bool = True
     mixed: bool = False  # merge requests with different adapters into one forward batch (adapter banks)
     # Extra ranks to compile for besides target_rank (e.g. 4,8): a request runs the smallest that
     # holds its adapters instead of the full padded rank. Each costs one more warm-up.
     rank_buckets: tuple[int, ...] = ()
+    adapter_mode: str = "slots"  # slots | fused (EngineConfig.adapter_mode; docs/benchmarks.md says why slots)
     attention_backend: str = "native"  # native | fa3 | flash | any diffusers dispatcher backend name
     compile_cache_dir: str | None = ".cache/hotlora/compile"  # compile artifacts kept across restarts
     step_cache: str | None = None  # dbcache | taylorseer | fbcache (off by default: it trades quality)
@@ -176,6 +258,11 @@ class ServerConfig:
     max_batch_delay_s: float = 0.02  # how long a mixed batch waits for companions
     height: int | None = None
     width: int | None = None
+    # Sizes served without compiling ("1024x1024,832x1216": WIDTHxHEIGHT, the default first), all
+    # warmed at start-up; empty: the model's default size. A request at another size: size_policy
+    # "refuse" (422 listing them) or "nearest" (snapped, and the answer says so).
+    sizes: str | None = None
+    size_policy: str = "refuse"
     host: str = "127.0.0.1"
     port: int = 8000
     max_queue: int = 16
@@ -204,10 +291,11 @@ class ServerConfig:
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             slots=self.slots, target_rank=self.target_rank, target_modules=self.target_modules,
-            batch_size=self.batch_size, compile=self.compile, height=self.height, width=self.width,
+            batch_size=self.batch_size, max_batch_size=self.max_batch_size, compile=self.compile, height=self.height, width=self.width,
             mixed=self.mixed, attention_backend=self.attention_backend, compile_cache_dir=self.compile_cache_dir,
             step_cache=StepCache(self.step_cache, self.step_cache_threshold) if self.step_cache else None,
             rank_buckets=self.rank_buckets, limits=RequestLimits(max_scale=self.max_scale, max_work=self.max_work),
+            adapter_mode=self.adapter_mode, sizes=self.sizes or (), size_policy=self.size_policy,
         )
 
     @classmethod

@@ -81,6 +81,8 @@ def test_playground_generates_a_pack_with_two_adapters(server, browser, tmp_path
     options = {o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#known option")}
     assert {"identity-diffusers", "style-kohya"} <= options
     assert browser.find_element(By.CSS_SELECTOR, "dd[data-key='status']").text == "ready"
+    served = httpx.get(f"{server.url}/readyz").json()["engine"]["sizes"]
+    assert [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#sizes option")] == served
 
     def fill(element_id, value):
         field = browser.find_element(By.ID, element_id)
@@ -99,7 +101,7 @@ def test_playground_generates_a_pack_with_two_adapters(server, browser, tmp_path
     assert wait_for(lambda: browser.find_element(By.ID, "bar").get_attribute("aria-valuenow") == "100")
     assert browser.find_element(By.ID, "progress-text").text == "step 6 of 6 (100%)"
     captions = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#grid figcaption")]
-    assert captions == ["seed 10", "seed 11", "seed 12", "seed 13"]
+    assert captions == [f"seed {s}, {served[0]}" for s in (10, 11, 12, 13)]  # each image: its seed and the size served
     assert all(browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img)
                for img in images)
     stages = [row.get_attribute("data-stage") for row in browser.find_elements(By.CSS_SELECTOR, "#timings > div")]

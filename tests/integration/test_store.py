@@ -4,7 +4,6 @@ import asyncio
 import hashlib
 import http.server
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -366,25 +365,6 @@ def test_https_host_rules_and_size_cap(http_files, adapters, tmp_path):
 
 
 # ----------------------------------------------------------------------------- S3
-
-
-@pytest.fixture
-def s3_endpoint(monkeypatch):
-    import moto.s3.models
-    from moto.server import ThreadedMotoServer
-
-    # Real S3 wants 5 MiB parts; small parts let a tiny adapter be a genuine multipart object.
-    monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 256)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret",
-                        "AWS_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(name, value)
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 def test_s3_multipart_object_through_a_real_endpoint(s3_endpoint, adapters, tmp_path):

@@ -29,22 +29,9 @@ from hotlora.adapters.store import AdapterStore, RamCache
 from hotlora.config import StoreConfig
 from hotlora.errors import SourceUnavailable
 
+from ..helpers import write_lora
+
 FLUX = family_named("flux")
-
-
-def write_lora(path: Path, seed: int = 0, modules: int = 2, rank: int = 2, dim: int = 8) -> Path:
-    """A valid Flux LoRA in the diffusers layout, a few hundred bytes."""
-    from safetensors.torch import save_file
-
-    g = torch.Generator().manual_seed(seed)
-    sd = {}
-    for i in range(modules):
-        m = f"transformer.single_transformer_blocks.{i}.proj_out"
-        sd[f"{m}.lora_A.weight"] = torch.randn(rank, dim, generator=g)
-        sd[f"{m}.lora_B.weight"] = torch.randn(dim, rank, generator=g)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(path))
-    return path
 
 
 def tiny_adapter(i: int, modules: int = 1) -> Adapter:

@@ -24,8 +24,7 @@ from hotlora.adapters.store import AdapterStore
 from hotlora.config import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound, SourceUnavailable
 
-from .test_store import s3_endpoint  # noqa: F401  (a fixture: a real moto S3 endpoint on 127.0.0.1)
-from .test_store_robustness import write_lora
+from ..helpers import write_lora
 
 FLUX = family_named("flux")
 SLACK_S = 2.0  # what a deadline may be overrun by on a busy 2-core machine

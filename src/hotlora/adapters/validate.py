@@ -28,6 +28,9 @@ class SlotCeiling:
     family: str
     # Names the served model answers to (hub id, directory name, aliases). Empty: not checked.
     served_models: frozenset[str] = frozenset()
+    # Whether ranks above target_rank fit: False for padded slots and banks, True where adapters
+    # are merged into the weights (fused mode), whose cost does not depend on the rank.
+    any_rank: bool = False
 
 
 def _model_names(name: str) -> set[str]:
@@ -54,7 +57,7 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
             f"adapter declares base model {adapter.base_model!r}; this server serves "
             f"{', '.join(sorted(ceiling.served_models))}"
         )
-    too_big = {m: w.rank for m, w in adapter.modules.items() if w.rank > ceiling.target_rank}
+    too_big = {m: w.rank for m, w in adapter.modules.items() if w.rank > ceiling.target_rank and not ceiling.any_rank}
     if too_big:
         problems.append(
             f"rank {max(too_big.values())} exceeds the engine's target rank {ceiling.target_rank} "

@@ -21,7 +21,7 @@ import torch
 from hotlora.adapters.families import Family
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.resolver import AdapterResolver
-from hotlora.config import EngineConfig, StoreConfig, read_model_defaults
+from hotlora.config import EngineConfig, StoreConfig, format_size, read_model_defaults
 from hotlora.engine import guard
 from hotlora.engine.guard import NonFiniteOutput
 from hotlora.engine.pipeline import (
@@ -31,6 +31,7 @@ from hotlora.engine.pipeline import (
 from hotlora.engine.request import CallParams, PreparedRequest, RequestRules, Resolved, UnservedShape
 from hotlora.engine.runner import Timings, image_generators, run_pack, step_callback, synchronize
 from hotlora.engine.stepcache import apply_step_cache
+from hotlora.engine.warmup import chunk_key, measure_chunks, warm_up
 from hotlora.engine.writers import AdapterWriter, SwapReport, install_writer
 from hotlora.errors import EngineError, HotloraError, InvalidRequest
 
@@ -41,6 +42,11 @@ FAMILY_DEFAULTS = {
     "sdxl": {"num_inference_steps": 30, "guidance_scale": 5.0},
 }
 RECOMPILES_PER_STATE = 8  # dynamo's default recompile limit covers the batch and CFG variants of one state
+# How several served sizes share graphs, per family (bench/sizes.py measures both ways; results in
+# bench/results/sizes.md). True: the sequence (Flux) / spatial (SDXL) dimensions turn dynamic at
+# warm-up (dynamo's automatic dynamic shapes, duck shaping off): sizes after the second compile
+# nothing. False: one static graph per size and batch shape (``torch.compile(dynamic=False)``).
+DYNAMIC_SIZES = {"flux": True, "sdxl": True}
 
 
 @dataclass
@@ -62,6 +68,8 @@ class GenerationResult:
     swap: SwapReport
     adapters: dict[str, dict | None] = field(default_factory=dict)  # slot -> what was served
     recompiles: int = 0
+    size: str = ""  # the size served, WIDTHxHEIGHT
+    snapped_from: str | None = None  # the size asked for when the policy snapped it to ``size``
 
 
 class Engine:
@@ -73,12 +81,14 @@ class Engine:
         self.pipeline = pipeline
         self.family = family
         self.model = model
-        self.batch_size = config.batch_size
+        self.batch_size = config.batch_limit  # compiled for batches up to this; packs chunk by ``chunk_for``
+        self.chunks: dict[str, dict] = {}  # batch_size="auto": the measured choice per size and CFG mode
         self.limits = config.limits
         self.denoiser = getattr(pipeline, family.denoiser)
         self.defaults = {**FAMILY_DEFAULTS[family.name], **(defaults or {})}
-        self.height = config.height or self.defaults.get("height") or self._pipeline_default_size()
-        self.width = config.width or self.defaults.get("width") or self._pipeline_default_size()
+        size_multiple = self.pipeline.vae_scale_factor * 2  # the VAE's factor x Flux's 2x2 latent packing
+        sizes = self._served_sizes(config, size_multiple)
+        self.height, self.width = sizes[0]  # the default size
         served = [model, Path(model).name if model else None, self.defaults.get("model_id"),
                   *self.defaults.get("base_model_aliases", [])]
         self.writer: AdapterWriter = install_writer(config, self.denoiser, family.name, served)
@@ -93,27 +103,56 @@ class Engine:
         self.compile_artifacts_loaded = False
         self.attention_backend = set_attention_backend(self.denoiser, config.attention_backend)
         self.step_cache = config.step_cache
-        self.rules = RequestRules(family.name, self.defaults, self.limits, ((self.height, self.width),),
-                                  self.pipeline.vae_scale_factor * 2, compiled=config.compile)
+        # A compiled engine serves only the sizes it warmed up at; an eager one any multiple, unless
+        # it was given a size set.
+        self.rules = RequestRules(family.name, self.defaults, self.limits, sizes, size_multiple,
+                                  sizes_only=config.compile or bool(config.sizes), size_policy=config.size_policy)
+        self.dynamic_sizes = DYNAMIC_SIZES[family.name] if len(sizes) > 1 else None
         self._make_warm()
+
+    def _served_sizes(self, config: EngineConfig, multiple: int) -> tuple[tuple[int, int], ...]:
+        """The (height, width) sizes served, the default first (see ``EngineConfig.sizes``)."""
+        default = (config.height or self.defaults.get("height") or self._pipeline_default_size(),
+                   config.width or self.defaults.get("width") or self._pipeline_default_size())
+        sizes = config.sizes or (default,)
+        if config.sizes and (config.height or config.width):
+            if default not in sizes:
+                raise ValueError(f"the default size {format_size(*default)} (height, width) is not one of the "
+                                 f"sizes {', '.join(format_size(*s) for s in sizes)}")
+            sizes = (default, *(s for s in sizes if s != default))
+        wrong = [format_size(*s) for s in sizes if s[0] % multiple or s[1] % multiple]
+        if wrong:
+            raise ValueError(f"sizes {', '.join(wrong)}: height and width must be multiples of {multiple} "
+                             f"for this model (VAE factor x patch size)")
+        return tuple(sizes)
 
     def _make_warm(self) -> None:
         config, artifacts = self.config, None
         if config.compile and config.compile_cache_dir is not None:
-            fingerprint = self.config.fingerprint(self.model, self.family.name, size=[self.height, self.width],
+            fingerprint = self.config.fingerprint(self.model, self.family.name, sizes=self.served_sizes,
+                                                  dynamic_sizes=self.dynamic_sizes,
                                                   attention=self.attention_backend, dtype=str(self.denoiser.dtype))
             artifacts = compile_artifacts_path(config.compile_cache_dir, fingerprint)
             self.compile_artifacts_loaded = load_compile_artifacts(artifacts)
         states = len(self.writer.warmup_states())
-        if states > 1 and torch._dynamo.config.recompile_limit < RECOMPILES_PER_STATE * states:
-            log.info("%d writer states: dynamo recompile_limit raised to %d", states, RECOMPILES_PER_STATE * states)
-            torch._dynamo.config.recompile_limit = RECOMPILES_PER_STATE * states
+        # Graphs per (state, size) are what one state's batch and CFG variants need (dynamo's default
+        # limit, 8). Dynamic sizes: the first size compiles static graphs, the second dynamic ones
+        # that every later size reuses, so sizes past the second add none.
+        sizes = len(self.served_sizes)
+        graph_sizes = min(sizes, 2) if self.dynamic_sizes else sizes
+        needed = RECOMPILES_PER_STATE * states * graph_sizes
+        if needed > RECOMPILES_PER_STATE and torch._dynamo.config.recompile_limit < needed:
+            log.info("%d writer states x %d sizes: dynamo recompile_limit raised to %d", states, sizes, needed)
+            torch._dynamo.config.recompile_limit = needed
         if self.step_cache is not None:  # installed before compile: the compiled blocks include it
             apply_step_cache(self.pipeline, self.denoiser, self.step_cache)
         if config.compile:
             fullgraph = self.step_cache.fullgraph if self.step_cache else True
-            self.compile_mode = compile_denoiser(self.denoiser, self.family, fullgraph=fullgraph)
-        self._warm_up()
+            self.compile_mode = compile_denoiser(self.denoiser, self.family, fullgraph=fullgraph,
+                                                 dynamic=False if self.dynamic_sizes is False else None)
+        warm_up(self)
+        if config.batch_size == "auto":  # the chunk size per size and CFG mode, measured (warmup.py)
+            self.chunks = measure_chunks(self)
         if artifacts is not None and not self.compile_artifacts_loaded:
             save_compile_artifacts(artifacts)
 
@@ -135,27 +174,6 @@ class Engine:
 
     def _pipeline_default_size(self) -> int:
         return int(self.pipeline.default_sample_size * self.pipeline.vae_scale_factor)
-
-    def _warm_up(self) -> None:
-        """Run every batch shape steady state will see, in every state of the writer, so no
-        request compiles. Batch 1 specializes differently from larger batches, and the second
-        distinct size turns the batch dimension dynamic; the pack size and a size in between
-        cover every last chunk. SDXL also runs without CFG (a batch half as big)."""
-        sizes = sorted({1, self.batch_size, max(1, self.batch_size - 1)})
-        guidance = [self.defaults["guidance_scale"], *([1.0] if self.family.name == "sdxl" else [])]
-        began = time.perf_counter()
-        for state in self.writer.warmup_states():
-            self.writer.enter(state)
-            for scale in guidance:
-                for size in sizes:
-                    log.info("warm-up: batch %d, guidance %.1f, writer state %s (%s)", size, scale, state,
-                             self.compile_mode or "eager")
-                    self.pipeline(prompt="warm-up", num_images_per_prompt=size, num_inference_steps=2,
-                                  guidance_scale=scale, height=self.height, width=self.width,
-                                  generator=[torch.Generator().manual_seed(i) for i in range(size)],
-                                  output_type="latent")
-        self.warmup_s = time.perf_counter() - began
-        log.info("warm: %.1fs, %d graphs compiled, %s", self.warmup_s, graph_count(), self.compile_mode or "eager")
 
     # ------------------------------------------------------------------ state
 
@@ -186,12 +204,15 @@ class Engine:
         return {
             "model": self.model, "family": self.family.name, "slots": list(self.writer.slot_names),
             "target_rank": self.ceiling.target_rank, "ceiling_modules": len(self.ceiling.modules),
-            "batch_size": self.batch_size, "height": self.height, "width": self.width,
+            "batch_size": self.batch_size, "chunks": self.chunks, "height": self.height, "width": self.width,
+            "size_policy": self.rules.size_policy, "dynamic_sizes": self.dynamic_sizes,
             "compile": self.compile_mode, "warmup_s": round(self.warmup_s, 2), "recompiles": self.recompiles,
             "mixed": self.writer.mixes_requests, "attention_backend": self.attention_backend,
             "step_cache": self.step_cache.backend if self.step_cache else None,
             "slot_bytes": writer["slot_bytes"], "rank_buckets": writer.get("rank_buckets", []),
-            "writer": writer["writer"], "sizes": [f"{w}x{h}" for h, w in self.served_sizes],
+            "writer": writer["writer"], "sizes": list(self.rules.size_names()),  # WIDTHxHEIGHT, default first
+            # fused mode: where the pristine weights live, their bytes, one adapter set per forward batch
+            **{k: writer[k] for k in ("restore", "pristine_bytes", "one_adapter_set_per_batch") if k in writer},
             "limits": {f.name: getattr(self.limits, f.name) for f in fields(self.limits)},
         }
 
@@ -258,14 +279,16 @@ class Engine:
             call["negative_prompt"] = request.negative_prompt
         with self._engine_section():
             images = run_pack(self.pipeline, prompt=request.prompt, num_images=request.num_images,
-                              batch_size=self.batch_size, seed=request.seed, call_kwargs=call, timings=timings,
+                              batch_size=self.chunk_for(request.params), seed=request.seed, call_kwargs=call,
+                              timings=timings,
                               output_type="pt" if request.output_type == "pil" else request.output_type,
                               progress=request.progress, before_chunk=bind)
             guard.check_finite(images, request.adapters, self.pipeline)
         timings.swap_ms = swap.ms
         images = self._finish(images, request.output_type)
         timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
-        return GenerationResult(images, request.seeds, timings, swap, _served(request.adapters), self.recompiles)
+        return GenerationResult(images, request.seeds, timings, swap, _served(request.adapters), self.recompiles,
+                                request.size, request.snapped_from)
 
     def _run_together(self, requests: list[PreparedRequest]) -> list:
         total = sum(r.num_images for r in requests)
@@ -310,12 +333,26 @@ class Engine:
             timings = replace(request.timings, swap_ms=swap.ms, generate_ms=[generate_ms])
             timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
             results.append(GenerationResult(self._finish(images[bounds[i]:bounds[i + 1]], first.output_type),
-                                            request.seeds, timings, swap, _served(request.adapters), self.recompiles))
+                                            request.seeds, timings, swap, _served(request.adapters), self.recompiles,
+                                            request.size, request.snapped_from))
         return results
 
     def _batch_factor(self, params: CallParams) -> int:
         """SDXL runs classifier-free guidance as one doubled batch [uncond..., cond...]."""
-        return 2 if self.family.name == "sdxl" and params.guidance_scale > 1 else 1
+        return 2 if self.uses_cfg(params.guidance_scale) else 1
+
+    def uses_cfg(self, guidance_scale: float) -> bool:
+        return self.family.name == "sdxl" and guidance_scale > 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.pipeline.device
+
+    def chunk_for(self, params: CallParams) -> int:
+        """The chunk size a pack of this size and CFG mode runs in: the measured choice with
+        ``batch_size="auto"``, else the configured batch size."""
+        chosen = self.chunks.get(chunk_key(params.height, params.width, self.uses_cfg(params.guidance_scale)))
+        return chosen["chosen"] if chosen else self.batch_size
 
     # ------------------------------------------------------------------ the warm state's guards
 
@@ -338,7 +375,7 @@ class Engine:
             except RuntimeError as exc:
                 if "Detected recompile" in str(exc):
                     raise UnservedShape("this request would compile a new graph on the warm engine; refused "
-                                        f"(served sizes: {self.rules.sizes_text()})") from exc
+                                        f"(served sizes: {self.rules.sizes_text()})", self.rules.size_names()) from exc
                 raise EngineError(f"generation failed inside the engine: {type(exc).__name__}: {exc}") from exc
             except Exception as exc:
                 raise EngineError(f"generation failed inside the engine: {type(exc).__name__}: {exc}") from exc

@@ -45,12 +45,15 @@ def load_pipeline(model: str | os.PathLike, *, dtype: torch.dtype, device: str):
     return pipeline, family
 
 
-def compile_denoiser(denoiser: torch.nn.Module, family: Family, fullgraph: bool = True) -> str:
-    """Regional compilation where the model declares repeated blocks, whole-model otherwise."""
+def compile_denoiser(denoiser: torch.nn.Module, family: Family, fullgraph: bool = True,
+                     dynamic: bool | None = None) -> str:
+    """Regional compilation where the model declares repeated blocks, whole-model otherwise.
+    ``dynamic``: torch.compile's (None: dims that change between calls turn dynamic on their second
+    value; False: one static graph per shape)."""
     if getattr(denoiser, "_repeated_blocks", None):
-        denoiser.compile_repeated_blocks(fullgraph=fullgraph)
+        denoiser.compile_repeated_blocks(fullgraph=fullgraph, dynamic=dynamic)
         return f"regional ({', '.join(denoiser._repeated_blocks)})"
-    denoiser.compile(fullgraph=fullgraph)
+    denoiser.compile(fullgraph=fullgraph, dynamic=dynamic)
     return "whole model"
 
 

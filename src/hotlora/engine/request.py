@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from hotlora.adapters.formats import Adapter
-from hotlora.config import RequestLimits
+from hotlora.config import RequestLimits, format_size
 from hotlora.engine.runner import Timings
 from hotlora.errors import InvalidRequest, RequestTooLarge
 
@@ -25,7 +25,21 @@ Resolved = Mapping[str, tuple[Adapter, float]]  # slot -> (validated adapter, sc
 
 class UnservedShape(InvalidRequest):
     """A request the warm engine has no compiled graph for: serving it would start a compile
-    (tens of seconds on a GPU, the queue waiting), so it is refused instead."""
+    (tens of seconds on a GPU, the queue waiting), so it is refused instead. ``sizes``: the
+    served sizes as WIDTHxHEIGHT strings (for a response body that lists them)."""
+
+    def __init__(self, message: str, sizes: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.sizes = tuple(sizes)
+
+
+def nearest_size(sizes, height: int, width: int) -> tuple[int, int]:
+    """The served (height, width) closest to ``height`` x ``width`` in aspect ratio, then in area
+    (both compared as log ratios, so 2x too big and 2x too small are equally far); ties go to the
+    earlier size. Aspect ratios within 1e-6 count as equal."""
+    aspect, area = math.log(width / height), math.log(width * height)
+    return min(sizes, key=lambda s: (round(abs(math.log(s[1] / s[0]) - aspect), 6),
+                                     abs(math.log(s[0] * s[1]) - area)))
 
 
 @dataclass(frozen=True)
@@ -34,8 +48,21 @@ class CallParams:
 
     num_inference_steps: int
     guidance_scale: float
-    height: int
+    height: int  # the size served (snapped when the policy is "nearest")
     width: int
+    # (height, width) the request asked for when it was snapped to another served size, else None.
+    # Not part of equality: requests snapped to the same size share a forward batch.
+    requested: tuple[int, int] | None = field(default=None, compare=False)
+
+    @property
+    def size(self) -> str:
+        """The size served, WIDTHxHEIGHT."""
+        return format_size(self.height, self.width)
+
+    @property
+    def snapped_from(self) -> str | None:
+        """The size asked for, WIDTHxHEIGHT, when the request was snapped to ``size``; else None."""
+        return format_size(*self.requested) if self.requested else None
 
     def pipeline_kwargs(self) -> dict:
         return {"num_inference_steps": self.num_inference_steps, "guidance_scale": self.guidance_scale,
@@ -58,6 +85,14 @@ class PreparedRequest:
     def seeds(self) -> list[int]:
         return [self.seed + i for i in range(self.num_images)]
 
+    @property
+    def size(self) -> str:
+        return self.params.size
+
+    @property
+    def snapped_from(self) -> str | None:
+        return self.params.snapped_from
+
     def batch_key(self) -> tuple:
         """Requests with equal keys can share one forward batch."""
         return (self.params, self.output_type)
@@ -72,14 +107,24 @@ class RequestRules:
     limits: RequestLimits
     sizes: tuple[tuple[int, int], ...]  # (height, width) pairs warmed up; the first is the default
     size_multiple: int  # height and width must be multiples of this (VAE factor x patch size)
-    compiled: bool  # a compiled engine refuses sizes it was not warmed at
+    # Only ``sizes`` are served (a compiled engine, or one given a size set); otherwise any multiple
+    # of ``size_multiple`` is (an eager engine compiles nothing whatever the size).
+    sizes_only: bool
+    size_policy: str = "refuse"  # refuse | nearest: what a request at another size gets
 
     def sizes_text(self) -> str:
-        return ", ".join(f"{w}x{h}" for h, w in self.sizes)
+        return ", ".join(self.size_names())
+
+    def size_names(self) -> tuple[str, ...]:
+        """The served sizes as WIDTHxHEIGHT strings (the OpenAI API's ``size``), default first."""
+        return tuple(format_size(h, w) for h, w in self.sizes)
 
     def check(self, prompt, num_images=1, steps=None, guidance=None, height=None, width=None, seed=0,
               output_type="pil", negative_prompt=None) -> CallParams:
-        """Every problem at once (InvalidRequest), or a work / length bound (RequestTooLarge)."""
+        """Every problem at once (InvalidRequest), or a work / length bound (RequestTooLarge), or a
+        size not served (UnservedShape, policy "refuse"). The CallParams returned hold the size
+        served: the one asked for, or the nearest served one (policy "nearest"; ``requested`` and
+        ``snapped_from`` then say what was asked). Nothing here compiles or touches the model."""
         limits = self.limits
         for label, text in (("prompt", prompt), ("negative_prompt", negative_prompt)):
             if isinstance(text, str) and len(text) > MAX_PROMPT_CHARS:
@@ -99,7 +144,10 @@ class RequestRules:
             problems.append("guidance_scale must be a finite number in 0..50")
         height, width = height or self.sizes[0][0], width or self.sizes[0][1]
         for label, value in (("height", height), ("width", width)):
-            if not (isinstance(value, int) and 0 < value <= 4096 and value % self.size_multiple == 0):
+            if not (isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 4096):
+                problems.append(f"{label} must be a positive integer up to 4096"
+                                + ("" if self.sizes_only else f", a multiple of {self.size_multiple}"))
+            elif not self.sizes_only and value % self.size_multiple:
                 problems.append(f"{label} must be a positive multiple of {self.size_multiple} up to 4096")
         if not (isinstance(seed, int) and 0 <= seed < 2**63 - limits.max_images):
             problems.append("seed must be a non-negative integer")
@@ -109,13 +157,15 @@ class RequestRules:
             problems.append(f"negative_prompt is not supported by the {self.family} family")
         if problems:
             raise InvalidRequest("; ".join(problems))
+        requested = None
+        if self.sizes_only and (height, width) not in self.sizes:
+            if self.size_policy != "nearest":
+                raise UnservedShape(f"size {format_size(height, width)} (width x height) is not served by this "
+                                    f"warm engine; served sizes: {self.sizes_text()}", self.size_names())
+            requested, (height, width) = (height, width), nearest_size(self.sizes, height, width)
         work = height * width * num_images * steps
         if work > limits.max_work:
             raise RequestTooLarge(
                 f"the request asks for {work:,} pixel-steps (height x width x images x steps = {height} x {width} x "
                 f"{num_images} x {steps}); the limit is {limits.max_work:,}")
-        if self.compiled and (height, width) not in self.sizes:
-            # Until the engine serves a size set, any other size would compile new graphs.
-            raise UnservedShape(f"size {width}x{height} (width x height) is not served by this warm engine; "
-                                f"served sizes: {self.sizes_text()}")
-        return CallParams(steps, float(guidance), height, width)
+        return CallParams(steps, float(guidance), height, width, requested)

@@ -19,7 +19,7 @@ from hotlora.server.errors import validation_error
 from hotlora.server.images import MEDIA_TYPES, format_from_accept
 from hotlora.server.middleware import UnsupportedMediaType
 from hotlora.server.schemas import MAX_REF_CHARS, HFRequest, specs
-from hotlora.server.service import Service, server_timing
+from hotlora.server.service import Service, result_headers
 
 
 EXPECTED = 'expected {"inputs": prompt, "parameters": {...}} or a raw prompt'
@@ -77,4 +77,4 @@ async def inference_api(service: Service, request: Request) -> Response:
         width=params.width, height=params.height, seed=params.seed,
     )
     return Response(out["images"][0], media_type=MEDIA_TYPES[fmt],
-                    headers={"Server-Timing": server_timing(out["timings"])})
+                    headers=result_headers(out))

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hotlora.errors import HotloraError
 from hotlora.server.errors import stream_error
 from hotlora.server.schemas import GenerateRequest, specs
-from hotlora.server.service import Service, server_timing
+from hotlora.server.service import Service, result_headers
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def json_routes(service: Service) -> APIRouter:
     @router.post("/v1/generate")
     async def generate(body: GenerateRequest, request: Request):
         payload = await generate_json(service, body, request)
-        return JSONResponse(payload, headers={"Server-Timing": server_timing(payload["timings"])})
+        return JSONResponse(payload, headers=result_headers(payload))
 
     @router.post("/v1/generate/stream")
     async def generate_stream(body: GenerateRequest, request: Request):

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from hotlora.errors import InvalidRequest
 from hotlora.server.schemas import OpenAIImagesRequest, specs
-from hotlora.server.service import Service, server_timing
+from hotlora.server.service import Service, result_headers
 
 
 def openai_routes(service: Service) -> APIRouter:
@@ -25,7 +25,12 @@ def openai_routes(service: Service) -> APIRouter:
         out = await service.generate(request, prompt=body.prompt, adapters=specs(body.adapters), fmt="png",
                                      num_images=body.n, width=width, height=height, seed=body.seed)
         data = [{"b64_json": base64.b64encode(b).decode()} for b in out["images"]]
-        return JSONResponse({"created": int(time.time()), "data": data},
-                            headers={"Server-Timing": server_timing(out["timings"])})
+        # `size` is in OpenAI's own answers (gpt-image-1); `snapped_from` is hotlora's, when size_policy
+        # "nearest" served another size than the one asked for.
+        answer = {"created": int(time.time()), "data": data, "size": out["size"]}
+        if out["snapped_from"]:
+            answer["snapped_from"] = out["snapped_from"]
+        return JSONResponse(answer,
+                            headers=result_headers(out))
 
     return router

@@ -59,7 +59,7 @@ def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
     stores = StoreOwner(store_config)
 
     def make_engine() -> Engine:
-        log.info("loading %s (slots %s, target rank %d, batch %d, compile %s, mixed batches %s)", config.model,
+        log.info("loading %s (slots %s, target rank %d, batch %s, compile %s, mixed batches %s)", config.model,
                  ",".join(config.slots), config.target_rank, config.batch_size, config.compile, config.mixed)
         engine = Engine.from_pretrained(config.model, engine_config)
         stores.attach(engine)

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from hotlora.config import parse_size
 from hotlora.errors import InvalidRequest
 
 Format = Literal["png", "jpeg", "webp"]
@@ -79,17 +80,15 @@ class OpenAIImagesRequest(BaseModel):
     @field_validator("size")
     @classmethod
     def _size(cls, value):
-        if value is None:
-            return value
-        parts = value.lower().split("x")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise ValueError("size must look like 1024x1024")
+        if value is not None and value != "auto":
+            parse_size(value)  # ValueError: a 422 naming the expected form
         return value
 
     def dimensions(self) -> tuple[int | None, int | None]:
-        if not self.size:
+        """(width, height); None for the model's default (no size, or OpenAI's "auto")."""
+        if not self.size or self.size == "auto":
             return None, None
-        width, height = (int(p) for p in self.size.lower().split("x"))
+        height, width = parse_size(self.size)
         return width, height
 
 

@@ -100,7 +100,7 @@ class Service:
         timings["total_ms"] = round((time.monotonic() - began) * 1000, 3)
         self.metrics.observe(timings)
         return {"images": images, "seeds": result.seeds, "adapters": result.adapters, "timings": timings,
-                "recompiles": result.recompiles}
+                "recompiles": result.recompiles, "size": result.size, "snapped_from": result.snapped_from}
 
     def check_sources(self, principal: Principal, refs: list[str]) -> None:
         """403 for a reference outside the caller's key's sources; nothing has been fetched yet."""
@@ -144,3 +144,16 @@ class Service:
 def server_timing(timings: dict) -> str:
     """The ``Server-Timing`` header of a generation: one ``stage;dur=ms`` per timing."""
     return ", ".join(f"{k.removesuffix('_ms')};dur={v}" for k, v in timings.items())
+
+
+SIZE_HEADER = "x-hotlora-size"  # the size served, WIDTHxHEIGHT
+SNAPPED_HEADER = "x-hotlora-snapped-from"  # the size asked for, when size_policy="nearest" snapped it
+
+
+def result_headers(out: dict) -> dict:
+    """Every API's answer to a generation carries its timings and the size it was served at (an
+    image-bytes answer has no body to say it in)."""
+    headers = {"Server-Timing": server_timing(out["timings"]), SIZE_HEADER: out["size"]}
+    if out.get("snapped_from"):
+        headers[SNAPPED_HEADER] = out["snapped_from"]
+    return headers

@@ -1,9 +1,10 @@
 """Adapter writers: what puts a request's adapters into the model, behind one interface.
 
-Two today: ``slots`` (one PEFT adapter whose rows are the slots, one request's adapters at a time,
-packed for one-copy swaps) and ``banks`` (per-sample bank entries: several requests in one
-forward batch). A new way of applying adapters (fused mode) is a third writer, not a branch in
-the engine: the engine holds one writer and only ever calls what ``AdapterWriter`` declares.
+Three: ``slots`` (one PEFT adapter whose rows are the slots, one request's adapters at a time,
+packed for one-copy swaps), ``banks`` (per-sample bank entries: several requests in one
+forward batch) and ``fused`` (no LoRA layers: the adapters merged into the weights in place,
+restored from a pristine copy). Each is a writer, not a branch in the engine: the engine holds
+one writer and only ever calls what ``AdapterWriter`` declares.
 """
 
 from __future__ import annotations
@@ -51,11 +52,16 @@ class AdapterWriter(Protocol):
 
 def install_writer(config: EngineConfig, denoiser, family: str, served_models: Iterable[str]) -> AdapterWriter:
     """The writer ``config`` asks for, installed into ``denoiser`` (before compile)."""
+    if config.adapter_mode == "fused":
+        from hotlora.engine.writers.fused import FusedWriter
+
+        return FusedWriter(denoiser, family, config.slots, config.target_rank, served_models,
+                           restore=config.fused_restore)
     if config.mixed:
         from hotlora.engine.writers.banks import AdapterBank
 
         return AdapterBank(denoiser, family, config.slots, config.target_rank, config.target_modules, served_models,
-                           entries=config.bank_entries or 2 * config.batch_size + 1, max_batch=2 * config.batch_size)
+                           entries=config.bank_entries or 2 * config.batch_limit + 1, max_batch=2 * config.batch_limit)
     from hotlora.engine.writers.slots import SlotBank
 
     return SlotBank(denoiser, family, config.slots, config.target_rank, config.target_modules,

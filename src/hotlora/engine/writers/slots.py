@@ -55,12 +55,15 @@ class SwapReport:
     per_module_writes: int = 0  # slots given an adapter module by module (not packed for this layout)
     rank_bucket: int = 0  # the rank the model runs for this request (see SlotBank.rank_buckets)
     adapters: dict[str, str | None] = field(default_factory=dict)  # slot -> sha256
+    # Fused mode: slot -> {"modules": how many layers its adapter was merged into, "rank": its rank}
+    fused: dict[str, dict] = field(default_factory=dict)
 
     def add(self, other: "SwapReport") -> None:
         """Fold a later swap of the same request (the next chunk's) into this report."""
         for name in ("ms", "bytes_copied", "modules_written", "modules_zeroed", "packed_writes", "per_module_writes"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.rank_bucket, self.adapters = other.rank_bucket, dict(other.adapters)
+        self.fused = {**self.fused, **other.fused}
 
 
 @dataclass

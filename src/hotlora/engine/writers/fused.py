@@ -1,0 +1,246 @@
+"""Fused mode: each request's adapters merged into the denoiser's own weights, in place.
+
+No LoRA layer is ever installed, so the compiled model is the base model and a step costs what
+it costs without adapters. A pristine copy of every Linear weight is taken before compile (on the
+device when it fits, else in pinned host memory). A swap writes, for every layer the old or the
+new request touches::
+
+    W = W0 + sum_k scale_k * alpha_k / r_k * B_k @ A_k    (new request touches it)
+    W = W0                                              (only the old request touched it)
+
+The sum over slots is one GEMM over the concatenated ranks, accumulated in float32 and cast to
+the weight's dtype once. Unfusing is always a copy of ``W0``, never a subtraction, so after any
+sequence of swaps "no adapters" is the base weights bit for bit. The Parameters are the same
+objects with the same storage throughout (``copy_``), so no dynamo guard sees a change and a
+swap never recompiles. The weights must stay graph *inputs*: inductor's ``freezing`` would fold
+them into the compiled code as constants and every swap would be silently ignored (``enter``
+refuses to warm up with it on).
+
+The Python work is grouped: layers of the same shape are one batched GEMM (``torch.bmm`` over
+their stacked, rank-padded factors, prepared on the request's thread) and one
+``torch._foreach_add_`` / ``torch._foreach_copy_`` each, so a swap issues a few calls per layer
+*shape*, not per layer. Restores are one ``torch._foreach_copy_``.
+
+Why by hand: diffusers' ``fuse_lora`` / ``unfuse_lora`` (PEFT's ``merge`` / ``unmerge``) unfuse by
+subtracting the delta (drifts in low precision), compute the delta in the weight's dtype on
+accelerators, work layer by layer, and need the LoRA layers installed in the model (which the
+compiled graph would then contain). None of them keeps a pristine copy or folds a per-request
+weight into one GEMM per layer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from hotlora.adapters.formats import Adapter
+from hotlora.adapters.resolver import check_slots
+from hotlora.adapters.validate import SlotCeiling
+from hotlora.engine.runner import synchronize
+from hotlora.engine.writers.slots import SwapReport, ceiling_modules
+from hotlora.errors import InvalidRequest, SlotStateCorrupt
+from hotlora.lru import LRU
+
+RESTORE_CHOICES = ("auto", "device", "host")
+
+
+@dataclass
+class _Group:
+    """Layers of one shape a request touches: their stacked float32 factors, rank-padded to the
+    group's largest concatenated rank (zero rows add nothing)."""
+
+    modules: list[str]
+    up: torch.Tensor  # [G, out, R]: every slot's B, scale and alpha/r folded in, side by side
+    down: torch.Tensor  # [G, R, in]: every slot's A, stacked
+
+
+@dataclass
+class _Plan:
+    """What one request's adapters write: built once per (adapters, scales), off the serving thread."""
+
+    groups: list[_Group]
+    modules: frozenset[str]
+    fused: dict[str, dict] = field(default_factory=dict)  # slot -> {"modules", "rank"}
+    nbytes: int = 0
+
+
+def _signature(assignment: Mapping[str, tuple[Adapter, float] | None]) -> tuple:
+    """The weights an assignment produces: content and scale per slot; empty slots and scale 0
+    write nothing, so they are left out (``{}`` and ``{"style": (a, 0.0)}`` are the same state)."""
+    return tuple(sorted((slot, v[0].key, float(v[1])) for slot, v in assignment.items()
+                        if v is not None and float(v[1]) != 0.0))
+
+
+class FusedWriter:
+    """The ``fused`` adapter writer (see the module docstring)."""
+
+    mixes_requests = False  # the weights hold one adapter set: one request per forward batch
+    PLAN_CACHE_BYTES = 512 * 1024**2  # prepared requests' stacked factors kept on the device
+    SCRATCH_BYTES = 256 * 1024**2  # float32 deltas computed at once (a group is cut into chunks)
+
+    def __init__(self, denoiser: torch.nn.Module, family: str, slot_names: Iterable[str], target_rank: int,
+                 served_models: Iterable[str] = (), restore: str = "auto"):
+        self.slot_names = tuple(slot_names)
+        if len(set(self.slot_names)) != len(self.slot_names):
+            raise ValueError(f"slot names must be unique, got {self.slot_names}")
+        if restore not in RESTORE_CHOICES:
+            raise ValueError(f"fused_restore must be one of {', '.join(RESTORE_CHOICES)}, got {restore!r}")
+        # Every Linear of the denoiser, any rank: merging costs the same whatever the layer or rank.
+        modules = ceiling_modules(denoiser, None)
+        self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
+                                   served_models=frozenset(n for n in served_models if n), any_rank=True)
+        self.device = next(denoiser.parameters()).device
+        self._params: dict[str, torch.nn.Parameter] = {m: denoiser.get_submodule(m).weight for m in modules}
+        self._layers = {m: denoiser.get_submodule(m) for m in modules}
+        self._pointers = {m: p.data_ptr() for m, p in self._params.items()}
+        self.pristine_bytes = sum(p.nbytes for p in self._params.values())
+        self.restore = self._where(restore)
+        with torch.no_grad():
+            if self.restore == "device":
+                self._pristine = {m: p.detach().clone() for m, p in self._params.items()}
+            else:
+                pin = self.device.type == "cuda"
+                self._pristine = {m: p.detach().to("cpu", copy=True).pin_memory() if pin
+                                  else p.detach().to("cpu", copy=True) for m, p in self._params.items()}
+        self._current: tuple | None = ()  # signature of what is merged; None: unknown (a failed swap)
+        self._touched: frozenset[str] = frozenset()  # layers that differ from W0 now
+        self._fused: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self._plans: LRU[tuple, _Plan] = LRU(max_cost=self.PLAN_CACHE_BYTES, cost=lambda plan: plan.nbytes)
+
+    def _where(self, restore: str) -> str:
+        """"auto": the device when the pristine copy fits in its free memory with room to run
+        (a quarter of the device kept free for activations), else pinned host memory."""
+        if restore != "auto":
+            return restore
+        if self.device.type != "cuda":
+            return "device"  # CPU: device memory is host memory
+        free, total = torch.cuda.mem_get_info(self.device)
+        return "device" if self.pristine_bytes <= free - total // 4 else "host"
+
+    # ------------------------------------------------------------------ the writer interface
+
+    def prepare(self, resolved: Mapping[str, tuple[Adapter, float]]) -> None:
+        """On the request's thread: stack the request's factors per layer shape (the swap then
+        only runs GEMMs and copies)."""
+        signature = _signature(resolved)
+        if signature and self._plans.get(signature) is None:
+            self._plans.put(signature, self._plan(resolved))
+
+    def bind(self, samples: Sequence[Mapping[str, tuple[Adapter, float] | None]], repeat: int = 1) -> SwapReport:
+        """Before a chunk: the weights hold one adapter set, so every sample must carry the same."""
+        if len({_signature(s) for s in samples}) > 1:
+            raise InvalidRequest("fused mode merges one request's adapters into the weights; a forward batch "
+                                 "cannot carry different adapters")
+        return self.swap(samples[0] if samples else {})
+
+    def warmup_states(self) -> tuple[str, ...]:
+        return ("fused",)  # one graph: the base model's, whatever is merged into its weights
+
+    def enter(self, state: str) -> None:
+        # Called before the first (compiling) forward: frozen weights would be constants of the
+        # graph, and every later swap would be ignored by it.
+        if torch._inductor.config.freezing:
+            raise RuntimeError("fused mode needs the weights as graph inputs: torch._inductor.config.freezing "
+                               "must be off")
+
+    def check_intact(self) -> None:
+        for module, param in self._params.items():
+            if self._layers[module].weight is not param or param.data_ptr() != self._pointers[module]:
+                raise SlotStateCorrupt(f"{module}: the weight the model reads is no longer the one fused mode writes")
+
+    @property
+    def nbytes(self) -> int:
+        return self.pristine_bytes if self.restore == "device" else 0
+
+    def describe(self) -> dict:
+        return {"writer": "fused", "slot_bytes": self.nbytes, "restore": self.restore,
+                "pristine_bytes": self.pristine_bytes, "fusable_modules": len(self._params),
+                "one_adapter_set_per_batch": True,  # requests are never merged into one forward batch
+                "merged": {slot: dict(info) for slot, info in self._fused.items()},
+                "plan_cache_bytes": self._plans.total_cost}
+
+    # ------------------------------------------------------------------ the swap
+
+    @torch.no_grad()
+    def _plan(self, assignment: Mapping[str, tuple[Adapter, float] | None]) -> _Plan:
+        per_module: dict[str, list[tuple[torch.Tensor, torch.Tensor, float]]] = {}
+        fused = {}
+        for slot in sorted(assignment):
+            value = assignment[slot]
+            if value is None or float(value[1]) == 0.0:
+                continue
+            adapter, scale = value
+            for module, w in adapter.modules.items():
+                per_module.setdefault(module, []).append((w.up, w.down, w.scaling * float(scale)))
+            fused[slot] = {"modules": len(adapter.modules), "rank": adapter.rank}
+        shapes: dict[tuple[int, int], list[str]] = {}
+        for module in per_module:
+            shapes.setdefault(tuple(self._params[module].shape), []).append(module)
+        groups, nbytes = [], 0
+        kwargs = {"dtype": torch.float32, "device": self.device}
+        for (out_features, in_features), modules in shapes.items():
+            rank = max(sum(up.shape[1] for up, _, _ in per_module[m]) for m in modules)
+            up = torch.zeros(len(modules), out_features, rank, **kwargs)
+            down = torch.zeros(len(modules), rank, in_features, **kwargs)
+            for g, module in enumerate(modules):
+                row = 0
+                for b, a, factor in per_module[module]:
+                    r = a.shape[0]
+                    up[g, :, row:row + r].copy_(b).mul_(factor)  # float32 before scaling: one rounding
+                    down[g, row:row + r].copy_(a)
+                    row += r
+            groups.append(_Group(modules, up, down))
+            nbytes += up.nbytes + down.nbytes
+        return _Plan(groups, frozenset(per_module), fused, nbytes)
+
+    @torch.no_grad()
+    def swap(self, assignment: Mapping[str, tuple[Adapter, float] | None]) -> SwapReport:
+        """Merge ``assignment`` (slot -> (adapter, scale)) into the weights; slots not named are
+        empty. Callers validate first. The same adapters and scales as now: nothing is written."""
+        check_slots(assignment, self.slot_names)
+        start = time.perf_counter()
+        report = SwapReport()
+        signature = _signature(assignment)
+        for slot, value in assignment.items():
+            report.adapters[slot] = value[0].sha256 if value is not None else None
+        with self._lock:
+            if signature != self._current:
+                plan = (self._plans.get(signature) if signature else None) or self._plan(assignment)
+                try:
+                    self._write(plan, report)
+                except BaseException:
+                    # Unknown state: the next swap restores every layer from W0.
+                    self._current, self._touched = None, frozenset(self._params)
+                    raise
+                self._current, self._touched, self._fused = signature, plan.modules, plan.fused
+            report.fused = {slot: dict(info) for slot, info in self._fused.items()}
+        report.ms = (time.perf_counter() - start) * 1000
+        return report
+
+    def _write(self, plan: _Plan, report: SwapReport) -> None:
+        params, pristine = self._params, self._pristine
+        stale = [m for m in self._touched if m not in plan.modules]
+        if stale:  # only the old request touched them: back to W0 by copy, never by subtraction
+            torch._foreach_copy_([params[m] for m in stale], [pristine[m] for m in stale], non_blocking=True)
+            report.modules_zeroed += len(stale)
+        if plan.modules and self.restore == "host":
+            # W0 comes over the bus once, into W itself; the merge below then reads it there.
+            fused = sorted(plan.modules)
+            torch._foreach_copy_([params[m] for m in fused], [pristine[m] for m in fused], non_blocking=True)
+        source = params if self.restore == "host" else pristine
+        for group in plan.groups:
+            out_features, in_features = group.up.shape[1], group.down.shape[2]
+            step = max(1, self.SCRATCH_BYTES // (4 * out_features * in_features))
+            for lo in range(0, len(group.modules), step):
+                names = group.modules[lo:lo + step]
+                deltas = list(torch.bmm(group.up[lo:lo + step], group.down[lo:lo + step]).unbind(0))
+                torch._foreach_add_(deltas, [source[m] for m in names])  # W0 + delta, in float32
+                torch._foreach_copy_([params[m] for m in names], deltas)  # cast once
+        report.modules_written += len(plan.modules)
+        report.bytes_copied += sum(params[m].nbytes for m in (*stale, *plan.modules))
+        synchronize(self.device)  # host-to-device copies are asynchronous
