@@ -29,7 +29,7 @@ $(BROWSER):
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver
 
 test: install $(BROWSER)
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 # The HTTP server on the built-in tiny model (built on first use), on 127.0.0.1:8000.
 serve: install
