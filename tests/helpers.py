@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import socket
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -105,3 +106,26 @@ def write_lora(path: Path, seed: int = 0, modules: int = 2, rank: int = 2, dim: 
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(path))
     return path
+
+
+@contextmanager
+def recompiles_are_errors():
+    """``torch._dynamo.config.error_on_recompile`` on for the block: a request that compiles fails."""
+    import torch
+
+    previous = torch._dynamo.config.error_on_recompile
+    torch._dynamo.config.error_on_recompile = True
+    try:
+        yield
+    finally:
+        torch._dynamo.config.error_on_recompile = previous
+
+
+def engine_reference(engine, model_dir, adapters, *, prompt, steps, num_images, seed=0):
+    """Plain diffusers' result for what ``engine`` was asked: its guidance and size."""
+    from hotlora.testing import plain_diffusers_reference
+
+    return plain_diffusers_reference(
+        model_dir, adapters, prompt=prompt, num_images=num_images, num_inference_steps=steps,
+        guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=seed,
+    )

@@ -13,13 +13,12 @@ from hotlora.engine.pipeline import graph_count
 from hotlora.errors import AdapterNotFound, AdapterRejected, InvalidRequest
 from hotlora.testing import (
     kohya_flux_lora,
-    plain_diffusers_reference,
     random_lora,
     save_diffusers_lora,
     save_kohya_sdxl_lora,
 )
 
-from ..helpers import TARGET_RANK
+from ..helpers import TARGET_RANK, recompiles_are_errors, engine_reference
 
 TOLERANCE = 1e-4  # float32 latents; compiled kernels reorder sums
 PROMPT = "a portrait of an astronaut, watercolor"
@@ -31,18 +30,13 @@ N = 4  # with batch_size 3: one full chunk and a last chunk of 1
 def warm(request, tiny_models):
     family = request.param
     engine = Engine.from_pretrained(tiny_models[family], target_rank=TARGET_RANK, batch_size=3, compile=True)
-    previous = torch._dynamo.config.error_on_recompile
-    torch._dynamo.config.error_on_recompile = True
-    yield family, tiny_models[family], engine
-    torch._dynamo.config.error_on_recompile = previous
+    with recompiles_are_errors():
+        yield family, tiny_models[family], engine
     assert engine.recompiles == 0
 
 
 def reference(engine, model_dir, adapters, num_images=N, seed=0):
-    return plain_diffusers_reference(
-        model_dir, adapters, prompt=PROMPT, num_images=num_images, num_inference_steps=STEPS,
-        guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=seed,
-    )
+    return engine_reference(engine, model_dir, adapters, prompt=PROMPT, steps=STEPS, num_images=num_images, seed=seed)
 
 
 def served(engine, adapters, num_images=N, seed=0):

@@ -18,14 +18,13 @@ from hotlora import Engine
 from hotlora.errors import AdapterRejected, InvalidRequest
 from hotlora.testing import (
     kohya_flux_lora,
-    plain_diffusers_reference,
     random_lora,
     save_diffusers_lora,
     save_kohya_sdxl_lora,
     save_peft_lora,
 )
 
-from ..helpers import TARGET_RANK
+from ..helpers import TARGET_RANK, recompiles_are_errors, engine_reference
 
 TOLERANCE = 1e-4  # float32 latents; compiled kernels reorder sums
 PROMPT = "a portrait of an astronaut, watercolor"
@@ -41,18 +40,13 @@ def fused(request, tiny_models):
     family = request.param
     engine = Engine.from_pretrained(tiny_models[family], adapter_mode="fused", target_rank=TARGET_RANK,
                                     target_modules=NARROW[family], batch_size=N, compile=True)
-    previous = torch._dynamo.config.error_on_recompile
-    torch._dynamo.config.error_on_recompile = True
-    yield family, tiny_models[family], engine
-    torch._dynamo.config.error_on_recompile = previous
+    with recompiles_are_errors():
+        yield family, tiny_models[family], engine
     assert engine.recompiles == 0
 
 
 def reference(engine, model_dir, adapters, num_images=N, seed=0):
-    return plain_diffusers_reference(
-        model_dir, adapters, prompt=PROMPT, num_images=num_images, num_inference_steps=STEPS,
-        guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=seed,
-    )
+    return engine_reference(engine, model_dir, adapters, prompt=PROMPT, steps=STEPS, num_images=num_images, seed=seed)
 
 
 def generate(engine, adapters, num_images=N, seed=0):

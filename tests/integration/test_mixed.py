@@ -4,14 +4,13 @@ every sample equals what a fresh plain diffusers pipeline gives for its request 
 import random
 
 import pytest
-import torch
 
 from hotlora import Engine
 from hotlora.engine.core import PackRequest
 from hotlora.errors import InvalidRequest
 from hotlora.testing import plain_diffusers_reference, random_lora, save_diffusers_lora, save_kohya_sdxl_lora
 
-from ..helpers import TARGET_RANK
+from ..helpers import TARGET_RANK, recompiles_are_errors
 
 TOLERANCE = 1e-4
 STEPS = 3
@@ -36,10 +35,8 @@ def mixed(request, tiny_models, tmp_path_factory):
             pool.append(save_kohya_sdxl_lora(pool_dir / f"a{i}.safetensors", attention, alpha=rank / 2))
         else:
             pool.append(save_diffusers_lora(pool_dir / f"a{i}", family, sd, rank=rank, alpha=rng.choice([rank, 2 * rank])))
-    previous = torch._dynamo.config.error_on_recompile
-    torch._dynamo.config.error_on_recompile = True
-    yield family, tiny_models[family], engine, pool
-    torch._dynamo.config.error_on_recompile = previous
+    with recompiles_are_errors():
+        yield family, tiny_models[family], engine, pool
 
 
 def random_request(rng, pool, images):

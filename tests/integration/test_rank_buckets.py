@@ -3,12 +3,11 @@ that holds its adapters, so rank-2 adapters in rank-8 slots do not pay for rank 
 against plain diffusers, still no compile after warm-up."""
 
 import pytest
-import torch
 
 from hotlora import Engine
 from hotlora.testing import plain_diffusers_reference, random_lora, save_diffusers_lora
 
-from ..helpers import TARGET_RANK
+from ..helpers import TARGET_RANK, recompiles_are_errors
 
 TOLERANCE = 1e-4
 PROMPT = "a lighthouse at dusk"
@@ -20,10 +19,8 @@ BUCKETS = (2, 4)
 def bucketed(tiny_models):
     engine = Engine.from_pretrained(tiny_models["flux"], target_rank=TARGET_RANK, batch_size=3, compile=True,
                                     rank_buckets=BUCKETS)
-    previous = torch._dynamo.config.error_on_recompile
-    torch._dynamo.config.error_on_recompile = True
-    yield tiny_models["flux"], engine
-    torch._dynamo.config.error_on_recompile = previous
+    with recompiles_are_errors():
+        yield tiny_models["flux"], engine
 
 
 def test_each_request_runs_the_smallest_bucket_that_holds_it(bucketed, tmp_path):

@@ -14,7 +14,7 @@ from hotlora.engine.request import UnservedShape
 from hotlora.errors import AdapterRejected, EngineError, InvalidRequest, RequestError, RequestTooLarge
 from hotlora.testing import plain_diffusers_reference, random_lora
 
-from ..helpers import TARGET_RANK
+from ..helpers import TARGET_RANK, recompiles_are_errors
 
 PROMPT = "a portrait"
 STEPS = 2
@@ -25,10 +25,8 @@ FAST_S = 2.0  # refusals happen before the engine runs: milliseconds in practice
 def warm(tiny_models):
     engine = Engine.from_pretrained(tiny_models["flux"], target_rank=TARGET_RANK, batch_size=3, compile=True,
                                     limits=RequestLimits(max_scale=4.0, max_work=32 * 32 * 8 * 10))
-    previous = torch._dynamo.config.error_on_recompile
-    torch._dynamo.config.error_on_recompile = True
-    yield tiny_models["flux"], engine
-    torch._dynamo.config.error_on_recompile = previous
+    with recompiles_are_errors():
+        yield tiny_models["flux"], engine
     assert engine.recompiles == 0
 
 

@@ -229,16 +229,22 @@ def test_readyz_names_the_model_by_its_id(tmp_path):
     assert ready.json()["engine"]["model"] == "hotlora/tiny-flux" and str(tmp_path) not in ready.text
 
 
-def test_each_caller_sees_only_its_own_adapters_under_its_own_names():
+def test_each_caller_sees_only_its_own_adapters_under_its_own_names(tmp_path):
+    from hotlora.adapters.families import family_named
+    from hotlora.adapters.formats import load_adapter
+
+    from ..helpers import write_lora
+
     access = Access(ServerConfig())
-    first = SimpleNamespace(name="s3://tenant-a/secret-name.safetensors", sha256="a" * 64, layout="peft", rank=4,
-                            nbytes=10)
+    first = load_adapter(write_lora(tmp_path / "a.safetensors"), family_named("flux"),
+                         name="s3://tenant-a/secret-name.safetensors")
     store = SimpleNamespace(ram=SimpleNamespace(values=lambda: [first]), catalog={}, cached=lambda ref: None)
     alice = Keyring.parse(line(extra="name=alice"), "t").authenticate(KEY)
     bob = Keyring.parse(line("hlk_b", "name=bob"), "t").authenticate("hlk_b")
     assert access.named(alice, first, "s3://tenant-a/secret-name.safetensors") is first
     mine = access.named(bob, first, "https://b.example/mine.safetensors?X-Amz-Signature=SECRET")
     assert mine.name == "https://b.example/mine.safetensors?<redacted>" and first.name.startswith("s3://tenant-a")
+    assert mine.__dict__["key"] == first.key and mine.modules is first.modules  # shared, not recomputed per request
     assert [a["name"] for a in access.cached(bob, store)] == ["https://b.example/mine.safetensors?<redacted>"]
     assert [a["name"] for a in access.cached(alice, store)] == ["s3://tenant-a/secret-name.safetensors"]
     carol = Keyring.parse(line("hlk_c", "name=carol"), "t").authenticate("hlk_c")

@@ -6,6 +6,7 @@ import logging
 import os
 from pathlib import Path
 
+from hotlora import __version__
 from hotlora.adapters.references import Reference, UnsafeReference, confine_tree, inside
 from hotlora.adapters.remote import Deadline, Remote, check_size
 from hotlora.adapters.sources import Fetched
@@ -14,15 +15,6 @@ from hotlora.config import StoreConfig
 from hotlora.errors import AdapterNotFound, SourceUnavailable
 
 log = logging.getLogger(__name__)
-
-
-def _hotlora_version() -> str:
-    try:
-        import importlib.metadata
-
-        return importlib.metadata.version("hotlora")
-    except Exception:  # a source tree without an install
-        return "0"
 
 
 class HubSource:
@@ -68,7 +60,7 @@ class HubSource:
         huggingface_hub's own client, a request outside this policy and its deadline."""
         from huggingface_hub.utils import get_token
 
-        headers = {"user-agent": f"hotlora/{_hotlora_version()}"}
+        headers = {"user-agent": f"hotlora/{__version__}"}
         token = get_token() if self.token_allowed(repo) else None
         if token:
             headers["authorization"] = f"Bearer {token}"

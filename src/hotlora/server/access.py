@@ -82,6 +82,7 @@ class Access:
             self._seen.setdefault(principal.name, LRU(max_entries=REFS_PER_CALLER)).put(adapter.sha256, name)
         if adapter.name == name:
             return adapter
+        adapter.key  # computed once on the shared adapter, so the copy inherits it (not rehashed per request)
         renamed = copy.copy(adapter)
         renamed.name = name
         return renamed
