@@ -1,6 +1,13 @@
 """The article's ablation table on our stack: where the per-pack time goes, lever by lever.
 
-Usage: .venv/bin/python bench/ablation.py [--model DIR] [--family flux] [--pack 6] [--steps 4] [--runs 3]
+Usage: .venv/bin/python bench/ablation.py [--model DIR] [--family flux] [--height H --width W]
+                                         [--pack 6] [--steps 4] [--runs 3] [--only LABEL ...]
+
+Any local diffusers model directory works: the adapter pairs are built for its denoiser (random
+weights over every Linear). ``--height/--width`` default to the model's hotlora.json, else its own.
+The regime matters more than the model: the tiny model at 32x32 is launch-bound (kernel launches
+and Python dominate), a model at thousands of tokens per image compute-bound; the ratios differ
+between them and neither predicts a GPU.
 
 Configurations (per-pack time; each request uses a different adapter pair, as in production):
   naive            plain diffusers, eager; per request load_lora_weights x2 + set_adapters,
@@ -41,13 +48,10 @@ PROMPT = "a portrait in watercolor"
 
 def adapter_pairs(model: Path, count: int, rank: int) -> list[tuple[Path, Path]]:
     """``count`` distinct (identity, style) pairs in diffusers layout, saved next to the model."""
-    from diffusers import DiffusionPipeline
+    from hotlora.benchmarking import denoiser_layers
+    from hotlora.testing import random_lora, save_diffusers_lora
 
-    from hotlora.testing import denoiser_linears, random_lora, save_diffusers_lora
-
-    pipeline = DiffusionPipeline.from_pretrained(str(model), local_files_only=True)
-    family = "flux" if hasattr(pipeline, "transformer") else "sdxl"
-    linears = denoiser_linears(pipeline)
+    family, linears = denoiser_layers(model)  # from the config: no weights loaded
     out = Path(tempfile.mkdtemp(prefix="ablation-"))
     return [(save_diffusers_lora(out / f"id{i}", family, random_lora(linears, rank, 10 + i), rank, rank),
              save_diffusers_lora(out / f"st{i}", family, random_lora(linears, rank, 50 + i), rank, rank))
@@ -132,6 +136,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model")
     parser.add_argument("--family", default="flux")
+    parser.add_argument("--height", type=int, help="default: the model's hotlora.json, else the pipeline's")
+    parser.add_argument("--width", type=int)
+    parser.add_argument("--only", nargs="+", metavar="LABEL",
+                        help="run only the rows whose label starts with one of these (naive always runs: the "
+                             "ratios are against it), e.g. --only '+ hot' '+ fused'; skips the article recipe")
     parser.add_argument("--pack", type=int, default=6)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
@@ -151,10 +160,12 @@ def main() -> None:
     tmp = tempfile.mkdtemp()
     model = Path(args.model) if args.model else save_tiny_model(Path(tmp) / args.family, args.family)
     pairs = adapter_pairs(model, max(3, args.runs), args.rank)
-    done = subprocess.run([sys.executable, __file__, "--rank", str(args.rank), "--steps", str(args.steps), "--pack",
+    article = {"error": "skipped (--only)"} if args.only else None
+    done = None if args.only else subprocess.run([sys.executable, __file__, "--rank", str(args.rank), "--steps", str(args.steps), "--pack",
                            str(args.pack), "--article-only", str(model), json.dumps([[str(a), str(b)] for a, b in pairs])],
                           capture_output=True, text=True, timeout=1800)
-    article = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-500:]}
+    if done is not None:
+        article = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-500:]}
 
     # From here several compiled models share block code objects in one process.
     torch._dynamo.reset()
@@ -163,11 +174,19 @@ def main() -> None:
     eager = plain_pipeline(model, compiled=False)
     defaults = json.loads((model / "hotlora.json").read_text()) if (model / "hotlora.json").is_file() else {}
     size = {k: defaults[k] for k in ("height", "width") if k in defaults}
+    size.update({k: v for k, v in (("height", args.height), ("width", args.width)) if v})
+
+    def wanted(label: str) -> bool:
+        return not args.only or label == "naive" or any(label.startswith(prefix) for prefix in args.only)
+
     rows["naive"] = measure(lambda p: naive_pack(eager, p, args.pack, args.steps, False, size), pairs, args.runs)
-    rows["+ batched pack"] = measure(lambda p: naive_pack(eager, p, args.pack, args.steps, True, size), pairs, args.runs)
-    compiled = plain_pipeline(model, compiled=True)
-    rows["+ compile (adapters reloaded)"] = measure(
-        lambda p: naive_pack(compiled, p, args.pack, args.steps, True, size), pairs, args.runs)
+    if wanted("+ batched pack"):
+        rows["+ batched pack"] = measure(lambda p: naive_pack(eager, p, args.pack, args.steps, True, size), pairs,
+                                         args.runs)
+    if wanted("+ compile"):
+        compiled = plain_pipeline(model, compiled=True)
+        rows["+ compile (adapters reloaded)"] = measure(
+            lambda p: naive_pack(compiled, p, args.pack, args.steps, True, size), pairs, args.runs)
 
     def engine_pack(engine):
         return lambda p: engine.generate(PROMPT, adapters={"identity": (str(p[0]), 1.0), "style": (str(p[1]), 0.8)},
@@ -182,7 +201,9 @@ def main() -> None:
                           ("full - compile", {"compile": False}), ("full - batching", {"batch_size": 1}),
                           # the chunk size measured at warm-up (issue: choose the batch by measurement)
                           ("full, batch auto", {"batch_size": "auto", "max_batch_size": args.pack})):
-        options = {"target_rank": args.rank, "batch_size": args.pack, "compile": True, **kwargs}
+        if not wanted(label):
+            continue
+        options = {"target_rank": args.rank, "batch_size": args.pack, "compile": True, **size, **kwargs}
         began = time.perf_counter()
         engine = Engine.from_pretrained(model, **options)
         ready_s = time.perf_counter() - began

@@ -10,12 +10,13 @@
 #    a bf16 matmul and a torch.compile on the GPU, and prints versions and nvidia-smi: a broken
 #    environment fails here in about a minute, before any GPU time goes to the bench;
 # 3. runs bench/gpu_flux.py at full size (1024x1536, 30 steps, pack 6, rank 128): no slots first,
-#    then slots on every Linear (with the swap rows), attention only, eager. Each result is written
+#    then slots on every Linear (with the swap rows), fused mode (pack time and the fused swap against a
+#    copy of the touched bytes), attention only, eager, fused with host restore. Each result is written
 #    to $OUT/gpu.json as soon as it is measured; the log goes to $OUT/device.log.
 # The whole command stops within DEVICE_BUDGET_S (530 s): gpu_flux.py starts no measurement it
 # does not expect to finish in time, and `timeout` kills it 25 s before the end, which leaves time
 # to print the summary. Extra arguments go to gpu_flux.py, e.g. a second call for what the first
-# one skipped: `bash bench/device.sh --configs attention_only,eager_every_linear`.
+# one skipped: `bash bench/device.sh --configs attention_only,eager_every_linear,fused_host`.
 #
 #   bash bench/device.sh --dry-run        # here, on the CPU, in seconds: tiny sizes, eager
 # OUT defaults to ./out (ignored by git).
@@ -179,6 +180,11 @@ for label in report.get("configs_done", []):
 for row in report.get("swap", []):
     print(f"  swap rank {row['rank']:4d}  {row['bytes']:>12d} B  swap {row['swap_ms']} ms  copy_ {row['copy_ms']} ms"
           f"  ratio {row['swap_over_copy']}x")
+for key in ("swap_fused", "swap_fused_host"):
+    row = report.get(key)
+    if row:
+        print(f"  {key} {row['rank']}  {row['bytes']:>12d} B from {row['restore']}  swap {row['swap_ms']} ms"
+              f"  copy_ {row['copy_ms']} ms  ratio {row['swap_over_copy']}x  prepare {row['prepare_ms']} ms")
 for key, value in report.items():
     if key.startswith(("skipped_", "error_")) or key == "killed":
         print(f"  {key}: {str(value).splitlines()[-1] if value else value}")

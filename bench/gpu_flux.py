@@ -17,7 +17,12 @@ Then, one configuration at a time, each on a freshly built model with the same s
      1..R against one plain copy_ of the same bytes (bench/swap.py's measurement);
   3. attention_only: both slots on the attention projections only;
   4. every_linear_rank_bucket (with --bucket-rank N): every Linear with a rank bucket N, rank-N adapters;
-  5. eager_every_linear: every_linear without compile (compile speedup and warm-up against eager).
+  5. eager_every_linear: every_linear without compile (compile speedup and warm-up against eager);
+  6. fused: adapter_mode="fused" (no LoRA layers: the two rank-R adapters merged into the weights,
+     restored from a pristine copy on the device): pack time against no_slots, then the fused swap
+     (every Linear restored and re-merged) against one copy_ of the touched weights' bytes;
+  7. fused_host: the same with the pristine copy in pinned host memory (fused_restore="host"): the
+     swap then also brings W0 over the bus.
 Every configuration records its build and warm-up (compile) times, pack time and CUDA peak.
 
 Timing: CUDA is synchronised at every measurement boundary (torch.cuda.synchronize before the
@@ -49,7 +54,9 @@ from pathlib import Path
 import torch
 
 RESULTS_NAME = "gpu.json"
-CONFIG_ORDER = ("no_slots", "every_linear", "attention_only", "every_linear_rank_bucket", "eager_every_linear")
+CONFIG_ORDER = ("no_slots", "every_linear", "fused", "attention_only", "every_linear_rank_bucket",
+                "eager_every_linear", "fused_host")
+FUSED = ("fused", "fused_host")
 SLOW_EAGER = 1.6  # eager pack time over compiled, for the budget only (a guess until measured)
 
 
@@ -119,7 +126,7 @@ class Report:
 def derive(data: dict) -> None:
     """Overheads against no_slots and the compile speedup, whenever their inputs exist."""
     base = data.get("no_slots", {})
-    for label in ("every_linear", "attention_only", "every_linear_rank_bucket", "eager_every_linear"):
+    for label in ("every_linear", "attention_only", "every_linear_rank_bucket", "eager_every_linear", *FUSED):
         row = data.get(label)
         if not isinstance(row, dict):
             continue
@@ -224,7 +231,8 @@ def main() -> None:
     for label in order:
         options = {"every_linear": {}, "no_slots": {"slots": ()}, "attention_only": {"target_modules": r".*attn.*"},
                    "every_linear_rank_bucket": {"rank_buckets": (args.bucket_rank,)},
-                   "eager_every_linear": {"compile": False}}[label]
+                   "eager_every_linear": {"compile": False}, "fused": {"adapter_mode": "fused"},
+                   "fused_host": {"adapter_mode": "fused", "fused_restore": "host"}}[label]
         compiled = options.get("compile", not args.no_compile)
         need = estimate("build", compiled) + estimate("warmup", compiled) + estimate("pack", compiled)
         if label != "no_slots":
@@ -256,6 +264,9 @@ def main() -> None:
             seen["warmup_compiled" if compiled else "warmup_eager"] = row["warmup_s"]
             row["compile_mode"] = engine.compile_mode
             row["slot_bytes"] = _writer(engine).nbytes
+            if label in FUSED:
+                row["pristine_bytes"] = engine.writer.pristine_bytes
+                row["restore"] = engine.writer.restore
             finite = _record_finite(engine)
             data["configs_done"].append(label)
             report.save(label, row)  # built and warm: already worth keeping
@@ -286,6 +297,8 @@ def main() -> None:
                 print(json.dumps({label: row}), flush=True)
             if label == "every_linear":
                 _swap_measurements(engine, args, report, fits)
+            if label in FUSED and request:
+                _fused_swap_measurements(engine, request, label, args, report, fits)
         except Exception as exc:  # noqa: BLE001 - one failed configuration must not cost the others
             row["error"] = f"{type(exc).__name__}: {exc}"
             report.save(f"error_{label}", traceback.format_exc())
@@ -360,6 +373,58 @@ def _swap_measurements(engine, args, report: Report, fits) -> None:
             report.save("skipped_swap", f"ranks {2 * top}..{args.rank}: time budget")
     except Exception:  # noqa: BLE001 - the pack figures of this configuration stay valid
         report.save("error_swap", traceback.format_exc())
+
+
+def _fused_swap_measurements(engine, request, label: str, args, report: Report, fits) -> None:
+    """Fused mode's swap at full size: two requests with the same two adapters in opposite slots
+    (scales 0.8 / 0.6, so every Linear is restored and re-merged each time), alternated, against one
+    copy_ of the touched weights' bytes from where W0 lives (device memory, or pinned host memory
+    for fused_host). The first swap of each request builds its plan (prepare()'s work) and is
+    timed apart. Recorded as ``swap_fused`` / ``swap_fused_host``; a failure costs no other figure."""
+    try:
+        writer = engine.writer
+        (a, _), (b, _) = request["identity"], request["style"]
+        requests = [{"identity": (a, 0.8), "style": (b, 0.6)}, {"identity": (b, 0.8), "style": (a, 0.6)}]
+        touched = [engine.denoiser.get_submodule(m).weight for m in a.modules]
+        nbytes = sum(w.nbytes for w in touched)
+        row = {"rank": f"2 x r{a.rank}", "modules": len(a.modules), "bytes": nbytes, "restore": writer.restore}
+        sync()
+        began = time.perf_counter()
+        for r in requests:
+            writer.prepare(r)
+        sync()
+        row["prepare_ms"] = round((time.perf_counter() - began) * 1000 / 2, 1)
+        # A swap takes about as long as a copy per byte times the GEMM work: ask for 4 x the pack's swap.
+        if not fits("fused swap", 4 * args.swap_repeats * max(row["prepare_ms"] / 1000, 0.05)):
+            report.save(f"skipped_swap_{label}", "time budget")
+            return
+        swaps = []
+        for i in range(args.swap_repeats):
+            sync()
+            began = time.perf_counter()
+            writer.swap(requests[i % 2])
+            sync()
+            swaps.append((time.perf_counter() - began) * 1000)
+        pin = writer.restore == "host" and torch.cuda.is_available()
+        source = torch.ones(nbytes, dtype=torch.uint8, device="cpu" if writer.restore == "host" else writer.device,
+                            pin_memory=pin)
+        target = torch.empty(nbytes, dtype=torch.uint8, device=writer.device)
+        copies = []
+        for _ in range(args.swap_repeats):
+            sync()
+            began = time.perf_counter()
+            target.copy_(source, non_blocking=True)
+            sync()
+            copies.append((time.perf_counter() - began) * 1000)
+        row["swap_ms"] = round(statistics.median(swaps), 2)
+        row["copy_ms"] = round(statistics.median(copies), 2)
+        row["swap_over_copy"] = round(row["swap_ms"] / row["copy_ms"], 2)
+        row["plan_cached"] = writer.describe()["plan_cache_bytes"] > 0
+        del source, target
+        writer.swap({})
+        report.save(f"swap_{label}", row)
+    except Exception:  # noqa: BLE001 - the pack figures of this configuration stay valid
+        report.save(f"error_swap_{label}", traceback.format_exc())
 
 
 def _adapters(engine, rank: int):

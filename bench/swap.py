@@ -1,6 +1,13 @@
 """Swap cost against the memory-copy limit, and the steady-state cost of carrying adapter slots.
 
-Usage: .venv/bin/python bench/swap.py [--family flux] [--target-rank 16] [--pack 6] [--runs 5]
+Usage: .venv/bin/python bench/swap.py [--family flux] [--model DIR] [--height H --width W]
+                                     [--target-rank 16] [--pack 6] [--runs 5] [--fused-only]
+
+Any local diffusers model directory works (``--model``): the adapters are built for its denoiser
+(random weights over every Linear, ``hotlora.benchmarking.bench_adapters``), and ``--height`` /
+``--width`` set the image size (default: the model's). Say which regime a run is in: the tiny
+model at 32x32 is launch-bound (kernel launches and Python), a model at thousands of tokens per
+image compute-bound; neither predicts a GPU.
 
 1. For ranks 1..target: time to swap both slots from RAM-cached adapters (every ceiling module,
    packed for the slots as the resolver packs them) against one plain ``copy_`` of the same number
@@ -99,15 +106,16 @@ def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
     return rows
 
 
-def fused_swap_rows(model: Path, ranks, repeats: int) -> list[dict]:
+def fused_swap_rows(model: Path, ranks, repeats: int, restore: str = "auto") -> list[dict]:
     """Fused mode: time to merge a pair of adapters on every Linear (alternating two pairs, so every
     swap restores and re-merges every layer) against one plain ``copy_`` of the touched weights'
-    bytes on the device (what a swap must at least write). Eager engine: a swap never runs the model."""
+    bytes on the device (what a swap must at least write). Eager engine: a swap never runs the model.
+    ``restore``: where the pristine weights live ("host": copied over to the weights on every swap)."""
     from hotlora import Engine
     from hotlora.adapters.formats import Adapter, LoraWeights
     from hotlora.testing import random_lora
 
-    engine = Engine.from_pretrained(model, adapter_mode="fused", batch_size=1, compile=False)
+    engine = Engine.from_pretrained(model, adapter_mode="fused", fused_restore=restore, batch_size=1, compile=False)
     linears = dict(engine.ceiling.modules)
     device = next(engine.denoiser.parameters()).device
     rows = []
@@ -129,7 +137,10 @@ def fused_swap_rows(model: Path, ranks, repeats: int) -> list[dict]:
 
         weights = [engine.denoiser.get_submodule(m).weight for m in linears]
         nbytes = sum(w.nbytes for w in weights)
-        sources = [torch.ones(nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        # The copy from where W0 lives: device memory, or (host restore) pinned host memory.
+        host = engine.writer.restore == "host"
+        sources = [torch.ones(nbytes, dtype=torch.uint8, device="cpu" if host else device,
+                              pin_memory=host and device.type == "cuda") for _ in range(2)]
         target = torch.empty(nbytes, dtype=torch.uint8, device=device)
 
         def copy():
@@ -215,19 +226,19 @@ def full_width_overhead_rows(base, target_rank: int, runs: int) -> list[dict]:
             for (label, rank), v in samples.items()]
 
 
-def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: int, fused_only: bool = False) -> list[dict]:
+def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: int, fused_only: bool = False,
+                  size: dict | None = None) -> list[dict]:
     """Compiled pack time against the same model with no slots: the full ceiling with a request
     that needs the full rank and one that needs a quarter of it, the same with rank buckets, and
-    an attention-only ceiling."""
+    an attention-only ceiling. ``size``: height and width (default: the model's)."""
     from hotlora import Engine
+    from hotlora.benchmarking import bench_adapters
 
-    adapters = model / "adapters"
-    low = target_rank // 4  # the tiny model's identity-diffusers and style-kohya samples
+    low = max(1, target_rank // 4)
+    adapters = bench_adapters(model, target_rank, tempfile.mkdtemp(prefix="swap-adapters-"))  # for this model
     requests = {
-        f"r{low} + r{target_rank}": {"identity": (adapters / "identity-diffusers", 1.0),
-                                     "style": (adapters / "style-diffusers", 0.8)},
-        f"r{low} + r{low}": {"identity": (adapters / "identity-diffusers", 1.0),
-                             "style": (adapters / "style-kohya.safetensors", 0.8)},
+        f"r{low} + r{target_rank}": {"identity": (adapters["identity"], 1.0), "style": (adapters["style"], 0.8)},
+        f"r{low} + r{low}": {"identity": (adapters["identity"], 1.0), "style": (adapters["style-low"], 0.8)},
     }
     full, small = requests
     buckets = tuple(sorted({low, target_rank // 2}))
@@ -244,7 +255,8 @@ def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: in
     engines = {}
     for label, options, _ in configs:
         if label not in engines:
-            engines[label] = Engine.from_pretrained(model, target_rank=target_rank, batch_size=pack, **options)
+            engines[label] = Engine.from_pretrained(model, target_rank=target_rank, batch_size=pack, **(size or {}),
+                                                    **options)
     loaded = {}  # read and converted once per configuration, like the RAM cache would
     for label, _, request in configs:
         engine = engines[label]
@@ -284,7 +296,12 @@ def main() -> None:
     parser.add_argument("--pack", type=int, default=6)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--model", help="a local model directory (default: a tiny model built now)")
+    parser.add_argument("--model", help="a local model directory (default: a tiny model built now); adapters "
+                        "are built for it")
+    parser.add_argument("--height", type=int, help="image height of the pack rows (default: the model's)")
+    parser.add_argument("--width", type=int, help="image width of the pack rows (default: the model's)")
+    parser.add_argument("--restore", nargs="+", default=["auto", "host"], choices=["auto", "device", "host"],
+                        help="fused mode's pristine-weight sources to time the swap with")
     parser.add_argument("--full-width-rank", type=int, default=64,
                         help="target rank of the swap rows on full-width Flux blocks (0: skip them)")
     parser.add_argument("--out", default="bench/results")
@@ -294,13 +311,17 @@ def main() -> None:
     from hotlora import Engine
     from hotlora.testing import save_tiny_model
 
+    size = {k: v for k, v in (("height", args.height), ("width", args.width)) if v}
+    fused_ranks = (args.target_rank, 2 * args.target_rank, 8 * args.target_rank)
+
     if args.fused_only:
         with tempfile.TemporaryDirectory() as tmp:
             model = Path(args.model) if args.model else save_tiny_model(Path(tmp) / args.family, args.family,
                                                                        target_rank=args.target_rank)
-            fused = fused_swap_rows(model, (args.target_rank, 2 * args.target_rank, 8 * args.target_rank),
-                                    repeats=max(20, args.runs))
-            overhead = overhead_rows(model, args.target_rank, args.pack, args.steps, args.runs, fused_only=True)
+            fused = [row for restore in args.restore
+                     for row in fused_swap_rows(model, fused_ranks, repeats=max(20, args.runs), restore=restore)]
+            overhead = overhead_rows(model, args.target_rank, args.pack, args.steps, args.runs, fused_only=True,
+                                     size=size)
         write_fused_results(args, fused, overhead)
         return
 
@@ -309,8 +330,9 @@ def main() -> None:
                                                                    target_rank=args.target_rank)
         engine = Engine.from_pretrained(model, target_rank=args.target_rank, batch_size=args.pack)
         swaps = swap_rows(engine, args.target_rank, repeats=max(20, args.runs))
-        overhead = overhead_rows(model, args.target_rank, args.pack, args.steps, args.runs)
-        fused = fused_swap_rows(model, (args.target_rank, 2 * args.target_rank), repeats=max(20, args.runs))
+        overhead = overhead_rows(model, args.target_rank, args.pack, args.steps, args.runs, size=size)
+        fused = [row for restore in args.restore
+                 for row in fused_swap_rows(model, fused_ranks[:2], repeats=max(20, args.runs), restore=restore)]
         del engine
     wide, wide_overhead = [], []
     if args.full_width_rank:

@@ -48,3 +48,40 @@ def write_results(out: str | Path, name: str, data: dict, table: str, descriptio
     (out / f"{name}.json").write_text(json.dumps({"machine": where, **data}, indent=2))
     (out / f"{name}.md").write_text(f"Machine: {where}. {description}\n\n{table}\n")
     print(table)
+
+
+# --------------------------------------------------------------------- adapters for any model
+
+
+def denoiser_layers(model: str | os.PathLike) -> tuple[str, dict[str, tuple[int, int]]]:
+    """The family and the Linear layers (name -> (in, out)) of a local diffusers model directory's
+    denoiser, read from its config alone: the model is built on the meta device, so no weight is
+    read and a full-size model costs no memory."""
+    import diffusers
+    import torch
+
+    from hotlora.adapters.families import FAMILIES
+    from hotlora.engine.writers.slots import ceiling_modules
+
+    model = Path(model)
+    index = json.loads((model / "model_index.json").read_text())
+    family = next(f for f in FAMILIES.values() if f.pipeline_class == index["_class_name"] or f.denoiser in index)
+    cls = getattr(diffusers, index[family.denoiser][1])
+    with torch.device("meta"):
+        denoiser = cls.from_config(cls.load_config(str(model / family.denoiser)))
+    return family.name, ceiling_modules(denoiser, None)
+
+
+def bench_adapters(model: str | os.PathLike, target_rank: int, out: str | os.PathLike) -> dict[str, Path]:
+    """Random adapters over every Linear of ``model``'s denoiser, in the diffusers layout, written to
+    ``out``: ``identity`` (a quarter of ``target_rank``), ``style`` (``target_rank``) and ``style-low``
+    (a quarter). Built for whatever model the bench is given, so no bench needs the tiny model's
+    sample adapters (``adapters/identity-diffusers``)."""
+    from hotlora.tiny import random_lora, save_diffusers_lora
+
+    family, linears = denoiser_layers(model)
+    out = Path(out)
+    low = max(1, target_rank // 4)
+    specs = {"identity": (low, 1), "style": (target_rank, 2), "style-low": (low, 3)}
+    return {name: save_diffusers_lora(out / name, family, random_lora(linears, rank, seed), rank=rank, alpha=rank)
+            for name, (rank, seed) in specs.items()}

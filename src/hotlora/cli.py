@@ -115,7 +115,8 @@ def cmd_serve(args) -> int:
         attention_backend=args.attention_backend, rank_buckets=args.rank_buckets, auth=args.auth,
         api_keys_file=args.api_keys_file, allowed_host_headers=args.allowed_host_headers,
         cors_origins=args.cors_origins, adapter_mode=args.adapter_mode, sizes=args.sizes,
-        size_policy=args.size_policy,
+        size_policy=args.size_policy, text_encoder_lora=False if args.no_text_encoder_lora else None,
+        embedding_rows=args.embedding_rows,
         store_flags={"catalog": args.catalog, "cache_dir": Path(args.cache_dir) if args.cache_dir else None,
                      "local_roots": tuple(Path(p) for p in args.adapter_root) if args.adapter_root else None},
     )
@@ -214,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--mixed", action="store_true", help="merge requests with different adapters into one batch")
     srv.add_argument("--adapter-mode", choices=["slots", "fused"],
                      help="slots (default): LoRA slots in the compiled model; fused: adapters merged into the weights")
+    srv.add_argument("--no-text-encoder-lora", action="store_true",
+                     help="do not merge adapters' text-encoder LoRA (it is then skipped, and responses say so)")
+    srv.add_argument("--embedding-rows", type=int,
+                     help="token rows reserved per slot for pivotal-tuning embeddings (default 4; 0: refuse them)")
     srv.add_argument("--attention-backend", help="native (default), fa3, flash, or a diffusers backend name")
     srv.add_argument("--rank-buckets", help="extra ranks to compile for, e.g. 4,8: a request runs the smallest "
                                             "that holds its adapters (default: target rank only)")

@@ -52,6 +52,8 @@ class EngineConfig:
     slots: tuple[str, ...] = ("identity", "style")
     target_rank: int = 16
     # None: every Linear layer of the denoiser (the widest ceiling); names/suffixes; or one regex.
+    # The slots' and banks' ceiling only: fused mode ignores it (any Linear, and Conv2d on SDXL,
+    # is fusable; its pristine copy covers all of them) and logs a warning when it is set.
     target_modules: Any = None
     # "auto": compiled for batches up to max_batch_size, and each pack runs in the chunk size measured
     # fastest per image at warm-up (per size and CFG mode); an integer: compiled for it, packs chunked to it.
@@ -78,12 +80,20 @@ class EngineConfig:
     rank_buckets: tuple[int, ...] = ()
     # "slots": LoRA layers in the compiled model, adapters copied into them per request (bounded by
     # target_rank and the ceiling). "fused": no LoRA layers; each request's adapters are merged
-    # into the weights in place and restored from a pristine copy (any rank, any Linear; one
-    # adapter set per forward batch). engine/writers/fused.py.
+    # into the weights in place and restored from a pristine copy (any rank, any Linear, and conv
+    # LoRA on SDXL's Conv2d layers; target_rank and target_modules do not apply; one adapter set per
+    # forward batch). engine/writers/fused.py; docs/benchmarks.md says why the default is slots.
     adapter_mode: str = "slots"
     # Where fused mode keeps its pristine weights: "device", "host" (pinned when CUDA), or "auto"
     # (the device when they fit in its free memory, else the host).
     fused_restore: str = "auto"
+    # Text-encoder LoRA (merged into the text encoders per request, engine/writers/text.py; their
+    # pristine Linear weights are kept where fused_restore says). False: such keys are skipped
+    # and the response says so.
+    text_encoder_lora: bool = True
+    # Token rows reserved per slot in each tokenizer and embedding table for a request's
+    # pivotal-tuning embeddings (0: none; such adapters are then refused).
+    embedding_rows: int = 4
     limits: RequestLimits = field(default_factory=RequestLimits)
 
     def __post_init__(self):
@@ -106,6 +116,8 @@ class EngineConfig:
             raise ValueError(f"adapter_mode must be one of {', '.join(ADAPTER_MODES)}, got {self.adapter_mode!r}")
         if self.fused_restore not in FUSED_RESTORE:
             raise ValueError(f"fused_restore must be one of {', '.join(FUSED_RESTORE)}, got {self.fused_restore!r}")
+        if not (isinstance(self.embedding_rows, int) and 0 <= self.embedding_rows <= 64):
+            raise ValueError(f"embedding_rows must be an integer in 0..64, got {self.embedding_rows!r}")
         if self.adapter_mode == "fused" and (self.mixed or self.rank_buckets):
             raise ValueError("fused mode holds one adapter set per forward batch in the weights themselves: "
                              "it has no mixed batches and no rank buckets")
@@ -113,7 +125,8 @@ class EngineConfig:
     # What the compiled graphs depend on; request limits, the device and the cache folder do not.
     # The sizes enter resolved (``sizes=``, the default one resolved from the model), like the dtype.
     FINGERPRINT_EXCLUDES = frozenset({"limits", "compile_cache_dir", "device", "dtype", "height", "width",
-                                      "sizes", "size_policy", "attention_backend"})
+                                      "sizes", "size_policy", "attention_backend", "text_encoder_lora",
+                                      "embedding_rows"})  # the text encoders run eagerly
 
     def fingerprint(self, model: str | None, family: str, **resolved) -> str:
         """The compile-cache key: the model, the family, every option the graphs depend on, and the
@@ -251,6 +264,8 @@ class ServerConfig:
     # holds its adapters instead of the full padded rank. Each costs one more warm-up.
     rank_buckets: tuple[int, ...] = ()
     adapter_mode: str = "slots"  # slots | fused (EngineConfig.adapter_mode; docs/benchmarks.md says why slots)
+    text_encoder_lora: bool = True  # merge adapters' text-encoder LoRA per request (False: skipped, and said so)
+    embedding_rows: int = 4  # token rows reserved per slot for pivotal-tuning embeddings (0: refused)
     attention_backend: str = "native"  # native | fa3 | flash | any diffusers dispatcher backend name
     compile_cache_dir: str | None = ".cache/hotlora/compile"  # compile artifacts kept across restarts
     step_cache: str | None = None  # dbcache | taylorseer | fbcache (off by default: it trades quality)
@@ -296,6 +311,7 @@ class ServerConfig:
             step_cache=StepCache(self.step_cache, self.step_cache_threshold) if self.step_cache else None,
             rank_buckets=self.rank_buckets, limits=RequestLimits(max_scale=self.max_scale, max_work=self.max_work),
             adapter_mode=self.adapter_mode, sizes=self.sizes or (), size_policy=self.size_policy,
+            text_encoder_lora=self.text_encoder_lora, embedding_rows=self.embedding_rows,
         )
 
     @classmethod

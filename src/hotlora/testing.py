@@ -22,27 +22,48 @@ __all__ = [  # the tiny models' helpers, re-exported, and this module's own
     "TINY_SIZE", "build_tiny_flux", "build_tiny_pipeline", "build_tiny_sdxl", "denoiser_linears", "kohya_flux_lora",
     "random_lora", "save_diffusers_lora", "save_kohya_sdxl_lora", "save_peft_lora", "save_tiny_model",
     "write_sample_adapters", "xlabs_flux_lora", "sd_scripts_sdxl_lora", "sd_scripts_metadata",
-    "save_kohya_flux_lora_file", "ai_toolkit_flux_lora", "plain_diffusers_reference",
+    "save_kohya_flux_lora_file", "ai_toolkit_flux_lora", "plain_diffusers_reference", "random_conv_lora",
 ]
 
 
 def sd_scripts_sdxl_lora(unet_sd: Mapping[str, torch.Tensor], layers_per_block: int, alpha: float,
-                         text_encoders: Mapping[str, Mapping[str, torch.Tensor]] | None = None) -> dict[str, torch.Tensor]:
-    """kohya sd-scripts' SDXL layout (``sdxl_train_network.py``): U-Net attention modules under their
-    SGM (Stability's original) block numbers, ``lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q``;
+                         text_encoders: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+                         conv_alpha: float | None = None, up_blocks_with_attention=()) -> dict[str, torch.Tensor]:
+    """kohya sd-scripts' SDXL layout (``sdxl_train_network.py``): U-Net modules under their SGM
+    (Stability's original) block numbers, ``lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q``;
     text encoders as ``lora_te1_*`` / ``lora_te2_*``; ``lora_down`` / ``lora_up`` and a scalar ``.alpha``
-    per module. ``unet_sd`` and ``text_encoders`` ({"te1": sd, "te2": sd}) are in PEFT key form."""
+    per module. ``unet_sd`` and ``text_encoders`` ({"te1": sd, "te2": sd}) are in PEFT key form.
+
+    With ``conv_dim`` (LoCon, "LoRA-C3Lier") sd-scripts also wraps the ResBlocks, Downsamples and
+    Upsamples: ``..._0_in_layers_2`` (conv1), ``out_layers_3`` (conv2), ``skip_connection``
+    (conv_shortcut), ``emb_layers_1`` (time_emb_proj), ``..._0_op`` (a downsampler's conv) and
+    ``..._2_conv`` (an upsampler's, index 1 in an up block without attention:
+    ``up_blocks_with_attention`` says which have them). A conv's ``lora_down`` is a conv with the
+    layer's kernel, ``[r, in, kh, kw]``, and its ``lora_up`` is 1x1, ``[out, r, 1, 1]``; 3x3 convs
+    take ``conv_alpha`` (``conv_dim``'s alpha), 1x1 convs and Linears ``alpha``."""
+    resnet_parts = {"conv1": "in_layers_2", "conv2": "out_layers_3", "conv_shortcut": "skip_connection",
+                    "time_emb_proj": "emb_layers_1"}
+    per_block = layers_per_block + 1
+
+    def inner(kind: str, rest: list[str]) -> list[str]:
+        return ["1", *rest] if kind == "attentions" else ["0", resnet_parts[rest[0]], *rest[1:]]
 
     def sgm_name(module: str) -> str:
         parts = module.split(".")
-        if parts[0] == "mid_block" and parts[1] == "attentions":
-            return "_".join(["middle_block", "1"] + parts[3:])
-        block, layer = int(parts[1]), int(parts[3])
-        if parts[0] == "down_blocks" and parts[2] == "attentions":
-            return "_".join(["input_blocks", str(1 + block * (layers_per_block + 1) + layer), "1"] + parts[4:])
-        if parts[0] == "up_blocks" and parts[2] == "attentions":
-            return "_".join(["output_blocks", str(block * (layers_per_block + 1) + layer), "1"] + parts[4:])
-        raise ValueError(f"{module}: sd-scripts' default LoRA network targets attention blocks only")
+        if parts[0] == "mid_block" and parts[1] in ("attentions", "resnets"):
+            index = "1" if parts[1] == "attentions" else str(2 * int(parts[2]))  # resnet, attention, resnet
+            return "_".join(["middle_block", index] + inner(parts[1], parts[3:])[1:])
+        block, kind, layer = int(parts[1]), parts[2], int(parts[3])
+        if parts[0] == "down_blocks" and kind in ("attentions", "resnets"):
+            return "_".join(["input_blocks", str(1 + block * per_block + layer)] + inner(kind, parts[4:]))
+        if parts[0] == "down_blocks" and kind == "downsamplers":
+            return f"input_blocks_{(block + 1) * per_block}_0_op"
+        if parts[0] == "up_blocks" and kind in ("attentions", "resnets"):
+            return "_".join(["output_blocks", str(block * per_block + layer)] + inner(kind, parts[4:]))
+        if parts[0] == "up_blocks" and kind == "upsamplers":
+            index = 2 if block in up_blocks_with_attention else 1
+            return f"output_blocks_{block * per_block + layers_per_block}_{index}_conv"
+        raise ValueError(f"{module}: not a module sd-scripts' LoRA network wraps")
 
     out = {}
     groups = [("lora_unet_", unet_sd, sgm_name)]
@@ -51,14 +72,31 @@ def sd_scripts_sdxl_lora(unet_sd: Mapping[str, torch.Tensor], layers_per_block: 
     for prefix, sd, rename in groups:
         for module in sorted({k.split(".lora_")[0] for k in sd}):
             name = prefix + rename(module)
-            out[f"{name}.lora_down.weight"] = sd[f"{module}.lora_A.weight"].contiguous()
+            down = sd[f"{module}.lora_A.weight"]
+            out[f"{name}.lora_down.weight"] = down.contiguous()
             out[f"{name}.lora_up.weight"] = sd[f"{module}.lora_B.weight"].contiguous()
-            out[f"{name}.alpha"] = torch.tensor(float(alpha))
+            spatial = down.ndim == 4 and tuple(down.shape[2:]) != (1, 1)
+            out[f"{name}.alpha"] = torch.tensor(float(conv_alpha if spatial and conv_alpha is not None else alpha))
     return out
 
 
-def sd_scripts_metadata(base_model_version: str, rank: int, alpha: float | None) -> dict[str, str]:
-    """The ``ss_*`` / ``modelspec.*`` header fields sd-scripts writes (all strings, as safetensors wants)."""
+def random_conv_lora(convs: Mapping[str, tuple[int, int, int, int]], rank: int, seed: int,
+                     strength: float = 0.5) -> dict[str, torch.Tensor]:
+    """A random conv LoRA in PEFT key form: ``lora_A`` [r, in, kh, kw] (the layer's kernel) and
+    ``lora_B`` [out, r, 1, 1] per Conv2d (``convs``: name -> weight shape)."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for name, (out_c, in_c, kh, kw) in convs.items():
+        fan_in = in_c * kh * kw
+        sd[f"{name}.lora_A.weight"] = torch.randn(rank, in_c, kh, kw, generator=g) / fan_in**0.5
+        sd[f"{name}.lora_B.weight"] = torch.randn(out_c, rank, 1, 1, generator=g) * strength / rank**0.5
+    return sd
+
+
+def sd_scripts_metadata(base_model_version: str, rank: int, alpha: float | None,
+                        network_args: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``ss_*`` / ``modelspec.*`` header fields sd-scripts writes (all strings, as safetensors wants);
+    ``network_args`` as ``--network_args`` saves them (``{"conv_dim": "8", "conv_alpha": "4"}`` for LoCon)."""
     meta = {
         "ss_network_module": "networks.lora_flux" if base_model_version.startswith("flux") else "networks.lora",
         "ss_network_dim": str(rank), "ss_base_model_version": base_model_version, "ss_output_name": "corpus",
@@ -67,6 +105,8 @@ def sd_scripts_metadata(base_model_version: str, rank: int, alpha: float | None)
     }
     if alpha is not None:
         meta["ss_network_alpha"] = str(float(alpha))
+    if network_args:
+        meta["ss_network_args"] = json.dumps(dict(network_args))
     return meta
 
 
@@ -98,15 +138,67 @@ def ai_toolkit_flux_lora(sd: Mapping[str, torch.Tensor], name: str = "corpus") -
     return tensors, meta
 
 
+def text_encoder_linears(pipeline, encoder: str) -> dict[str, tuple[int, int]]:
+    """The attention and MLP Linear layers of a text encoder, the ones diffusers' training scripts
+    put LoRA on (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``, ``fc1``, ``fc2``)."""
+    module = getattr(pipeline, encoder)
+    return {name: (m.in_features, m.out_features) for name, m in module.named_modules()
+            if isinstance(m, torch.nn.Linear) and name.endswith(("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"))}
+
+
+def random_embeddings(pipeline, family: str, tokens: int, seed: int) -> dict[str, torch.Tensor]:
+    """Pivotal-tuning vectors keyed as diffusers' advanced scripts save them: ``clip_l`` and
+    ``clip_g`` (SDXL) or ``clip_l`` and ``t5`` (Flux), [tokens, the encoder's width]."""
+    g = torch.Generator().manual_seed(seed)
+    keys = {"sdxl": (("clip_l", "text_encoder"), ("clip_g", "text_encoder_2")),
+            "flux": (("clip_l", "text_encoder"), ("t5", "text_encoder_2"))}[family]
+    return {key: torch.randn(tokens, getattr(pipeline, te).get_input_embeddings().embedding_dim, generator=g)
+            for key, te in keys}
+
+
+def save_pivotal_lora(path: Path, family: str, denoiser_sd: Mapping[str, torch.Tensor],
+                      text_sds: Mapping[str, Mapping[str, torch.Tensor]], alpha: float,
+                      embeddings: Mapping[str, torch.Tensor] | None = None) -> Path:
+    """What diffusers' advanced DreamBooth LoRA scripts leave in their output folder: one
+    ``save_lora_weights`` call with the denoiser's and each text encoder's layers and their
+    ``LoraConfig`` metadata (``pytorch_lora_weights.safetensors``), and the pivotal-tuning
+    vectors as ``<folder name>_emb.safetensors``. ``text_sds``: text encoder -> PEFT-form layers."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    from hotlora.adapters.families import family_named, pipeline_class
+
+    fam = family_named(family)
+    path.mkdir(parents=True, exist_ok=True)
+    kwargs = {}
+    for part, sd in {fam.denoiser: denoiser_sd, **text_sds}.items():
+        if sd:
+            kwargs[f"{part}_lora_layers"] = dict(sd)
+            part_rank = next(v.shape[0] for k, v in sd.items() if ".lora_A." in k)  # each part its own rank
+            kwargs[f"{part}_lora_adapter_metadata"] = LoraConfig(
+                r=part_rank, lora_alpha=alpha, target_modules=sorted({k.split(".lora_")[0] for k in sd})).to_dict()
+    pipeline_class(fam).save_lora_weights(str(path), **kwargs)
+    if embeddings:
+        save_file({k: v.contiguous() for k, v in embeddings.items()}, str(path / f"{path.name}_emb.safetensors"))
+    return path
+
+
 # ----------------------------------------------------------------------------- the reference
 
 
 def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: int, num_inference_steps: int,
-                              guidance_scale: float, height: int, width: int, seed: int, output_type="latent"):
+                              guidance_scale: float, height: int, width: int, seed: int, output_type="latent",
+                              embeddings=()):
     """What a fresh, plain diffusers pipeline gives: ``load_lora_weights`` per adapter, then
     ``set_adapters`` with the scales, one batch, image i seeded ``seed + i``. The correctness
-    contract compares the warm engine against exactly this."""
+    contract compares the warm engine against exactly this.
+
+    ``embeddings``: (file tensors keyed clip_l / clip_g / t5, token names) pairs, each loaded
+    with ``load_textual_inversion`` into the text encoder its key names, in order, as the
+    advanced training scripts' model cards show."""
     from diffusers import DiffusionPipeline
+
+    from hotlora.adapters.families import TOKENIZER_OF, family_of_pipeline
 
     pipeline = DiffusionPipeline.from_pretrained(str(model_dir), local_files_only=True)
     pipeline.set_progress_bar_config(disable=True)
@@ -120,6 +212,12 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
         weights.append(scale)
     if names:
         pipeline.set_adapters(names, weights)
+    targets = dict(family_of_pipeline(pipeline).embedding_keys)
+    for tensors, tokens in embeddings:
+        for key, vectors in tensors.items():
+            encoder = targets[key]
+            pipeline.load_textual_inversion(vectors, token=list(tokens), text_encoder=getattr(pipeline, encoder),
+                                            tokenizer=getattr(pipeline, TOKENIZER_OF[encoder]))
     generators = [torch.Generator().manual_seed(seed + i) for i in range(num_images)]
     return pipeline(prompt=prompt, num_images_per_prompt=num_images, generator=generators,
                     num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, height=height,

@@ -1,8 +1,11 @@
 """Fixtures shared by the integration tests."""
 
+import random
 import socket
 
 import pytest
+
+MIXED_BATCH = 3
 
 
 @pytest.fixture
@@ -22,3 +25,32 @@ def s3_endpoint(monkeypatch):
         monkeypatch.setenv(name, value)
     yield f"http://127.0.0.1:{port}"
     server.stop()
+
+
+@pytest.fixture(scope="session", params=["flux", "sdxl"])
+def mixed(request, tiny_models, tmp_path_factory):
+    """A compiled mixed-batch engine per family and a pool of adapters for it, shared by the test
+    modules that serve through one (compiles are most of CI's time). Tests turn recompiles into
+    errors themselves: a session-wide switch would fail other engines' warm-ups."""
+    from hotlora import Engine
+    from hotlora.testing import random_lora, save_diffusers_lora, save_kohya_sdxl_lora
+
+    from ..helpers import TARGET_RANK
+
+    family = request.param
+    engine = Engine.from_pretrained(tiny_models[family], target_rank=TARGET_RANK, batch_size=MIXED_BATCH, compile=True,
+                                    mixed=True)
+    pool_dir = tmp_path_factory.mktemp(f"mixed-{family}")
+    linears = dict(engine.ceiling.modules)
+    rng = random.Random(f"pool-{family}")
+    pool = []
+    for i in range(6):
+        rank = rng.randint(1, TARGET_RANK)
+        modules = rng.sample(sorted(linears), rng.randint(len(linears) // 3, len(linears)))
+        sd = random_lora(linears, rank, seed=1000 + i, modules=modules)
+        if family == "sdxl" and i == 5:
+            attention = {k: v for k, v in sd.items() if ".attn" in k}
+            pool.append(save_kohya_sdxl_lora(pool_dir / f"a{i}.safetensors", attention, alpha=rank / 2))
+        else:
+            pool.append(save_diffusers_lora(pool_dir / f"a{i}", family, sd, rank=rank, alpha=rng.choice([rank, 2 * rank])))
+    return family, tiny_models[family], engine, pool

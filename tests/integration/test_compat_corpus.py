@@ -39,14 +39,27 @@ def denoiser_of(pipeline, family):
     return getattr(pipeline, family_named(family).denoiser)
 
 
-def diffusers_deltas(pipeline, family, source):
-    """What ``load_lora_weights`` loads into the denoiser; the adapter is unloaded again after."""
+def diffusers_deltas(pipeline, family, source, part=None):
+    """What ``load_lora_weights`` loads into the denoiser (or the text encoder ``part``); the adapter
+    is unloaded again after."""
     source = dict(source) if isinstance(source, dict) else str(source)
+    model = denoiser_of(pipeline, family) if part is None else getattr(pipeline, part)
     try:
         pipeline.load_lora_weights(source, adapter_name="ref")
-        return {m: d.detach().clone() for m, d in loaded_deltas(denoiser_of(pipeline, family), "ref").items()}
+        return {m: d.detach().clone() for m, d in loaded_deltas(model, "ref").items()}
     finally:
         pipeline.unload_lora_weights()
+
+
+def assert_same_text_deltas(adapter, pipeline, family, source, encoders):
+    """hotlora's text-encoder parts are what diffusers loads into each text encoder."""
+    assert sorted(adapter.text_modules) == sorted(encoders)
+    for encoder in encoders:
+        ours = {m: w.scaling * (w.up.float() @ w.down.float()) for m, w in adapter.text_modules[encoder].items()}
+        # CLIPTextModelWithProjection still nests its layers under "text_model."; hotlora names them
+        # relative to that level, for every CLIP (CLIPTextModel no longer has it).
+        theirs = {m.removeprefix("text_model."): d for m, d in diffusers_deltas(pipeline, family, source, encoder).items()}
+        assert_same_deltas(ours, theirs)
 
 
 def hotlora_adapter(pipeline, family, source):
@@ -141,9 +154,9 @@ def test_per_module_ranks_and_alphas_from_rank_and_alpha_patterns(pipelines, tmp
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_text_encoder_layers_saved_beside_the_denoiser_are_skipped(pipelines, tmp_path, family):
-    """``save_lora_weights(..., text_encoder_lora_layers=...)``: the denoiser part equals diffusers',
-    the text-encoder keys are listed in ``skipped_keys`` (diffusers loads them into the text encoders)."""
+def test_text_encoder_layers_saved_beside_the_denoiser(pipelines, tmp_path, family):
+    """``save_lora_weights(..., text_encoder_lora_layers=...)`` with each part's metadata: every
+    part equals what diffusers loads into the denoiser and the text encoders; nothing is skipped."""
     from peft import LoraConfig
 
     from hotlora.adapters.families import pipeline_class
@@ -165,10 +178,11 @@ def test_text_encoder_layers_saved_beside_the_denoiser_are_skipped(pipelines, tm
     path = tmp_path / "pytorch_lora_weights.safetensors"
 
     adapter = hotlora_adapter(pipeline, family, path)
-    expected = sum(2 * len(linear_layers(e)) for e in encoders.values())
-    assert len(adapter.skipped_keys) == expected
-    assert {k.split(".")[0] for k in adapter.skipped_keys} == set(encoders)
+    assert adapter.skipped_keys == []
+    assert {te: len(mods) for te, mods in adapter.text_modules.items()} == {
+        name: len(linear_layers(e)) for name, e in encoders.items()}
     assert_same_deltas(canonical_deltas(adapter), diffusers_deltas(pipeline, family, path))
+    assert_same_text_deltas(adapter, pipeline, family, path, encoders)
 
 
 def linear_layers(model) -> dict[str, tuple[int, int]]:
@@ -237,7 +251,7 @@ def test_declared_base_model_paths_name_their_model(tiny_models, tmp_path, decla
 def test_kohya_sdxl_with_both_text_encoders(pipelines, tmp_path, naming):
     """sd-scripts' SDXL file (SGM block numbers, ``lora_te1_``/``lora_te2_``, ``.alpha``, ``ss_*``
     header), and the diffusers-named kohya file ``convert_state_dict_to_kohya`` writes. The U-Net
-    part equals what diffusers loads; the text-encoder keys are reported as skipped."""
+    part and both text encoders' parts equal what diffusers loads."""
     from diffusers.utils.state_dict_utils import convert_state_dict_to_kohya
     from safetensors.torch import save_file
 
@@ -262,9 +276,9 @@ def test_kohya_sdxl_with_both_text_encoders(pipelines, tmp_path, naming):
     adapter = hotlora_adapter(pipeline, "sdxl", path)
     assert adapter.layout == "kohya" and set(adapter.modules) == set(targets(unet_sd)) and len(adapter.modules) > 50
     assert {round(w.scaling, 6) for w in adapter.modules.values()} == {0.75}
-    assert len(adapter.skipped_keys) == len(te["te1"]) + len(te["te2"])  # A and B of every text-encoder module
-    assert {k.split(".")[0] for k in adapter.skipped_keys} == {"text_encoder", "text_encoder_2"}
+    assert adapter.skipped_keys == []
     assert_same_deltas(canonical_deltas(adapter), diffusers_deltas(pipeline, "sdxl", path))
+    assert_same_text_deltas(adapter, pipeline, "sdxl", path, ["text_encoder", "text_encoder_2"])
 
 
 def flux_double_block_count(linears):
@@ -293,8 +307,8 @@ def test_kohya_flux_double_blocks(pipelines, tmp_path, alpha, dtype):
 
     adapter = hotlora_adapter(pipeline, "flux", path)
     assert adapter.layout == "kohya" and "transformer_blocks.0.attn.add_k_proj" in adapter.modules
-    assert {k.split(".")[0] for k in adapter.skipped_keys} == {"text_encoder", t5}
-    assert len(adapter.skipped_keys) == len(te) + 2
+    assert adapter.skipped_keys == [f"{t5}.lora_down.weight", f"{t5}.lora_up.weight"]  # T5: diffusers drops it
+    assert_same_text_deltas(adapter, pipeline, "flux", path, ["text_encoder"])
     ours = canonical_deltas(adapter)
     assert_same_deltas(ours, diffusers_deltas(pipeline, "flux", path))
     # Independent arithmetic: the fused qkv update, split by rows, is alpha / r * up @ down.
@@ -441,8 +455,8 @@ def diffusers_names_under_diffusion_model(linears):
 
 
 @pytest.mark.parametrize("layout, reason", [
-    (bfl_names_under_diffusion_model, "no LoRA weights for the flux transformer found"),
-    (diffusers_names_under_diffusion_model, "no LoRA weights for the flux transformer found"),
+    (bfl_names_under_diffusion_model, "no LoRA weights for the flux transformer or its text encoders"),
+    (diffusers_names_under_diffusion_model, "no LoRA weights for the flux transformer or its text encoders"),
 ])
 def test_layouts_diffusers_loads_nothing_from_are_refused(tiny_models, tmp_path, layout, reason):
     """diffusers warns and loads no module from these; hotlora says so instead of serving nothing."""
@@ -535,8 +549,8 @@ def training_script_flux_file(pipeline, tmp_path):
 
 
 def sd_scripts_sdxl_file(pipeline, tmp_path):
-    """The reference loads only the U-Net part: the engine serves no text-encoder LoRA."""
-    from safetensors.torch import load_file, save_file
+    """sd-scripts' SDXL file with CLIP-L LoRA: the reference loads all of it, and so does the engine."""
+    from safetensors.torch import save_file
 
     from hotlora.testing import sd_scripts_metadata, sd_scripts_sdxl_lora
 
@@ -546,7 +560,7 @@ def sd_scripts_sdxl_file(pipeline, tmp_path):
     path = tmp_path / "kohya-te.safetensors"
     save_file(sd_scripts_sdxl_lora(unet_sd, pipeline.unet.config.layers_per_block, 2.0, te), str(path),
               metadata=sd_scripts_metadata("sdxl_base_v1-0", 4, 2.0))
-    return path, {k: v for k, v in load_file(str(path)).items() if k.startswith("lora_unet_")}
+    return path, str(path)
 
 
 @pytest.fixture

@@ -73,15 +73,19 @@ def test_state_dict_source_and_content_hash(tiny_models):
     assert set(from_file.modules) == set(from_dict.modules)
 
 
-def test_text_encoder_keys_are_split_out_and_reported(tiny_models):
+def test_text_encoder_keys_are_split_out_under_their_encoder(tiny_models):
+    """Older files name CLIP's modules under ``text_model.``; transformers' CLIP no longer has that
+    level, and diffusers strips it: so does hotlora."""
     from safetensors.torch import load_file
 
     path = tiny_models["flux"] / "adapters" / "identity-diffusers" / "pytorch_lora_weights.safetensors"
     sd = load_file(str(path))
-    sd["text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight"] = torch.zeros(2, 32)
-    sd["text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_B.weight"] = torch.zeros(32, 2)
+    sd["text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight"] = torch.ones(2, 32)
+    sd["text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_B.weight"] = torch.ones(32, 2)
     adapter = load_adapter(sd, family_named("flux"))
-    assert len(adapter.skipped_keys) == 2 and all(k.startswith("text_encoder.") for k in adapter.skipped_keys)
+    assert adapter.skipped_keys == []
+    assert list(adapter.text_modules) == ["text_encoder"]
+    assert list(adapter.text_modules["text_encoder"]) == ["encoder.layers.0.self_attn.q_proj"]
     assert not any(m.startswith("text_encoder") for m in adapter.modules)
 
 
@@ -116,3 +120,42 @@ def test_declared_base_model_is_read_from_the_file_header(tiny_models, tmp_path)
     assert any("declares base model 'acme/other-model'" in p for p in problems_with(adapter, ceiling))
     ok = SlotCeiling(modules, 8, "flux", served_models=frozenset({"/models/other-model"}))
     assert problems_with(adapter, ok) == []
+
+
+@pytest.mark.parametrize("family", ["sdxl", "flux"])
+def test_text_parts_and_embeddings_travel_through_the_disk_cache_and_convert(tiny_models, tmp_path, family):
+    """A pivotal-tuning folder (LoRA file + ``<name>_emb.safetensors``): its text-encoder LoRA and
+    embeddings survive the disk tier's format and ``adapters convert``, which plain diffusers loads."""
+    from hotlora.adapters.diskcache import deserialize, serialize
+    from hotlora.adapters.export import describe, save_as_diffusers
+    from hotlora.testing import (
+        denoiser_linears, random_embeddings, random_lora, save_pivotal_lora, text_encoder_linears,
+    )
+
+    pipeline = fresh_pipeline(tiny_models[family])
+    fam = family_named(family)
+    texts = {te: random_lora(text_encoder_linears(pipeline, te), 3, seed=i) for i, te in enumerate(fam.lora_text_encoders)}
+    vectors = random_embeddings(pipeline, family, 3, seed=9)
+    folder = save_pivotal_lora(tmp_path / "pivotal", family, random_lora(denoiser_linears(pipeline), 2, seed=5), texts,
+                               alpha=2, embeddings=vectors)
+    adapter = load_adapter(folder, fam)
+    assert adapter.embeddings.tokens == ("<s0>", "<s1>", "<s2>")
+    assert sorted(adapter.text_modules) == sorted(fam.lora_text_encoders)
+
+    cached = deserialize(serialize(adapter))
+    assert cached.key == adapter.key and cached.nbytes == adapter.nbytes
+
+    out = save_as_diffusers(adapter, tmp_path / "converted")
+    again = load_adapter(out.parent, fam)
+    assert again.embeddings.tokens == adapter.embeddings.tokens
+    for encoder, tensor in adapter.embeddings.vectors.items():
+        assert torch.equal(again.embeddings.vectors[encoder], tensor)
+    def deltas(modules):
+        return {m: w.scaling * (w.up.float() @ w.down.float()) for m, w in modules.items()}
+
+    for encoder, modules in adapter.text_modules.items():
+        assert_same_deltas(deltas(again.text_modules[encoder]), deltas(modules))
+    pipeline.load_lora_weights(str(out.parent), weight_name=out.name, adapter_name="converted")  # diffusers reads it
+    report = describe(adapter)
+    assert report["embeddings"]["tokens"] == ["<s0>", "<s1>", "<s2>"]
+    assert set(report["text_encoders"]) == set(fam.lora_text_encoders)

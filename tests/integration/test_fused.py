@@ -1,12 +1,14 @@
 """Fused mode (engine/writers/fused.py): the correctness contract with the adapters merged into the
 weights. The compiled engine equals a fresh plain diffusers pipeline (``load_lora_weights`` +
 ``set_adapters``) within float32 noise, for ranks above the slots' target and layers outside a
-narrow ``target_modules``, compiles nothing after warm-up (``error_on_recompile``), and "no
-adapters" after any sequence of swaps is the base weights bit for bit.
+narrow ``target_modules``, and (SDXL) kohya LoCon conv LoRA on the U-Net's convs, compiles nothing
+after warm-up (``error_on_recompile``), and "no adapters" after any sequence of swaps is the base
+weights bit for bit, whether the pristine weights are kept on the device or on the host.
 
-CI time is tight: ONE compiled engine per family for the whole file, 2 steps, batch size 2, and
-30 random swaps for the exactness check (not hundreds: each swap is a handful of copies and GEMMs,
-and the property checked, restore-by-copy, does not depend on the count)."""
+CI time is tight: ONE compiled engine per family for the whole file, 2 steps, batch size 2. The 200
+random swaps call the writer's ``swap`` directly (a handful of GEMMs and copies each, no forward
+pass); every 40th goes through a full compiled request. The host-restore and bf16 checks build
+eager engines (no compile)."""
 
 import hashlib
 import random
@@ -18,10 +20,13 @@ from hotlora import Engine
 from hotlora.errors import AdapterRejected, InvalidRequest
 from hotlora.testing import (
     kohya_flux_lora,
+    random_conv_lora,
     random_lora,
     save_diffusers_lora,
     save_kohya_sdxl_lora,
     save_peft_lora,
+    sd_scripts_metadata,
+    sd_scripts_sdxl_lora,
 )
 
 from ..helpers import TARGET_RANK, recompiles_are_errors, engine_reference
@@ -30,7 +35,8 @@ TOLERANCE = 1e-4  # float32 latents; compiled kernels reorder sums
 PROMPT = "a portrait of an astronaut, watercolor"
 STEPS = 2
 N = 2  # the compiled batch size: one chunk
-SWAPS = 30
+SWAPS = 200
+THROUGH_THE_ENGINE = 40  # every 40th swap is a full compiled request
 # A slots engine with this ceiling would refuse every adapter below that touches anything else.
 NARROW = {"flux": r"transformer_blocks\.0\.attn\.to_q", "sdxl": r".*attn1\.to_q"}
 
@@ -131,29 +137,44 @@ def test_fused_engine_equals_plain_diffusers(fused, tmp_path):
     torch.testing.assert_close(again.images, result.images, atol=0, rtol=0)
 
 
+def random_adapters(engine, family, seed: str, count: int = 6):
+    """``count`` in-memory adapters of random rank (up to 3x the slots' target) on random subsets of
+    the Linears, and on SDXL of the convs too (conv LoRA: 4-D factors)."""
+    linears, convs = dict(engine.ceiling.modules), dict(engine.ceiling.convs)
+    names, conv_names = sorted(linears), sorted(convs)
+    rng = random.Random(seed)
+    prefix = "transformer" if family == "flux" else "unet"
+    adapters = []
+    for k in range(count):
+        rank = rng.randint(1, 3 * TARGET_RANK)
+        sd = random_lora(linears, rank, k, modules=rng.sample(names, rng.randint(1, len(names))))
+        if conv_names and k % 2:
+            chosen = rng.sample(conv_names, rng.randint(1, len(conv_names)))
+            sd.update(random_conv_lora({n: convs[n] for n in chosen}, rank, 100 + k))
+        adapters.append(engine.load_adapter({f"{prefix}.{key}": v for key, v in sd.items()}))
+    return adapters
+
+
+def random_requests(adapters, seed: str, count: int):
+    rng = random.Random(seed)
+    return [{slot: (rng.choice(adapters), rng.choice([0.0, 0.3, 1.0, -0.7]))
+             for slot in ("identity", "style") if rng.random() < 0.8} for _ in range(count)]
+
+
 def test_random_swaps_then_no_adapters_restore_the_base_bit_for_bit(fused, tmp_path):
     family, model_dir, engine = fused
     generate(engine, {})
     base = weights_hash(engine)
     pointers = [(n, p.data_ptr()) for n, p in engine.denoiser.named_parameters()]
-    linears = dict(engine.ceiling.modules)
-    names = sorted(linears)
-    rng = random.Random(f"swaps-{family}")
-    prefix = "transformer" if family == "flux" else "unet"
-    loaded = [engine.load_adapter({f"{prefix}.{k}": v for k, v in
-                                   random_lora(linears, rng.randint(1, 3 * TARGET_RANK), k_seed,
-                                               modules=rng.sample(names, rng.randint(1, len(names)))).items()})
-              for k_seed in range(6)]
-    for i in range(SWAPS):
-        request = {slot: (rng.choice(loaded), rng.choice([0.0, 0.3, 1.0, -0.7]))
-                   for slot in ("identity", "style") if rng.random() < 0.8}
-        if i % 10 == 0:  # some of them through a full compiled request
+    loaded = random_adapters(engine, family, f"swaps-{family}")
+    for i, request in enumerate(random_requests(loaded, f"requests-{family}", SWAPS)):
+        if i % THROUGH_THE_ENGINE == 0:  # some of them through a full compiled request
             generate(engine, request, num_images=1, seed=i)
         else:
-            engine.writer.bind([request])
+            engine.writer.swap(request)
         if any(scale for _, scale in request.values()):
-            assert weights_hash(engine) != base or i == 0
-    engine.writer.bind([{}])
+            assert weights_hash(engine) != base, f"swap {i} merged nothing"
+    engine.writer.swap({})
     assert weights_hash(engine) == base
     generate(engine, {"identity": (loaded[0], 1.0)})
     generate(engine, {})  # "no adapters" through the engine
@@ -199,37 +220,141 @@ def test_freezing_would_bake_the_weights_in_and_is_refused(fused):
         engine.writer.enter("fused")
 
 
-def test_bfloat16_fused_weights_equal_diffusers_fuse_lora(tiny_models, tmp_path):
+@pytest.mark.parametrize("family", ["flux", "sdxl"])
+def test_bfloat16_fused_weights_equal_diffusers_fuse_lora(tiny_models, tmp_path, family):
     """Eager (the weights are what is compared): hotlora's merge vs diffusers' ``fuse_lora``, both in
-    bf16, within one bf16 rounding (diffusers rounds the delta, then the sum; hotlora the sum once)."""
+    bf16, within one bf16 rounding (diffusers rounds the delta, then the sum; hotlora the sum once).
+    On SDXL the first adapter also carries conv LoRA on every Conv2d."""
     from diffusers import DiffusionPipeline
 
-    model_dir = tiny_models["flux"]
+    model_dir = tiny_models[family]
     engine = Engine.from_pretrained(model_dir, adapter_mode="fused", batch_size=1, compile=False, dtype=torch.bfloat16)
-    linears = dict(engine.ceiling.modules)
-    one = save_diffusers_lora(tmp_path / "one", "flux", random_lora(linears, 24, 1), rank=24, alpha=12)
-    two = save_diffusers_lora(tmp_path / "two", "flux", random_lora(linears, 4, 2, modules=sorted(linears)[::2]),
+    linears, convs = dict(engine.ceiling.modules), dict(engine.ceiling.convs)
+    assert bool(convs) == (family == "sdxl")
+    one = save_diffusers_lora(tmp_path / "one", family, {**random_lora(linears, 24, 1), **random_conv_lora(convs, 24, 3)},
+                              rank=24, alpha=12)
+    two = save_diffusers_lora(tmp_path / "two", family, random_lora(linears, 4, 2, modules=sorted(linears)[::2]),
                               rank=4, alpha=4)
-    base = {name: engine.denoiser.get_submodule(name).weight.detach().float().clone() for name in linears}
+    layers = [*linears, *convs]
+    base = {name: engine.denoiser.get_submodule(name).weight.detach().float().clone() for name in layers}
     loaded = {"identity": (engine.load_adapter(str(one)), 0.7), "style": (engine.load_adapter(str(two)), 1.2)}
     engine.writer.swap(loaded)
     pipeline = DiffusionPipeline.from_pretrained(str(model_dir), torch_dtype=torch.bfloat16, local_files_only=True)
     pipeline.load_lora_weights(str(one), adapter_name="one")
     pipeline.load_lora_weights(str(two), adapter_name="two")
     pipeline.set_adapters(["one", "two"], [0.7, 1.2])
-    pipeline.fuse_lora(components=["transformer"], adapter_names=["one", "two"])
-    theirs = pipeline.transformer
-    for name in linears:
+    denoiser = "transformer" if family == "flux" else "unet"
+    pipeline.fuse_lora(components=[denoiser], adapter_names=["one", "two"])
+    theirs = getattr(pipeline, denoiser)
+    for name in layers:
         ours = engine.denoiser.get_submodule(name).weight.float()
         ref = theirs.get_submodule(name).base_layer.weight.float()
-        exact = base[name].clone()
+        exact, magnitude = base[name].double(), base[name].double().abs()
         for adapter, scale in loaded.values():
             if name in adapter.modules:
                 w = adapter.modules[name]
-                exact += scale * w.scaling * (w.up.double() @ w.down.double()).float()
-        # hotlora rounds once: within half a bf16 ulp of the exact sum (float32 sums reorder a little).
-        assert ((ours - exact).abs() <= 2.0 ** -8 * exact.abs() * 1.01 + 2.0 ** -126).all(), name
+                up, down = w.up.double().flatten(1), w.down.double().flatten(1)  # a conv: reshaped below
+                exact = exact + scale * w.scaling * (up @ down).view(exact.shape)
+                magnitude = magnitude + abs(scale * w.scaling) * (up.abs() @ down.abs()).view(exact.shape)
+        # hotlora rounds once: within half a bf16 ulp of the exact sum, plus the float32 GEMM's own
+        # rounding (a few float32 ulps of the terms: it shows where W0 and the delta nearly cancel).
+        slack = 2.0 ** -8 * exact.abs() * 1.01 + 2.0 ** -16 * magnitude + 2.0 ** -126
+        assert ((ours.double() - exact).abs() <= slack).all(), name
         # diffusers also rounds A and B (loaded in bf16: errors summed over the rank) and the delta
         # before the sum: within two bf16 ulps of the layer's largest weight.
         assert (ours - ref).abs().max() <= 2.0 ** -6 * ref.abs().max(), name
         assert not torch.equal(ours, base[name])
+
+
+def test_host_restore_writes_the_same_bits_as_device_restore(fused):
+    """``fused_restore="host"`` (on a CPU: the host path, unpinned) keeps W0 off the device and copies
+    it into the touched weights before each merge. After the same 20 random swaps (Linear and, on
+    SDXL, conv LoRA) its weights equal the device-restore engine's bit for bit, and "no adapters"
+    is the base again."""
+    family, model_dir, engine = fused
+    host = Engine.from_pretrained(model_dir, adapter_mode="fused", fused_restore="host", target_rank=TARGET_RANK,
+                                  batch_size=1, compile=False)
+    assert engine.writer.restore == "device"  # "auto" on a CPU: device memory is host memory
+    assert host.writer.restore == "host" and host.writer.nbytes == 0 and host.describe()["restore"] == "host"
+    assert host.describe()["pristine_bytes"] == engine.describe()["pristine_bytes"] > 0
+    engine.writer.swap({})
+    base = weights_hash(host)
+    assert base == weights_hash(engine)  # the same model: the comparison below is meaningful
+    loaded = random_adapters(engine, family, f"host-{family}")
+    for i, request in enumerate(random_requests(loaded, f"host-requests-{family}", 20)):
+        device_report, host_report = engine.writer.swap(request), host.writer.swap(request)
+        assert host_report.modules_written == device_report.modules_written
+        assert weights_hash(host) == weights_hash(engine), f"swap {i}: host and device restore differ"
+    host.writer.swap({})
+    assert weights_hash(host) == base
+    host.writer.check_intact()
+
+
+# ----------------------------------------------------------------------------- conv LoRA (SDXL)
+
+
+def kohya_locon_sdxl(unet, convs, linears, path, seed=0):
+    """A kohya LoCon file as sd-scripts' ``sdxl_train_network.py --network_module networks.lora
+    --network_dim 4 --network_alpha 2 --network_args conv_dim=8 conv_alpha=4`` writes one: rank 4 on the
+    transformer blocks' Linears and the ResBlocks' ``emb_layers`` (time_emb_proj) and 1x1
+    ``skip_connection`` convs, rank 8 (alpha 4) on the 3x3 convs of the ResBlocks, Downsamples and
+    Upsamples, all under SGM block names, with sd-scripts' header metadata. Returns (path, module count)."""
+    from safetensors.torch import save_file
+
+    wrapped = {n: s for n, s in convs.items() if ".resnets." in n or "samplers." in n}
+    spatial = {n: s for n, s in wrapped.items() if s[2:] != (1, 1)}
+    pointwise = {n: s for n, s in wrapped.items() if s[2:] == (1, 1)}
+    chosen = [n for n in linears if ".attentions." in n or n.endswith("time_emb_proj")]
+    sd = {**random_lora(linears, 4, seed, modules=chosen), **random_conv_lora(spatial, 8, seed + 1),
+          **random_conv_lora(pointwise, 4, seed + 2)}
+    attention_up = {i for i, block in enumerate(unet.up_blocks) if getattr(block, "attentions", None)}
+    kohya = sd_scripts_sdxl_lora(sd, unet.config.layers_per_block, alpha=2.0, conv_alpha=4.0,
+                                 up_blocks_with_attention=attention_up)
+    save_file(kohya, str(path), metadata=sd_scripts_metadata("sdxl_base_v1-0", 4, 2.0,
+                                                             {"conv_dim": "8", "conv_alpha": "4"}))
+    return path, len(chosen) + len(wrapped)
+
+
+def test_kohya_locon_conv_lora_on_sdxl_equals_plain_diffusers(fused, tmp_path):
+    family, model_dir, engine = fused
+    convs = dict(engine.ceiling.convs)
+    if family == "flux":
+        assert convs == {}  # the Flux transformer has no Conv2d: nothing to merge into
+        return
+    linears = dict(engine.ceiling.modules)
+    locon, count = kohya_locon_sdxl(engine.denoiser, convs, linears, tmp_path / "locon.safetensors")
+    adapter = engine.load_adapter(str(locon))
+    assert adapter.layout == "kohya" and len(adapter.modules) == count
+    conv_weights = {m: w for m, w in adapter.modules.items() if m in convs}
+    assert {w.down.shape[0] for w in conv_weights.values()} == {4, 8} and all(w.down.ndim == 4 for w in conv_weights.values())
+    assert any(m.endswith("downsamplers.0.conv") for m in conv_weights) and any(m.endswith("upsamplers.0.conv") for m in conv_weights)
+    # Conv LoRA in the diffusers layout too (metadata: LoraConfig), on half of the convs only.
+    conv_only = save_diffusers_lora(tmp_path / "conv-only", "sdxl",
+                                    random_conv_lora({n: convs[n] for n in sorted(convs)[::2]}, 3, 9), rank=3, alpha=6)
+    base = generate(engine, {}).images
+    pair = {"identity": (locon, 0.9), "style": (conv_only, 0.7)}
+    result = generate(engine, pair)
+    diff = (result.images - reference(engine, model_dir, pair)).abs().max().item()
+    assert diff <= TOLERANCE, f"max |engine - diffusers| = {diff}"
+    assert (result.images - base).abs().max().item() > 100 * TOLERANCE
+    assert result.swap.fused["identity"]["modules"] == count and result.recompiles == 0
+    # The convs alone move the compiled model's output: conv weights are graph inputs as well.
+    alone = generate(engine, {"style": (conv_only, 1.0)}).images
+    assert (alone - base).abs().max().item() > 100 * TOLERANCE
+    generate(engine, {})
+    assert engine.recompiles == 0
+
+
+@pytest.mark.parametrize("options", [{}, {"mixed": True}], ids=["slots", "banks"])
+def test_slots_and_banks_refuse_conv_lora_and_say_why(tiny_models, tmp_path, options):
+    """Slots and banks are Linear LoRA layers compiled into the model: a conv LoRA is refused before
+    anything is written, with a message that names the layers and the mode that serves them."""
+    from hotlora.engine.writers.fused import conv_modules
+
+    engine = Engine.from_pretrained(tiny_models["sdxl"], target_rank=TARGET_RANK, batch_size=1, compile=False, **options)
+    assert engine.ceiling.convs == {}
+    locon, _ = kohya_locon_sdxl(engine.denoiser, conv_modules(engine.denoiser), dict(engine.ceiling.modules),
+                                tmp_path / "locon.safetensors")
+    with pytest.raises(AdapterRejected, match=r"conv LoRA on 23 layer\(s\) .*fused mode") as info:
+        engine.generate(PROMPT, adapters={"identity": (str(locon), 1.0)}, num_inference_steps=STEPS)
+    assert len(info.value.problems) == 1, info.value.problems  # the Linear parts fit; only the convs do not

@@ -5,38 +5,20 @@ import random
 
 import pytest
 
-from hotlora import Engine
 from hotlora.engine.core import PackRequest
 from hotlora.errors import InvalidRequest
-from hotlora.testing import plain_diffusers_reference, random_lora, save_diffusers_lora, save_kohya_sdxl_lora
+from hotlora.testing import plain_diffusers_reference
 
-from ..helpers import TARGET_RANK, recompiles_are_errors
+from ..helpers import recompiles_are_errors
 
 TOLERANCE = 1e-4
 STEPS = 3
-BATCH = 3
 
 
-@pytest.fixture(scope="module", params=["flux", "sdxl"])
-def mixed(request, tiny_models, tmp_path_factory):
-    family = request.param
-    engine = Engine.from_pretrained(tiny_models[family], target_rank=TARGET_RANK, batch_size=BATCH, compile=True,
-                                    mixed=True)
-    pool_dir = tmp_path_factory.mktemp(f"mixed-{family}")
-    linears = dict(engine.ceiling.modules)
-    rng = random.Random(f"pool-{family}")
-    pool = []
-    for i in range(6):
-        rank = rng.randint(1, TARGET_RANK)
-        modules = rng.sample(sorted(linears), rng.randint(len(linears) // 3, len(linears)))
-        sd = random_lora(linears, rank, seed=1000 + i, modules=modules)
-        if family == "sdxl" and i == 5:
-            attention = {k: v for k, v in sd.items() if ".attn" in k}
-            pool.append(save_kohya_sdxl_lora(pool_dir / f"a{i}.safetensors", attention, alpha=rank / 2))
-        else:
-            pool.append(save_diffusers_lora(pool_dir / f"a{i}", family, sd, rank=rank, alpha=rng.choice([rank, 2 * rank])))
+@pytest.fixture(autouse=True)
+def no_recompiles(mixed):
     with recompiles_are_errors():
-        yield family, tiny_models[family], engine, pool
+        yield
 
 
 def random_request(rng, pool, images):

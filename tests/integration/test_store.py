@@ -428,3 +428,28 @@ def test_hf_references_read_the_local_hub_cache_offline(adapters, tmp_path, monk
     assert picked.base_model == "hotlora/tiny-flux"
     with pytest.raises(AdapterNotFound):
         store.get("hf://someone/not-cached")
+
+
+def test_a_hub_repo_brings_its_pivotal_embeddings_through_both_tiers(adapters, tmp_path, monkeypatch):
+    """The Hugging Face inference API's convention: ``embeddings.safetensors`` beside the LoRA in
+    the repo, rows ``<s0>``, ``<s1>``. They come with the adapter, and again from the disk tier."""
+    import huggingface_hub.constants
+    import torch
+    from safetensors.torch import save
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    data = (adapters / "style-diffusers" / "pytorch_lora_weights.safetensors").read_bytes()
+    vectors = {"clip_l": torch.randn(2, 32), "t5": torch.randn(2, 32)}
+    cache = fake_hub_cache(tmp_path / "hub", "someone/pivotal",
+                           {"pytorch_lora_weights.safetensors": data, "embeddings.safetensors": save(vectors)})
+
+    def fresh_store():
+        return AdapterStore(StoreConfig(cache_dir=tmp_path / "cache", local_roots=()), FLUX, hf_cache_dir=str(cache))
+
+    first = fresh_store().get("hf://someone/pivotal")
+    again = fresh_store().get("hf://someone/pivotal")  # a new process: from the disk tier
+    for adapter in (first, again):
+        assert adapter.embeddings.tokens == ("<s0>", "<s1>")
+        assert torch.equal(adapter.embeddings.vectors["text_encoder"], vectors["clip_l"])
+        assert torch.equal(adapter.embeddings.vectors["text_encoder_2"], vectors["t5"])
+    assert again.key == first.key

@@ -60,3 +60,12 @@ def test_skipped_text_encoder_parts_are_reported_by_model_not_by_layer():
     report = skipped(adapter)
     assert report["keys"] == 4 and report["parts"] == ["lora_te3", "text_encoder", "text_encoder_2"]
     assert skipped(Adapter("b", "flux", "diffusers", {}, "1" * 64)) is None
+    # Text-encoder LoRA the engine runs without (text_encoder_lora=False) is reported; applied, it is not.
+    import torch
+
+    from hotlora.adapters.formats import LoraWeights
+
+    weights = {"encoder.layers.0.mlp.fc1": LoraWeights(torch.zeros(2, 4), torch.zeros(4, 2), 1.0)}
+    with_text = Adapter("c", "sdxl", "diffusers", {}, "2" * 64, text_modules={"text_encoder": weights})
+    assert skipped(with_text) == {**skipped(with_text), "keys": 2, "parts": ["text_encoder"]}
+    assert skipped(with_text, applied_text_encoders=("text_encoder",)) is None

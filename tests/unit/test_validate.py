@@ -56,3 +56,38 @@ def test_every_problem_is_reported_at_once():
     assert len(info.value.problems) == 3
     text = str(info.value)
     assert "blk.q" in text and "nowhere" in text
+
+
+# Conv LoRA: fused mode's ceiling lists the Conv2d layers with their weight shapes; slots have none.
+FUSED = SlotCeiling(modules={"blk.q": (8, 8)}, target_rank=4, family="sdxl", any_rank=True,
+                    convs={"res.conv1": (6, 4, 3, 3), "res.skip": (6, 4, 1, 1)})
+
+
+def conv_lora(r, in_c, out_c, k=3):
+    return LoraWeights(down=torch.randn(r, in_c, k, k), up=torch.randn(out_c, r, 1, 1), scaling=1.0)
+
+
+def test_conv_lora_fits_a_ceiling_with_those_convs():
+    good = adapter({"res.conv1": conv_lora(8, 4, 6), "res.skip": conv_lora(2, 4, 6, k=1), "blk.q": lora(9, 8, 8)},
+                   family="sdxl")
+    assert problems_with(good, FUSED) == []
+
+
+@pytest.mark.parametrize("weights, expected", [
+    (conv_lora(2, 4, 6, k=1), "base conv weight is (6, 4, 3, 3)"),  # the down conv lacks the layer's kernel
+    (conv_lora(2, 5, 6), "base conv weight is (6, 4, 3, 3)"),
+    (LoraWeights(torch.randn(2, 4, 3, 3), torch.randn(6, 2, 3, 3), 1.0), "base conv weight"),  # up must be 1x1
+    (lora(2, 36, 6), "base conv weight"),  # 2-D factors for a conv layer
+])
+def test_conv_lora_of_the_wrong_shape_is_rejected(weights, expected):
+    found = problems_with(adapter({"res.conv1": weights}, family="sdxl"), FUSED)
+    assert any("shape mismatch" in p and expected in p for p in found), found
+
+
+def test_slots_refuse_conv_lora_naming_the_mode_that_serves_it():
+    found = problems_with(adapter({"res.conv1": conv_lora(2, 4, 6), "blk.q": lora(2, 8, 8)}, family="sdxl"),
+                          SlotCeiling(modules={"blk.q": (8, 8)}, target_rank=4, family="sdxl"))
+    assert len(found) == 1 and "conv LoRA on 1 layer(s) (res.conv1)" in found[0] and "fused mode" in found[0], found
+    # 4-D factors on a Linear of the ceiling are a shape mismatch, not conv LoRA.
+    found = problems_with(adapter({"blk.q": conv_lora(2, 8, 8, k=1)}, family="sdxl"), FUSED)
+    assert any("shape mismatch in blk.q" in p for p in found), found

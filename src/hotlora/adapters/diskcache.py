@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 
+from hotlora.adapters.embeddings import Embeddings
 from hotlora.adapters.formats import Adapter, LoraWeights
 from hotlora.lru import LRU
 
@@ -37,16 +38,23 @@ def serialize(adapter: Adapter) -> bytes:
     from safetensors.torch import save
 
     tensors = {}
-    for module, w in adapter.modules.items():
-        # clone: converters share one down matrix between q, k and v; safetensors refuses shared storage.
-        # contiguous: converters may hand out strided views.
-        tensors[f"{module}::down"] = w.down.detach().cpu().clone().contiguous()
-        tensors[f"{module}::up"] = w.up.detach().cpu().clone().contiguous()
+    parts = {"": adapter.modules, **{f"{te}::": mods for te, mods in adapter.text_modules.items()}}
+    for part, modules in parts.items():
+        for module, w in modules.items():
+            # clone: converters share one down matrix between q, k and v; safetensors refuses shared
+            # storage. contiguous: converters may hand out strided views.
+            tensors[f"{part}{module}::down"] = w.down.detach().cpu().clone().contiguous()
+            tensors[f"{part}{module}::up"] = w.up.detach().cpu().clone().contiguous()
     info = {
         "format": FORMAT, "name": adapter.name, "family": adapter.family, "layout": adapter.layout,
         "sha256": adapter.sha256, "base_model": adapter.base_model, "skipped_keys": adapter.skipped_keys,
         "scaling": {m: w.scaling for m, w in adapter.modules.items()},
+        "text_scaling": {te: {m: w.scaling for m, w in mods.items()} for te, mods in adapter.text_modules.items()},
     }
+    if adapter.embeddings is not None:
+        info["embeddings"] = {"tokens": list(adapter.embeddings.tokens), "sha256": adapter.embeddings.sha256}
+        for encoder, vectors in adapter.embeddings.vectors.items():
+            tensors[f"embeddings::{encoder}"] = vectors.detach().cpu().clone().contiguous()
     return save(tensors, metadata={"hotlora": json.dumps(info)})
 
 
@@ -59,12 +67,19 @@ def deserialize(data: bytes) -> Adapter:
     info = json.loads(header["__metadata__"]["hotlora"])
     if info.get("format") != FORMAT:
         raise ValueError(f"unknown cache entry format {info.get('format')!r}")
-    modules = {
-        m: LoraWeights(down=tensors[f"{m}::down"], up=tensors[f"{m}::up"], scaling=float(s))
-        for m, s in info["scaling"].items()
-    }
-    return Adapter(name=info["name"], family=info["family"], layout=info["layout"], modules=modules,
-                   sha256=info["sha256"], base_model=info["base_model"], skipped_keys=info["skipped_keys"])
+    def weights(part: str, scaling: dict) -> dict[str, LoraWeights]:
+        return {m: LoraWeights(down=tensors[f"{part}{m}::down"], up=tensors[f"{part}{m}::up"], scaling=float(s))
+                for m, s in scaling.items()}
+
+    embeddings = None
+    if info.get("embeddings"):
+        vectors = {k.removeprefix("embeddings::"): v for k, v in tensors.items() if k.startswith("embeddings::")}
+        embeddings = Embeddings(tuple(info["embeddings"]["tokens"]), vectors, info["embeddings"]["sha256"])
+    return Adapter(name=info["name"], family=info["family"], layout=info["layout"],
+                   modules=weights("", info["scaling"]), sha256=info["sha256"], base_model=info["base_model"],
+                   skipped_keys=info["skipped_keys"],
+                   text_modules={te: weights(f"{te}::", scaling) for te, scaling in info.get("text_scaling", {}).items()},
+                   embeddings=embeddings)
 
 
 @dataclass

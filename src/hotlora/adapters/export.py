@@ -2,22 +2,44 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
+from hotlora.adapters.embeddings import EMBEDDINGS_FILE
 from hotlora.adapters.families import family_named, pipeline_class
 from hotlora.adapters.formats import Adapter
 
 
 def save_as_diffusers(adapter: Adapter, out_dir: str | Path) -> Path:
     """Each module's ``alpha / r`` is folded into B and saved with ``alpha == r``: every loader
-    then applies a scaling of exactly 1.0 and gets the same update, whatever it assumes about alphas."""
+    then applies a scaling of exactly 1.0 and gets the same update, whatever it assumes about alphas.
+    Text-encoder LoRA goes into the same file under its encoder's prefix, as diffusers' training
+    scripts save it; pivotal-tuning embeddings into ``embeddings.safetensors`` beside it (the
+    name the Hugging Face inference API reads), under the key names the trainers write."""
     family = family_named(adapter.family)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    layers = {}
-    ranks = {}
-    for module, w in adapter.modules.items():
+    parts = {family.denoiser: adapter.modules, **adapter.text_modules}
+    kwargs = {}
+    for part, modules in parts.items():
+        if modules:
+            kwargs[f"{part}_lora_layers"], kwargs[f"{part}_lora_adapter_metadata"] = _layers(modules)
+    pipeline_class(family).save_lora_weights(str(out_dir), **kwargs)
+    if adapter.embeddings is not None:
+        from safetensors.torch import save_file
+
+        names = {}
+        for key, encoder in family.embedding_keys:
+            names.setdefault(encoder, key)  # the first name is the trainers' (clip_l, clip_g, t5)
+        save_file({names[encoder]: v.detach().cpu().contiguous() for encoder, v in adapter.embeddings.vectors.items()},
+                  str(out_dir / EMBEDDINGS_FILE), metadata={"tokens": json.dumps(list(adapter.embeddings.tokens))})
+    return out_dir / "pytorch_lora_weights.safetensors"
+
+
+def _layers(modules) -> tuple[dict, dict]:
+    layers, ranks = {}, {}
+    for module, w in modules.items():
         # contiguous: converters may hand out strided views.
         layers[f"{module}.lora_A.weight"] = w.down.detach().cpu().clone().contiguous()
         layers[f"{module}.lora_B.weight"] = (w.up.detach().cpu().float() * w.scaling).to(w.up.dtype).contiguous()
@@ -26,10 +48,7 @@ def save_as_diffusers(adapter: Adapter, out_dir: str | Path) -> Path:
     pattern = {f"^{m}$": r for m, r in ranks.items() if r != common}
     metadata = {"r": common, "lora_alpha": common, "rank_pattern": pattern, "alpha_pattern": dict(pattern),
                 "target_modules": sorted(ranks)}
-    pipeline_class(family).save_lora_weights(
-        str(out_dir), **{f"{family.denoiser}_lora_layers": layers, f"{family.denoiser}_lora_adapter_metadata": metadata}
-    )
-    return out_dir / "pytorch_lora_weights.safetensors"
+    return layers, metadata
 
 
 def describe(adapter: Adapter) -> dict:
@@ -40,4 +59,9 @@ def describe(adapter: Adapter) -> dict:
         "ranks": {str(r): n for r, n in sorted(ranks.items())}, "alpha_over_rank": scalings[:8],
         "modules": len(adapter.modules), "targets": sorted(adapter.modules)[:20], "base_model": adapter.base_model,
         "bytes": adapter.nbytes, "sha256": adapter.sha256, "skipped_keys": len(adapter.skipped_keys),
+        "text_encoders": {te: {"modules": len(mods), "rank": max(w.rank for w in mods.values())}
+                          for te, mods in adapter.text_modules.items()},
+        "embeddings": None if adapter.embeddings is None else {
+            "tokens": list(adapter.embeddings.tokens),
+            "text_encoders": {te: list(v.shape) for te, v in adapter.embeddings.vectors.items()}},
     }

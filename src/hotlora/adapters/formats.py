@@ -1,7 +1,9 @@
 """Read a LoRA in any layout diffusers understands and turn it into one canonical form.
 
 The canonical form is what the engine copies into its slots: per denoiser module a down matrix
-``A [r, in]``, an up matrix ``B [out, r]`` and the scaling PEFT would apply (``alpha / r``).
+``A [r, in]``, an up matrix ``B [out, r]`` and the scaling PEFT would apply (``alpha / r``); the
+same per text-encoder module for the text encoders diffusers loads LoRA into, and the
+pivotal-tuning embeddings found beside the weights (``embeddings``).
 
 Conversion is diffusers' own: the pipeline class's ``lora_state_dict`` converts kohya, XLabs and
 the other community layouts, and ``_create_lora_config`` derives the exact ``LoraConfig`` (ranks,
@@ -33,6 +35,7 @@ from typing import Mapping
 
 import torch
 
+from hotlora.adapters.embeddings import Embeddings, parse_embeddings
 from hotlora.adapters.families import Family, pipeline_class
 from hotlora.adapters.reading import ReadLimits, declared_base_model, hash_state_dict, read_files
 from hotlora.errors import AdapterFormatError
@@ -41,7 +44,8 @@ log = logging.getLogger(__name__)
 
 # Bumped whenever conversion changes what an adapter file turns into: the store keys converted
 # entries by it (and by hotlora's version), so a fixed converter never serves old conversions.
-CONVERTER_VERSION = 3  # 3: null base model is "not declared"; config patterns checked, not run as regexes
+# 4: text-encoder LoRA and pivotal-tuning embeddings kept (they were skipped)
+CONVERTER_VERSION = 4
 PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
@@ -81,25 +85,39 @@ class Adapter:
     name: str
     family: str
     layout: str  # diffusers | peft | kohya | xlabs
-    modules: dict[str, LoraWeights]
+    modules: dict[str, LoraWeights]  # the denoiser's
     sha256: str
     base_model: str | None = None
-    skipped_keys: list[str] = field(default_factory=list)  # text-encoder keys: not served
+    skipped_keys: list[str] = field(default_factory=list)  # keys no served model part takes (Flux's T5 LoRA)
+    # Text-encoder LoRA: text encoder (pipeline attribute, e.g. "text_encoder_2") -> module -> weights,
+    # module names as in the text encoder (transformers' CLIP without its old "text_model." level).
+    text_modules: dict[str, dict[str, LoraWeights]] = field(default_factory=dict)
+    embeddings: Embeddings | None = None  # pivotal-tuning token vectors trained with the LoRA
 
     @property
     def rank(self) -> int:
         return max((w.rank for w in self.modules.values()), default=0)
 
+    @property
+    def text_parts(self) -> bool:
+        """Whether the adapter changes a text encoder (LoRA there, or embeddings)."""
+        return bool(self.text_modules) or self.embeddings is not None
+
     @cached_property
     def key(self) -> tuple:
         """What the adapter is, for memos and side tables: the weights' hash plus what sits beside
-        them (alphas, declared base model). Computed once: adapters are not changed once made."""
+        them (alphas, declared base model, embeddings and their token names). Computed once:
+        adapters are not changed once made."""
+        text = tuple(sorted((te, m, w.scaling) for te, mods in self.text_modules.items() for m, w in mods.items()))
+        embeddings = (self.embeddings.sha256, self.embeddings.tokens) if self.embeddings is not None else None
         return (self.sha256, self.family, self.base_model,
-                hash(tuple(sorted((m, w.scaling) for m, w in self.modules.items()))))
+                hash(tuple(sorted((m, w.scaling) for m, w in self.modules.items()))), hash(text), embeddings)
 
     @property
     def nbytes(self) -> int:
-        return sum(w.down.nbytes + w.up.nbytes for w in self.modules.values())
+        text = sum(w.down.nbytes + w.up.nbytes for mods in self.text_modules.values() for w in mods.values())
+        return (sum(w.down.nbytes + w.up.nbytes for w in self.modules.values()) + text
+                + (self.embeddings.nbytes if self.embeddings is not None else 0))
 
 
 def load_adapter(
@@ -122,7 +140,11 @@ def load_adapter(
         path = Path(source)
         label = name or str(path)
         raw, file_metadata, extra, digest = read_files(path, limits, label)
-    return _canonicalize(raw, file_metadata, extra, family, label, digest, denoiser_config)
+    adapter = _canonicalize(raw, file_metadata, extra, family, label, digest, denoiser_config)
+    if "embeddings" in extra:
+        tensors, tokens = extra["embeddings"]
+        adapter.embeddings = parse_embeddings(tensors, family, label, tokens)
+    return adapter
 
 
 def detect_layout(keys) -> str:
@@ -137,7 +159,6 @@ def detect_layout(keys) -> str:
 
 
 def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, denoiser_config) -> Adapter:
-    from diffusers.utils.peft_utils import _create_lora_config
     from diffusers.utils.state_dict_utils import convert_unet_state_dict_to_peft
 
     bad = [k for k, v in raw.items() if not isinstance(v, torch.Tensor)]
@@ -161,37 +182,34 @@ def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, deno
         )
 
     ours = {k.removeprefix(f"{prefix}."): v for k, v in state_dict.items() if k.startswith(f"{prefix}.")}
-    skipped = sorted([k for k in state_dict if not k.startswith(f"{prefix}.")]
+    parts = (prefix, *family.lora_text_encoders)
+    skipped = sorted([k for k in state_dict if not k.startswith(tuple(f"{part}." for part in parts))]
                      + [k for k in raw if k.startswith(DROPPED_T5)])
-    if not ours:
+    text_modules = {}
+    for encoder in family.lora_text_encoders:
+        weights = _text_encoder_weights(state_dict, network_alphas, metadata, encoder, label)
+        if weights:
+            text_modules[encoder] = weights
+    if not ours and not text_modules:
         raise AdapterFormatError(
-            f"{label}: no LoRA weights for the {family.name} {prefix} found "
+            f"{label}: no LoRA weights for the {family.name} {prefix} or its text encoders found "
             f"({len(state_dict)} keys, e.g. {', '.join(sorted(state_dict)[:3]) or 'none'})"
         )
     if skipped:
-        log.warning("%s: skipping %d keys outside the %s (text-encoder LoRAs are not served)", label, len(skipped), prefix)
+        log.warning("%s: skipping %d keys no served model part takes (%s)", label, len(skipped), skipped[0][:80])
     if metadata is not None:
         metadata = {k.removeprefix(f"{prefix}."): v for k, v in metadata.items() if k.startswith(f"{prefix}.")}
     if network_alphas:
         network_alphas = {
             k.removeprefix(f"{prefix}."): v for k, v in network_alphas.items() if k.startswith(f"{prefix}.")
         }
-    if "lora_A" not in next(iter(ours)):
+    if ours and "lora_A" not in next(iter(ours)):
         ours = convert_unet_state_dict_to_peft(ours)
-    if any("lora_magnitude_vector" in k for k in ours):  # how get_peft_kwargs recognises DoRA
-        raise AdapterFormatError(f"{label}: DoRA adapters cannot be hot-swapped")
-    pairs = _lora_pairs(ours, label)
-
-    # The same rank dict and config construction as diffusers' load_lora_adapter. Building the
-    # config runs no pattern; the patterns are checked before anything matches them.
-    rank = {f"^{k}": v.shape[1] for k, v in ours.items() if "lora_B" in k and v.ndim > 1}
-    try:
-        config = _create_lora_config(ours, network_alphas, metadata, rank)
-    except Exception as exc:
-        raise AdapterFormatError(f"{label}: cannot derive a LoRA config ({type(exc).__name__}: {exc})") from exc
-    if config.use_dora:
-        raise AdapterFormatError(f"{label}: DoRA adapters cannot be hot-swapped")
-    modules = _module_weights(pairs, config, declared_ranks=metadata is not None, label=label)
+    modules = {}
+    if ours:
+        # The same rank dict and config construction as diffusers' load_lora_adapter.
+        rank = {f"^{k}": v.shape[1] for k, v in ours.items() if "lora_B" in k and v.ndim > 1}
+        modules = _weights_by_config(ours, network_alphas, metadata, rank, label, is_unet=True)
 
     return Adapter(
         name=label,
@@ -201,7 +219,57 @@ def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, deno
         sha256=digest,
         base_model=declared_base_model(file_metadata, peft_config, extra.get("header_base_model") or extra.get("model_card")),
         skipped_keys=skipped,
+        text_modules=text_modules,
     )
+
+
+def _weights_by_config(ours: dict, network_alphas, metadata, rank: dict, label: str, *,
+                       is_unet: bool) -> dict[str, LoraWeights]:
+    """PEFT-form keys -> each module's weights and scaling, through the ``LoraConfig`` diffusers
+    would build. Building the config runs no pattern; the patterns are checked before anything
+    matches them."""
+    from diffusers.utils.peft_utils import _create_lora_config
+
+    if any("lora_magnitude_vector" in k for k in ours):  # how get_peft_kwargs recognises DoRA
+        raise AdapterFormatError(f"{label}: DoRA adapters cannot be hot-swapped")
+    pairs = _lora_pairs(ours, label)
+    try:
+        config = _create_lora_config(ours, network_alphas, metadata, rank, is_unet=is_unet)
+    except Exception as exc:
+        raise AdapterFormatError(f"{label}: cannot derive a LoRA config ({type(exc).__name__}: {exc})") from exc
+    if config.use_dora:
+        raise AdapterFormatError(f"{label}: DoRA adapters cannot be hot-swapped")
+    return _module_weights(pairs, config, declared_ranks=metadata is not None, label=label)
+
+
+# The text-encoder layers diffusers reads LoRA ranks for (``_load_lora_into_text_encoder``).
+TEXT_ENCODER_RANKED = (".q_proj", ".k_proj", ".v_proj", ".out_proj", ".fc1", ".fc2")
+
+
+def _text_encoder_weights(state_dict, network_alphas, metadata, encoder: str, label: str) -> dict[str, LoraWeights]:
+    """One text encoder's LoRA, converted the way diffusers' ``_load_lora_into_text_encoder`` does:
+    the same key conversions, rank dict, alphas and config."""
+    from diffusers.utils.state_dict_utils import convert_state_dict_to_diffusers, convert_state_dict_to_peft
+
+    part = {k.removeprefix(f"{encoder}."): v for k, v in state_dict.items() if k.startswith(f"{encoder}.")}
+    if not part:
+        return {}
+    if metadata is not None:
+        metadata = {k.removeprefix(f"{encoder}."): v for k, v in metadata.items() if k.startswith(f"{encoder}.")}
+    try:
+        part = convert_state_dict_to_peft(convert_state_dict_to_diffusers(part))
+    except Exception as exc:
+        raise AdapterFormatError(f"{label}: diffusers cannot convert the {encoder} LoRA ({type(exc).__name__}: {exc})") from exc
+    # Module names relative to CLIP's "text_model." level, which transformers' CLIPTextModel lost
+    # and CLIPTextModelWithProjection keeps (the engine resolves them against the model it has).
+    part = {k.removeprefix("text_model."): v for k, v in part.items()}
+    rank = {k: v.shape[1] for k, v in part.items()
+            if k.endswith(".lora_B.weight") and k.split(".lora_B.")[0].endswith(TEXT_ENCODER_RANKED) and v.ndim > 1}
+    if network_alphas:
+        network_alphas = {k.removeprefix(f"{encoder}."): v for k, v in network_alphas.items()
+                          if k.split(".")[0] == encoder}
+    return _weights_by_config(part, network_alphas or None, metadata or None, rank, f"{label} ({encoder})",
+                              is_unet=False)
 
 
 def _lora_pairs(ours: dict, label: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -18,6 +18,7 @@ from typing import Mapping
 
 import torch
 
+from hotlora.adapters.embeddings import embeddings_file_in, is_embeddings_file
 from hotlora.adapters.references import UnsafeReference, inside
 from hotlora.config import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound
@@ -56,20 +57,13 @@ def read_files(path: Path, limits: ReadLimits, label: str):
         extra["peft_config"] = _read_json(_confined(directory / PEFT_CONFIG, limits, label), label)
     if path.is_dir():
         extra["model_card"] = _model_card_base_model(_confined(path / "README.md", limits, label))
+        embeddings = embeddings_file_in(path, label)
+        if embeddings is not None:  # pivotal-tuning vectors travel with the LoRA of their folder
+            extra["embeddings"] = read_embeddings_file(embeddings, limits, label)
         path = path / _weight_file_in(path, limits, label)
     path = _confined(path, limits, label)
     if path.suffix == ".safetensors":
-        data = _read_capped(path, limits, label)
-        _check_safetensors_header(data, limits, label)
-        try:
-            from safetensors.torch import load as load_safetensors
-
-            raw = load_safetensors(data)
-        except Exception as exc:  # safetensors raises its own error type and plain ones for bad headers
-            # Its message can quote the header's bytes (serde names the value it choked on), and a
-            # file may be anything a remote sent: the detail stays in the log.
-            log.info("%s: safetensors refused the file: %s", label, exc)
-            raise AdapterFormatError(f"{label}: not a readable safetensors file") from None
+        raw, data = _read_safetensors(path, limits, label)
         extra["header_base_model"] = _header_base_model(data)
         return raw, _lora_adapter_metadata(path, label), extra, hashlib.sha256(data).hexdigest()
     if path.suffix in (".bin", ".pt", ".pth") and limits.allow_pickle:
@@ -87,6 +81,33 @@ def read_files(path: Path, limits: ReadLimits, label: str):
     )
 
 
+def read_embeddings_file(path: Path, limits: ReadLimits, label: str) -> tuple[dict[str, torch.Tensor], list | None]:
+    """A pivotal-tuning embeddings file, under the same caps and confinement as the weights: its
+    tensors, and the token names its header lists (``tokens``, JSON; hotlora's export writes
+    them), else None."""
+    tensors, data = _read_safetensors(_confined(path, limits, label), limits, label)
+    try:
+        header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+        tokens = json.loads(header.get("__metadata__", {}).get("tokens", "null"))
+    except (ValueError, RecursionError, AttributeError, TypeError):
+        tokens = None
+    return tensors, tokens
+
+
+def _read_safetensors(path: Path, limits: ReadLimits, label: str) -> tuple[dict[str, torch.Tensor], bytes]:
+    data = _read_capped(path, limits, label)
+    _check_safetensors_header(data, limits, label)
+    try:
+        from safetensors.torch import load as load_safetensors
+
+        return load_safetensors(data), data
+    except Exception as exc:  # safetensors raises its own error type and plain ones for bad headers
+        # Its message can quote the header's bytes (serde names the value it choked on), and a
+        # file may be anything a remote sent: the detail stays in the log.
+        log.info("%s: safetensors refused the file: %s", label, exc)
+        raise AdapterFormatError(f"{label}: not a readable safetensors file") from None
+
+
 def _confined(path: Path, limits: ReadLimits, label: str) -> Path:
     """``path`` if it stays inside ``limits.roots`` with symlinks followed (or no roots are set)."""
     if limits.roots and not any(inside(os.path.realpath(path), os.path.realpath(root)) for root in limits.roots):
@@ -99,7 +120,13 @@ def _weight_file_in(directory: Path, limits: ReadLimits, label: str) -> str:
 
     if (directory / "adapter_model.safetensors").is_file():
         return "adapter_model.safetensors"
+    files = [p.name for p in directory.glob("*.safetensors")]
+    weights = [name for name in files if not is_embeddings_file(name)]
+    if len(weights) == 1 < len(files):  # the embeddings beside a LoRA are not a second weights file
+        return weights[0]
     name = _best_guess_weight_name(str(directory), file_extension=".safetensors")
+    if name is not None and is_embeddings_file(name):
+        name = None
     if name is None and limits.allow_pickle:
         name = _best_guess_weight_name(str(directory), file_extension=".bin")
     if name is None:

@@ -24,13 +24,15 @@ _MEMO = 1024  # validation results remembered by content hash (checking finitene
 
 class AdapterResolver:
     def __init__(self, slot_names, ceiling: SlotCeiling, family: Family, store=None, denoiser_config=None,
-                 max_scale: float = 8.0, serving_dtype: torch.dtype = torch.float32):
+                 max_scale: float = 8.0, serving_dtype: torch.dtype = torch.float32, text_problems=None):
         self.slot_names = tuple(slot_names)
         self.ceiling = ceiling
         self.family = family
         self.store = store
         self.denoiser_config = denoiser_config
         self.max_scale = max_scale
+        # The engine's check of an adapter's text-encoder parts (LoRA and embeddings), or None.
+        self.text_problems = text_problems
         # What the folded update may reach: its square keeps activations (x @ delta^T, summed over
         # thousands of features) clear of the dtype's overflow. 1.8e19 for float32/bf16, 256 for fp16.
         self.max_update = torch.finfo(serving_dtype).max ** 0.5
@@ -98,8 +100,9 @@ class AdapterResolver:
         key = adapter.key
         peak = self._peaks.get(key)
         if peak is None:
+            weights = [*adapter.modules.values(), *(w for mods in adapter.text_modules.values() for w in mods.values())]
             peak = max((abs(w.scaling) * w.rank * float(w.down.abs().amax()) * float(w.up.abs().amax())
-                        for w in adapter.modules.values() if w.down.numel() and w.up.numel()), default=0.0)
+                        for w in weights if w.down.numel() and w.up.numel()), default=0.0)
             self._peaks.put(key, peak)
         return peak
 
@@ -108,6 +111,8 @@ class AdapterResolver:
         found = self._checked.get(key)
         if found is None:
             found = problems_with(adapter, self.ceiling)
+            if self.text_problems is not None and adapter.text_parts:
+                found = found + self.text_problems(adapter)
             self._checked.put(key, found)
         return found
 

@@ -121,9 +121,11 @@ def _ready_to_copy(adapter: Adapter) -> Adapter:
     """Page-locked host tensors on CUDA machines, so slot copies are asynchronous DMA."""
     if not torch.cuda.is_available():
         return adapter
-    modules = {m: LoraWeights(w.down.pin_memory(), w.up.pin_memory(), w.scaling) for m, w in adapter.modules.items()}
-    return Adapter(adapter.name, adapter.family, adapter.layout, modules, adapter.sha256, adapter.base_model,
-                   adapter.skipped_keys)
+    def pinned(modules):
+        return {m: LoraWeights(w.down.pin_memory(), w.up.pin_memory(), w.scaling) for m, w in modules.items()}
+
+    return dataclasses.replace(adapter, modules=pinned(adapter.modules),
+                               text_modules={te: pinned(mods) for te, mods in adapter.text_modules.items()})
 
 
 class AdapterStore:

@@ -8,7 +8,7 @@ caller fixes their file once instead of discovering problems one round-trip at a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
@@ -31,6 +31,14 @@ class SlotCeiling:
     # Whether ranks above target_rank fit: False for padded slots and banks, True where adapters
     # are merged into the weights (fused mode), whose cost does not depend on the rank.
     any_rank: bool = False
+    # Conv2d layers adapters may touch: name -> weight shape (out, in, kh, kw). Only fused mode has
+    # any (a merged conv delta is a plain weight update; slots and banks hold Linear LoRA layers only).
+    convs: Mapping[str, tuple[int, int, int, int]] = field(default_factory=dict)
+
+
+def is_conv(w) -> bool:
+    """Conv LoRA factors (kohya LoCon, PEFT on a Conv2d): down [r, in, kh, kw], up [out, r, 1, 1]."""
+    return w.down.ndim == 4 or w.up.ndim == 4
 
 
 def _model_names(name: str) -> set[str]:
@@ -50,7 +58,7 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
     problems: list[str] = []
     if adapter.family != ceiling.family:
         problems.append(f"adapter is for the {adapter.family} family, the engine serves {ceiling.family}")
-    if not adapter.modules:
+    if not adapter.modules and not adapter.text_modules:
         problems.append("adapter holds no LoRA modules")
     if not base_model_compatible(adapter.base_model, ceiling.served_models):
         problems.append(
@@ -63,7 +71,14 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
             f"rank {max(too_big.values())} exceeds the engine's target rank {ceiling.target_rank} "
             f"in {_listed(too_big)}"
         )
-    outside = [m for m in adapter.modules if m not in ceiling.modules]
+    # Conv layers get their own message: the fix is another adapter mode, not another ceiling.
+    convs = [m for m, w in adapter.modules.items()
+             if is_conv(w) and not ceiling.convs and m not in ceiling.modules]
+    if convs:
+        problems.append(f"conv LoRA on {len(convs)} layer(s) ({_listed(convs)}): this engine holds LoRA on "
+                        "Linear layers only; conv LoRA (e.g. kohya LoCon on SDXL) is served in fused mode "
+                        "(adapter_mode='fused'), not by slots or banks")
+    outside = [m for m in adapter.modules if m not in ceiling.modules and m not in ceiling.convs and m not in convs]
     if outside:
         problems.append(f"{len(outside)} module(s) outside the slot ceiling: {_listed(outside)}")
     bad_dtype, bad_shape, non_finite, bad_scale = [], [], [], []
@@ -71,15 +86,9 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
         if not (w.down.is_floating_point() and w.up.is_floating_point()):
             bad_dtype.append(f"{module} ({w.down.dtype}/{w.up.dtype})")
             continue
-        if w.down.ndim != 2 or w.up.ndim != 2 or w.up.shape[1] != w.down.shape[0]:
-            bad_shape.append(f"{module} (A {tuple(w.down.shape)}, B {tuple(w.up.shape)})")
-        elif module in ceiling.modules:
-            in_features, out_features = ceiling.modules[module]
-            if w.down.shape[1] != in_features or w.up.shape[0] != out_features:
-                bad_shape.append(
-                    f"{module} (A {tuple(w.down.shape)}, B {tuple(w.up.shape)}; "
-                    f"base layer is {in_features} -> {out_features})"
-                )
+        shape = _shape_problem(module, w, ceiling)
+        if shape:
+            bad_shape.append(shape)
         if not (torch.isfinite(w.down).all() and torch.isfinite(w.up).all()):
             non_finite.append(module)
         if not math.isfinite(w.scaling):
@@ -93,6 +102,28 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
     if bad_scale:
         problems.append(f"non-finite alpha/rank scaling in {_listed(bad_scale)}")
     return problems
+
+
+def _shape_problem(module: str, w, ceiling: SlotCeiling) -> str | None:
+    """What is wrong with a module's factor shapes, or None. A Linear takes A [r, in] and B [out, r];
+    a Conv2d of weight [out, in, kh, kw] takes A [r, in, kh, kw] and B [out, r, 1, 1] (the down
+    conv has the layer's kernel, the up conv is 1x1: the delta is B.flatten(1) @ A.flatten(1))."""
+    shapes = f"A {tuple(w.down.shape)}, B {tuple(w.up.shape)}"
+    if module in ceiling.convs:
+        out_c, in_c, kh, kw = ceiling.convs[module]
+        r = w.down.shape[0] if w.down.ndim else 0
+        if tuple(w.down.shape) != (r, in_c, kh, kw) or tuple(w.up.shape) != (out_c, r, 1, 1):
+            return f"{module} ({shapes}; base conv weight is {(out_c, in_c, kh, kw)})"
+        return None
+    if is_conv(w) and module not in ceiling.modules:
+        return None  # not a layer of this ceiling: reported once, above
+    if w.down.ndim != 2 or w.up.ndim != 2 or w.up.shape[1] != w.down.shape[0]:
+        return f"{module} ({shapes})"
+    if module in ceiling.modules:
+        in_features, out_features = ceiling.modules[module]
+        if w.down.shape[1] != in_features or w.up.shape[0] != out_features:
+            return f"{module} ({shapes}; base layer is {in_features} -> {out_features})"
+    return None
 
 
 def _listed(items) -> str:

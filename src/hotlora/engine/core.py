@@ -33,6 +33,7 @@ from hotlora.engine.runner import Timings, image_generators, run_pack, step_call
 from hotlora.engine.stepcache import apply_step_cache
 from hotlora.engine.warmup import chunk_key, measure_chunks, warm_up
 from hotlora.engine.writers import AdapterWriter, SwapReport, install_writer
+from hotlora.engine.writers.text import TextEncoders, encode_prompts
 from hotlora.errors import EngineError, HotloraError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -92,10 +93,13 @@ class Engine:
         served = [model, Path(model).name if model else None, self.defaults.get("model_id"),
                   *self.defaults.get("base_model_aliases", [])]
         self.writer: AdapterWriter = install_writer(config, self.denoiser, family.name, served)
+        # The text encoders' side (LoRA merged in, embeddings in reserved rows), before any compile.
+        self.text = TextEncoders(pipeline, family, self.writer.slot_names, lora=config.text_encoder_lora,
+                                 rows=config.embedding_rows, restore=config.fused_restore)
         unet_config = self.denoiser.config if family.name == "sdxl" else None
         self.resolver = AdapterResolver(self.writer.slot_names, self.writer.ceiling, family, store,
                                         denoiser_config=unet_config, max_scale=self.limits.max_scale,
-                                        serving_dtype=self.denoiser.dtype)
+                                        serving_dtype=self.denoiser.dtype, text_problems=self.text.problems)
         self._lock = threading.Lock()  # one pack at a time: the writer's tensors are shared state
         self._recompiles = 0
         self.compile_mode = None
@@ -213,6 +217,7 @@ class Engine:
             "writer": writer["writer"], "sizes": list(self.rules.size_names()),  # WIDTHxHEIGHT, default first
             # fused mode: where the pristine weights live, their bytes, one adapter set per forward batch
             **{k: writer[k] for k in ("restore", "pristine_bytes", "one_adapter_set_per_batch") if k in writer},
+            "text_encoders": self.text.describe(), "text_encoder_bytes": self.text.nbytes,
             "limits": {f.name: getattr(self.limits, f.name) for f in fields(self.limits)},
         }
 
@@ -240,6 +245,7 @@ class Engine:
             params = self.rules.check(prompt, num_images, num_inference_steps, guidance_scale, height, width, seed,
                                       output_type, negative_prompt)
         resolved = self.resolver.resolve(adapters)
+        self.text.check(resolved, prompt, negative_prompt)
         self.writer.prepare(resolved)
         timings = Timings(resolve_ms=(time.perf_counter() - began) * 1000)
         return PreparedRequest(prompt, params, resolved, num_images, seed, output_type, negative_prompt, progress,
@@ -275,10 +281,11 @@ class Engine:
             swap.add(self.writer.bind([request.adapters] * size, repeat))
 
         call = request.params.pipeline_kwargs()
-        if request.negative_prompt is not None:
-            call["negative_prompt"] = request.negative_prompt
+        call.update(self.text.prompts(request.adapters, request.prompt, request.negative_prompt))
+        prompt = call.pop("prompt")
         with self._engine_section():
-            images = run_pack(self.pipeline, prompt=request.prompt, num_images=request.num_images,
+            swap.text_ms += self.text.bind(request.adapters)
+            images = run_pack(self.pipeline, prompt=prompt, num_images=request.num_images,
                               batch_size=self.chunk_for(request.params), seed=request.seed, call_kwargs=call,
                               timings=timings,
                               output_type="pt" if request.output_type == "pil" else request.output_type,
@@ -287,8 +294,8 @@ class Engine:
         timings.swap_ms = swap.ms
         images = self._finish(images, request.output_type)
         timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
-        return GenerationResult(images, request.seeds, timings, swap, _served(request.adapters), self.recompiles,
-                                request.size, request.snapped_from)
+        return GenerationResult(images, request.seeds, timings, swap, _served(request.adapters, self.text.lora),
+                                self.recompiles, request.size, request.snapped_from)
 
     def _run_together(self, requests: list[PreparedRequest]) -> list:
         total = sum(r.num_images for r in requests)
@@ -299,8 +306,6 @@ class Engine:
         began, first = time.perf_counter(), requests[0]
         samples = [r.adapters for r in requests for _ in range(r.num_images)]
         call = first.params.pipeline_kwargs()
-        if any(r.negative_prompt is not None for r in requests):
-            call["negative_prompt"] = [r.negative_prompt or "" for r in requests for _ in range(r.num_images)]
         listeners = [r.progress for r in requests if r.progress is not None]
         if listeners:
             def progress(done: int, steps: int) -> None:
@@ -311,9 +316,9 @@ class Engine:
         bounds = [sum(r.num_images for r in requests[:i]) for i in range(len(requests) + 1)]
         with self._engine_section():
             swap = self.writer.bind(samples, repeat=self._batch_factor(first.params))
+            call.update(self._batch_prompts(requests, swap))
             step_began = time.perf_counter()
-            images = self.pipeline(prompt=[r.prompt for r in requests for _ in range(r.num_images)],
-                                   num_images_per_prompt=1,
+            images = self.pipeline(num_images_per_prompt=1,
                                    generator=[g for r in requests for g in image_generators(r.seed, 0, r.num_images)],
                                    output_type="pt" if first.output_type == "pil" else first.output_type, **call).images
             synchronize(self.pipeline.device)
@@ -333,9 +338,33 @@ class Engine:
             timings = replace(request.timings, swap_ms=swap.ms, generate_ms=[generate_ms])
             timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
             results.append(GenerationResult(self._finish(images[bounds[i]:bounds[i + 1]], first.output_type),
-                                            request.seeds, timings, swap, _served(request.adapters), self.recompiles,
-                                            request.size, request.snapped_from))
+                                            request.seeds, timings, swap, _served(request.adapters, self.text.lora),
+                                            self.recompiles, request.size, request.snapped_from))
         return results
+
+    def _batch_prompts(self, requests: list[PreparedRequest], swap: SwapReport) -> dict:
+        """The prompt arguments of one mixed forward batch, one entry per image. Requests whose
+        text encoders must hold the same (no text parts, or the same ones) are encoded by the
+        pipeline itself; requests needing different text-encoder states (two users' embeddings
+        under the same token names, different text-encoder LoRA) are encoded group by group here,
+        each with its own state bound, and the pipeline is given the embeddings."""
+        groups: dict[tuple, list[int]] = {}
+        for i, request in enumerate(requests):
+            groups.setdefault(self.text.signature(request.adapters), []).append(i)
+        per_image = [(r, self.text.prompts(r.adapters, r.prompt, r.negative_prompt))
+                     for r in requests for _ in range(r.num_images)]
+        if len(groups) == 1:
+            swap.text_ms += self.text.bind(requests[0].adapters)
+            return _columns([texts for _, texts in per_image])
+        cfg = self.uses_cfg(requests[0].params.guidance_scale)
+        parts: dict[int, dict] = {}
+        for members in groups.values():
+            swap.text_ms += self.text.bind(requests[members[0]].adapters)
+            images = [i for i, (r, _) in enumerate(per_image) if any(r is requests[m] for m in members)]
+            encoded = encode_prompts(self.pipeline, self.family, _columns([per_image[i][1] for i in images]), cfg)
+            for row, i in enumerate(images):
+                parts[i] = {name: tensor[row:row + 1] for name, tensor in encoded.items()}
+        return {name: torch.cat([parts[i][name] for i in range(len(per_image))]) for name in parts[0]}
 
     def _batch_factor(self, params: CallParams) -> int:
         """SDXL runs classifier-free guidance as one doubled batch [uncond..., cond...]."""
@@ -368,6 +397,7 @@ class Engine:
             graphs_before = graph_count()
             try:
                 self.writer.check_intact()
+                self.text.check_intact()
                 with stance:
                     yield
             except HotloraError:
@@ -389,8 +419,20 @@ class Engine:
         return images
 
 
-def _served(resolved: Resolved) -> dict:
+def _columns(rows: list[dict]) -> dict:
+    """Per-image prompt arguments -> per-argument lists. An argument a row lacks takes what the
+    pipeline would derive: ``prompt_2`` is ``prompt``, ``negative_prompt_2`` the negative prompt,
+    and a missing negative prompt is "" (one list per argument)."""
+    names = {name for row in rows for name in row}
+    defaults = {"prompt_2": lambda row: row["prompt"], "negative_prompt_2": lambda row: row.get("negative_prompt")}
+    return {name: [row.get(name) or (defaults[name](row) if name in defaults else None) or "" for row in rows]
+            for name in sorted(names)}
+
+
+def _served(resolved: Resolved, text_encoders=()) -> dict:
     """What a response reports about each slot's adapter."""
     return {slot: {"sha256": a.sha256, "layout": a.layout, "rank": a.rank, "scale": scale, "name": a.name,
-                   "skipped": guard.skipped(a)}
+                   "text_encoders": sorted(te for te in a.text_modules if te in text_encoders),
+                   "embedding_tokens": list(a.embeddings.tokens) if a.embeddings is not None else [],
+                   "skipped": guard.skipped(a, text_encoders)}
             for slot, (a, scale) in resolved.items()}

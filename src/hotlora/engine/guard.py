@@ -45,14 +45,19 @@ def base_weights_finite(pipeline) -> bool:
     return True
 
 
-def skipped(adapter: Adapter) -> dict | None:
-    """What of the adapter's file this engine does not apply (text-encoder keys, until text-encoder
-    slots exist), so a caller sees it in the response, not only in the server's log."""
-    if not adapter.skipped_keys:
+def skipped(adapter: Adapter, applied_text_encoders=()) -> dict | None:
+    """What of the adapter's file this engine does not apply, so a caller sees it in the response,
+    not only in the server's log: keys no served model part takes (Flux's T5 LoRA, which diffusers
+    drops too), and text-encoder LoRA when the engine runs without it (``text_encoder_lora=False``)."""
+    keys = list(adapter.skipped_keys)
+    off = sorted(te for te in adapter.text_modules if te not in applied_text_encoders)
+    if not keys and not off:
         return None
-    parts = sorted({_part(key) for key in adapter.skipped_keys})
-    return {"keys": len(adapter.skipped_keys), "parts": parts,
-            "reason": "text-encoder LoRA weights are not applied by this engine (its adapters are on the denoiser)"}
+    parts = sorted({*(_part(key) for key in keys), *off})
+    count = len(keys) + sum(2 * len(adapter.text_modules[te]) for te in off)  # A and B per module
+    return {"keys": count, "parts": parts,
+            "reason": "weights for model parts this engine does not apply LoRA to (diffusers does not load "
+                      "Flux's T5 LoRA; text-encoder LoRA is off when text_encoder_lora is false)"}
 
 
 def _part(key: str) -> str:

@@ -94,6 +94,7 @@ class Service:
             "queue_ms": round((job.started - job.enqueued) * 1000, 3),
             "fetch_ms": round(fetch_ms, 3),
             "swap_ms": round(result.timings.swap_ms, 3),
+            "text_encoders_ms": round(result.swap.text_ms, 3),  # text-encoder LoRA and embeddings, apart
             "generate_ms": round(sum(result.timings.generate_ms), 3),
             "encode_ms": round((time.monotonic() - encode_began) * 1000, 3),
         }

@@ -9,6 +9,7 @@ one writer and only ever calls what ``AdapterWriter`` declares.
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable, Mapping, Protocol, Sequence
 
 from hotlora.adapters.formats import Adapter
@@ -17,6 +18,8 @@ from hotlora.config import EngineConfig
 from hotlora.engine.writers.slots import SwapReport
 
 Assignment = Mapping[str, "tuple[Adapter, float] | None"]  # slot -> adapter and scale
+
+log = logging.getLogger(__name__)
 
 
 class AdapterWriter(Protocol):
@@ -54,6 +57,11 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
     """The writer ``config`` asks for, installed into ``denoiser`` (before compile)."""
     if config.adapter_mode == "fused":
         from hotlora.engine.writers.fused import FusedWriter
+
+        if config.target_modules is not None:
+            # Said once at start-up: someone narrowing the ceiling expects adapters outside it refused.
+            log.warning("fused mode ignores target_modules=%r: adapters may touch any Linear (and Conv2d on "
+                        "SDXL), and the pristine copy covers all of them", config.target_modules)
 
         return FusedWriter(denoiser, family, config.slots, config.target_rank, served_models,
                            restore=config.fused_restore)

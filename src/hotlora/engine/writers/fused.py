@@ -1,18 +1,22 @@
 """Fused mode: each request's adapters merged into the denoiser's own weights, in place.
 
 No LoRA layer is ever installed, so the compiled model is the base model and a step costs what
-it costs without adapters. A pristine copy of every Linear weight is taken before compile (on the
-device when it fits, else in pinned host memory). A swap writes, for every layer the old or the
-new request touches::
+it costs without adapters. A pristine copy of every Linear weight (and, on SDXL, every Conv2d
+weight: conv LoRA such as kohya LoCon) is taken before compile (on the device when it fits, else
+in pinned host memory). ``target_modules`` is not used: merging costs the same on any layer, so
+there is no ceiling to choose (the pristine copy is the price; ``describe()`` reports it). A swap
+writes, for every layer the old or the new request touches::
 
     W = W0 + sum_k scale_k * alpha_k / r_k * B_k @ A_k    (new request touches it)
     W = W0                                              (only the old request touched it)
 
 The sum over slots is one GEMM over the concatenated ranks, accumulated in float32 and cast to
-the weight's dtype once. Unfusing is always a copy of ``W0``, never a subtraction, so after any
-sequence of swaps "no adapters" is the base weights bit for bit. The Parameters are the same
-objects with the same storage throughout (``copy_``), so no dynamo guard sees a change and a
-swap never recompiles. The weights must stay graph *inputs*: inductor's ``freezing`` would fold
+the weight's dtype once. A conv layer's delta is the same GEMM on flattened factors: the down conv
+has the layer's kernel and the up conv is 1x1, so ``B.flatten(1) @ A.flatten(1)`` reshaped to
+``[out, in, kh, kw]`` is exactly what running the two LoRA convs adds. Unfusing is always a copy
+of ``W0``, never a subtraction, so after any sequence of swaps "no adapters" is the base weights
+bit for bit. The Parameters are the same objects with the same storage throughout (``copy_``), so
+no dynamo guard sees a change and a swap never recompiles. The weights must stay graph *inputs*: inductor's ``freezing`` would fold
 them into the compiled code as constants and every swap would be silently ignored (``enter``
 refuses to warm up with it on).
 
@@ -30,14 +34,15 @@ weight into one GEMM per layer.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from hotlora.adapters.formats import Adapter
+from hotlora.adapters.formats import Adapter, LoraWeights
 from hotlora.adapters.resolver import check_slots
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
@@ -50,12 +55,13 @@ RESTORE_CHOICES = ("auto", "device", "host")
 
 @dataclass
 class _Group:
-    """Layers of one shape a request touches: their stacked float32 factors, rank-padded to the
-    group's largest concatenated rank (zero rows add nothing)."""
+    """Layers of one weight shape a request touches: their stacked float32 factors, rank-padded to
+    the group's largest concatenated rank (zero rows add nothing). Conv factors are flattened."""
 
     modules: list[str]
     up: torch.Tensor  # [G, out, R]: every slot's B, scale and alpha/r folded in, side by side
-    down: torch.Tensor  # [G, R, in]: every slot's A, stacked
+    down: torch.Tensor  # [G, R, in * kh * kw]: every slot's A, stacked
+    shape: tuple[int, ...]  # the weights' own shape: [out, in] or [out, in, kh, kw]
 
 
 @dataclass
@@ -66,6 +72,13 @@ class _Plan:
     modules: frozenset[str]
     fused: dict[str, dict] = field(default_factory=dict)  # slot -> {"modules", "rank"}
     nbytes: int = 0
+
+
+def conv_modules(denoiser: torch.nn.Module) -> dict[str, tuple[int, int, int, int]]:
+    """The Conv2d layers fused mode may merge into: name -> weight shape. Grouped convs are left out
+    (a LoRA's down conv would not have the layer's channel groups); Flux has no Conv2d at all."""
+    return {name: tuple(m.weight.shape) for name, m in denoiser.named_modules()
+            if isinstance(m, torch.nn.Conv2d) and m.groups == 1}
 
 
 def _signature(assignment: Mapping[str, tuple[Adapter, float] | None]) -> tuple:
@@ -83,19 +96,26 @@ class FusedWriter:
     SCRATCH_BYTES = 256 * 1024**2  # float32 deltas computed at once (a group is cut into chunks)
 
     def __init__(self, denoiser: torch.nn.Module, family: str, slot_names: Iterable[str], target_rank: int,
-                 served_models: Iterable[str] = (), restore: str = "auto"):
+                 served_models: Iterable[str] = (), restore: str = "auto",
+                 weights_of: Callable[[Adapter], Mapping[str, LoraWeights]] | None = None):
+        # What of an adapter this writer merges: the denoiser's modules, or (the text encoders'
+        # writers) one text encoder's.
+        self.weights_of = weights_of or (lambda adapter: adapter.modules)
         self.slot_names = tuple(slot_names)
         if len(set(self.slot_names)) != len(self.slot_names):
             raise ValueError(f"slot names must be unique, got {self.slot_names}")
         if restore not in RESTORE_CHOICES:
             raise ValueError(f"fused_restore must be one of {', '.join(RESTORE_CHOICES)}, got {restore!r}")
-        # Every Linear of the denoiser, any rank: merging costs the same whatever the layer or rank.
-        modules = ceiling_modules(denoiser, None)
+        # Every Linear and Conv2d of the denoiser, any rank: merging costs the same whatever the
+        # layer or rank (target_modules is not consulted: see the module docstring).
+        modules, convs = ceiling_modules(denoiser, None), conv_modules(denoiser)
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
-                                   served_models=frozenset(n for n in served_models if n), any_rank=True)
+                                   served_models=frozenset(n for n in served_models if n), any_rank=True,
+                                   convs=convs)
         self.device = next(denoiser.parameters()).device
-        self._params: dict[str, torch.nn.Parameter] = {m: denoiser.get_submodule(m).weight for m in modules}
-        self._layers = {m: denoiser.get_submodule(m) for m in modules}
+        layers = [*modules, *convs]
+        self._params: dict[str, torch.nn.Parameter] = {m: denoiser.get_submodule(m).weight for m in layers}
+        self._layers = {m: denoiser.get_submodule(m) for m in layers}
         self._pointers = {m: p.data_ptr() for m, p in self._params.items()}
         self.pristine_bytes = sum(p.nbytes for p in self._params.values())
         self.restore = self._where(restore)
@@ -160,6 +180,7 @@ class FusedWriter:
     def describe(self) -> dict:
         return {"writer": "fused", "slot_bytes": self.nbytes, "restore": self.restore,
                 "pristine_bytes": self.pristine_bytes, "fusable_modules": len(self._params),
+                "fusable_convs": len(self.ceiling.convs),
                 "one_adapter_set_per_batch": True,  # requests are never merged into one forward batch
                 "merged": {slot: dict(info) for slot, info in self._fused.items()},
                 "plan_cache_bytes": self._plans.total_cost}
@@ -175,15 +196,17 @@ class FusedWriter:
             if value is None or float(value[1]) == 0.0:
                 continue
             adapter, scale = value
-            for module, w in adapter.modules.items():
+            weights = self.weights_of(adapter)
+            for module, w in weights.items():
                 per_module.setdefault(module, []).append((w.up, w.down, w.scaling * float(scale)))
-            fused[slot] = {"modules": len(adapter.modules), "rank": adapter.rank}
-        shapes: dict[tuple[int, int], list[str]] = {}
+            fused[slot] = {"modules": len(weights), "rank": max((w.rank for w in weights.values()), default=0)}
+        shapes: dict[tuple[int, ...], list[str]] = {}
         for module in per_module:
             shapes.setdefault(tuple(self._params[module].shape), []).append(module)
         groups, nbytes = [], 0
         kwargs = {"dtype": torch.float32, "device": self.device}
-        for (out_features, in_features), modules in shapes.items():
+        for shape, modules in shapes.items():
+            out_features, in_features = shape[0], math.prod(shape[1:])  # a conv: in * kh * kw
             rank = max(sum(up.shape[1] for up, _, _ in per_module[m]) for m in modules)
             up = torch.zeros(len(modules), out_features, rank, **kwargs)
             down = torch.zeros(len(modules), rank, in_features, **kwargs)
@@ -191,10 +214,11 @@ class FusedWriter:
                 row = 0
                 for b, a, factor in per_module[module]:
                     r = a.shape[0]
-                    up[g, :, row:row + r].copy_(b).mul_(factor)  # float32 before scaling: one rounding
-                    down[g, row:row + r].copy_(a)
+                    # flatten(1): a conv's B [out, r, 1, 1] and A [r, in, kh, kw]; a no-op for a Linear
+                    up[g, :, row:row + r].copy_(b.flatten(1)).mul_(factor)  # float32 before scaling: one rounding
+                    down[g, row:row + r].copy_(a.flatten(1))
                     row += r
-            groups.append(_Group(modules, up, down))
+            groups.append(_Group(modules, up, down, shape))
             nbytes += up.nbytes + down.nbytes
         return _Plan(groups, frozenset(per_module), fused, nbytes)
 
@@ -238,7 +262,7 @@ class FusedWriter:
             step = max(1, self.SCRATCH_BYTES // (4 * out_features * in_features))
             for lo in range(0, len(group.modules), step):
                 names = group.modules[lo:lo + step]
-                deltas = list(torch.bmm(group.up[lo:lo + step], group.down[lo:lo + step]).unbind(0))
+                deltas = [d.view(group.shape) for d in torch.bmm(group.up[lo:lo + step], group.down[lo:lo + step])]
                 torch._foreach_add_(deltas, [source[m] for m in names])  # W0 + delta, in float32
                 torch._foreach_copy_([params[m] for m in names], deltas)  # cast once
         report.modules_written += len(plan.modules)

@@ -57,10 +57,12 @@ class SwapReport:
     adapters: dict[str, str | None] = field(default_factory=dict)  # slot -> sha256
     # Fused mode: slot -> {"modules": how many layers its adapter was merged into, "rank": its rank}
     fused: dict[str, dict] = field(default_factory=dict)
+    text_ms: float = 0.0  # the text encoders' part: their LoRA merged, embeddings copied (not in ``ms``)
 
     def add(self, other: "SwapReport") -> None:
         """Fold a later swap of the same request (the next chunk's) into this report."""
-        for name in ("ms", "bytes_copied", "modules_written", "modules_zeroed", "packed_writes", "per_module_writes"):
+        for name in ("ms", "bytes_copied", "modules_written", "modules_zeroed", "packed_writes", "per_module_writes",
+                     "text_ms"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.rank_bucket, self.adapters = other.rank_bucket, dict(other.adapters)
         self.fused = {**self.fused, **other.fused}

@@ -1,0 +1,233 @@
+"""The text encoders' part of a request: text-encoder LoRA merged into their weights, pivotal-tuning
+embeddings copied into reserved token rows, and the request's prompt mapped onto those rows.
+
+Why merged (a ``FusedWriter`` per text encoder) and not slots: a text encoder runs once per chunk,
+not once per denoising step, and is not compiled. Merging costs one pass over the touched weights
+when a request's text adapters *change*, nothing per step, accepts any rank and any Linear, and
+leaves no LoRA layer in the encoder. Unfusing is a copy from the pristine weights, so a request
+without text parts sees the base encoders bit for bit, whatever ran before.
+
+Embeddings: diffusers' ``load_textual_inversion`` grows the tokenizer and the embedding table per
+adapter and refuses a token name already loaded, so it cannot serve a different user per request.
+Here each tokenizer gets ``rows`` reserved tokens per slot at start-up (``<hotlora-0-0>``, ...;
+slot 0, row 0), the embedding table grows once to hold them, and a request's vectors are copied
+into its slots' rows. Its prompt is rewritten per text encoder, each trainer token (``<s0>``)
+replaced by its slot's reserved token, so each tokenizer splits the prompt exactly where diffusers'
+would split the added tokens. Reserved ids keep the order in which diffusers would add the tokens
+(slot order, then row order): CLIP's legacy pooling takes the position of the largest id, and
+added tokens are the largest ids. Prompts naming a reserved token are refused (they would read
+another request's rows).
+
+Written by hand: no library hot-swaps text-encoder LoRA (diffusers raises on it under hotswap) or
+serves per-request textual-inversion tokens without growing the tokenizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Mapping, Sequence
+
+import torch
+
+from hotlora.adapters.families import PROMPT_ARGUMENT_OF, TOKENIZER_OF, Family
+from hotlora.adapters.formats import Adapter
+from hotlora.adapters.validate import problems_with
+from hotlora.engine.writers.fused import FusedWriter
+from hotlora.errors import InvalidRequest
+
+Resolved = Mapping[str, "tuple[Adapter, float]"]
+RESERVED = re.compile(r"<hotlora-", re.IGNORECASE)  # CLIP's tokenizer lowercases before matching added tokens
+
+
+def _reserved_name(slot_index: int, row: int) -> str:
+    return f"<hotlora-{slot_index}-{row}>"
+
+
+class ReservedRows:
+    """``rows`` token rows per slot in one tokenizer and its text encoder's input embeddings."""
+
+    def __init__(self, tokenizer, encoder: torch.nn.Module, slot_names: Sequence[str], rows: int):
+        self.vocabulary = frozenset(tokenizer.get_vocab())  # before adding: names a trainer token may not take
+        self.names = {slot: tuple(_reserved_name(k, i) for i in range(rows)) for k, slot in enumerate(slot_names)}
+        flat = [name for slot in slot_names for name in self.names[slot]]
+        tokenizer.add_tokens(flat)
+        ids = tokenizer.convert_tokens_to_ids(flat)
+        if max(ids) >= encoder.get_input_embeddings().num_embeddings:
+            # Once, at start-up; new rows are written before any prompt can reach them.
+            encoder.resize_token_embeddings(max(ids) + 1, mean_resizing=False)
+        self.weight = encoder.get_input_embeddings().weight
+        self.ids = {slot: ids[k * rows:(k + 1) * rows] for k, slot in enumerate(slot_names)}
+        self.width = self.weight.shape[1]
+        self.rows = rows
+
+    def problems(self, encoder: str, adapter: Adapter) -> list[str]:
+        tokens, vectors = adapter.embeddings.tokens, adapter.embeddings.vectors[encoder]
+        problems = []
+        if vectors.shape[1] != self.width:
+            problems.append(f"{encoder} embeddings are {vectors.shape[1]} wide, the text encoder's are {self.width}")
+        if len(tokens) > self.rows:
+            problems.append(f"{len(tokens)} embedding tokens; the engine reserves {self.rows} per slot "
+                            f"(embedding_rows)")
+        taken = [t for t in tokens if t in self.vocabulary]
+        if taken:  # diffusers' load_textual_inversion refuses these too
+            problems.append(f"embedding tokens already in the {encoder} tokenizer's vocabulary: {', '.join(taken[:8])}")
+        return problems
+
+    @torch.no_grad()
+    def write(self, slot: str, vectors: torch.Tensor) -> int:
+        ids = torch.tensor(self.ids[slot][:vectors.shape[0]], device=self.weight.device)
+        self.weight.index_copy_(0, ids, vectors.to(device=self.weight.device, dtype=self.weight.dtype))
+        return vectors.shape[0]
+
+
+def _text_weights(encoder: str):
+    return lambda adapter: adapter.text_modules.get(encoder, {})
+
+
+class TextEncoders:
+    """Every text encoder's writer and reserved rows, bound per request before it is encoded."""
+
+    def __init__(self, pipeline, family: Family, slot_names: Sequence[str], *, lora: bool = True, rows: int = 4,
+                 restore: str = "auto"):
+        self.family = family
+        self.slot_names = tuple(slot_names)
+        present = {te: getattr(pipeline, te, None) for te in family.text_encoders}
+        present = {te: module for te, module in present.items() if module is not None}
+        # CLIPTextModelWithProjection (and older transformers' CLIPTextModel) nest their layers under
+        # ``text_model``; canonical LoRA module names are relative to it (formats strips it).
+        self.lora = {te: FusedWriter(getattr(present[te], "text_model", present[te]), family.name, slot_names, 0,
+                                     restore=restore, weights_of=_text_weights(te))
+                     for te in family.lora_text_encoders if lora and te in present}
+        self.rows = {te: ReservedRows(getattr(pipeline, TOKENIZER_OF[te]), module, slot_names, rows)
+                     for te, module in present.items()
+                     if rows and self.slot_names and getattr(pipeline, TOKENIZER_OF[te], None) is not None}
+        self._bound: tuple | None = ()
+
+    # ------------------------------------------------------------------ before anything is touched
+
+    def problems(self, adapter: Adapter) -> list[str]:
+        """What of ``adapter``'s text parts this engine cannot serve (validated with the rest)."""
+        problems = []
+        for encoder, modules in adapter.text_modules.items():
+            writer = self.lora.get(encoder)
+            if writer is None:
+                continue  # text-encoder LoRA switched off: skipped, and the response says so
+            view = dataclasses.replace(adapter, modules=modules, text_modules={}, embeddings=None, base_model=None)
+            problems += [f"{encoder}: {p}" for p in problems_with(view, writer.ceiling)]
+        if adapter.embeddings is not None:
+            if not self.rows:
+                problems.append("the adapter carries pivotal-tuning embeddings; this engine reserves no token rows "
+                                "for them (embedding_rows is 0)")
+            for encoder in adapter.embeddings.vectors:
+                if encoder not in self.rows:
+                    if self.rows:
+                        problems.append(f"embeddings for {encoder}, which this model does not have")
+                    continue
+                problems += self.rows[encoder].problems(encoder, adapter)
+            reserved = [t for t in adapter.embeddings.tokens if RESERVED.search(t)]
+            if reserved:
+                problems.append(f"embedding token {reserved[0]!r:.80} uses the engine's reserved prefix <hotlora-")
+        return problems
+
+    def check(self, resolved: Resolved, *texts: str | None) -> None:
+        """Per request: token names unique across its slots, and no reserved token in its prompts."""
+        owner: dict[str, str] = {}
+        for slot, (adapter, _) in resolved.items():
+            for token in adapter.embeddings.tokens if adapter.embeddings is not None else ():
+                if token in owner:
+                    raise InvalidRequest(f"slots {owner[token]} and {slot} both define the embedding token {token}; "
+                                         "a prompt could not tell them apart (diffusers refuses the second one too)")
+                owner[token] = slot
+        if any(isinstance(text, str) and RESERVED.search(text) for text in texts):
+            raise InvalidRequest("the prompt names a token reserved by the engine (<hotlora-...>)")
+
+    # ------------------------------------------------------------------ binding and prompts
+
+    def signature(self, resolved: Resolved) -> tuple:
+        """What the text encoders hold for ``resolved``: equal signatures encode prompts alike."""
+        return tuple(sorted((slot, adapter.key, float(scale) if adapter.text_modules else None)
+                            for slot, (adapter, scale) in resolved.items() if adapter.text_parts))
+
+    def bind(self, resolved: Resolved) -> float:
+        """Merge the request's text-encoder LoRA and copy its embeddings into its slots' rows;
+        nothing is written when the text encoders already hold them. Milliseconds spent."""
+        signature = self.signature(resolved)
+        if signature == self._bound:
+            return 0.0
+        began = time.perf_counter()
+        self._bound = None  # unknown until every write below has landed
+        for encoder, writer in self.lora.items():
+            writer.swap({slot: (a, s) for slot, (a, s) in resolved.items() if a.text_modules.get(encoder)})
+        for encoder, rows in self.rows.items():
+            for slot, (adapter, _) in resolved.items():
+                if adapter.embeddings is not None and encoder in adapter.embeddings.vectors:
+                    rows.write(slot, adapter.embeddings.vectors[encoder])
+        self._bound = signature
+        return (time.perf_counter() - began) * 1000
+
+    def prompts(self, resolved: Resolved, prompt: str, negative: str | None = None) -> dict:
+        """The pipeline's prompt arguments for this request: each text encoder's prompt with the
+        request's trainer tokens replaced by its slots' reserved tokens (unchanged without embeddings)."""
+        texts = {"prompt": prompt, **({"negative_prompt": negative} if negative is not None else {})}
+        mappings = {encoder: self._mapping(encoder, resolved) for encoder in self.rows}
+        if not any(mappings.values()):
+            return texts
+        out = {}
+        for encoder in self.family.text_encoders:
+            argument = PROMPT_ARGUMENT_OF[encoder]
+            for name, text in texts.items():
+                key = name if argument == "prompt" else f"{name}_2"
+                out[key] = _rewritten(text, mappings.get(encoder) or {})
+        return out
+
+    def _mapping(self, encoder: str, resolved: Resolved) -> dict[str, str]:
+        rows, mapping = self.rows[encoder], {}
+        for slot, (adapter, _) in resolved.items():
+            if adapter.embeddings is not None and encoder in adapter.embeddings.vectors:
+                mapping.update(zip(adapter.embeddings.tokens, rows.names[slot]))
+        return mapping
+
+    # ------------------------------------------------------------------ state
+
+    def check_intact(self) -> None:
+        for writer in self.lora.values():
+            writer.check_intact()
+
+    def describe(self) -> dict:
+        return {
+            "lora": {te: {k: w.describe()[k] for k in ("restore", "pristine_bytes", "fusable_modules", "merged")}
+                     for te, w in self.lora.items()},
+            "embedding_rows_per_slot": {te: rows.rows for te, rows in self.rows.items()},
+        }
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w.nbytes for w in self.lora.values())
+
+
+def _rewritten(text: str, mapping: Mapping[str, str]) -> str:
+    if not mapping:
+        return text
+    # Longest names first, so "<s10>" is not read as "<s1>" + "0".
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(mapping, key=len, reverse=True)))
+    return pattern.sub(lambda match: mapping[match.group(0)], text)
+
+
+def encode_prompts(pipeline, family: Family, kwargs: Mapping[str, list], cfg: bool) -> dict:
+    """The pipeline's own ``encode_prompt`` on one group of prompts (one text state): the embedding
+    arguments its ``__call__`` takes instead of prompts."""
+    device = pipeline.device
+    if family.name == "flux":
+        embeds, pooled, _ = pipeline.encode_prompt(prompt=kwargs["prompt"], prompt_2=kwargs.get("prompt_2"),
+                                                   device=device, num_images_per_prompt=1)
+        return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
+    embeds, negative, pooled, negative_pooled = pipeline.encode_prompt(
+        prompt=kwargs["prompt"], prompt_2=kwargs.get("prompt_2"), device=device, num_images_per_prompt=1,
+        do_classifier_free_guidance=cfg, negative_prompt=kwargs.get("negative_prompt"),
+        negative_prompt_2=kwargs.get("negative_prompt_2"))
+    out = {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
+    if cfg:
+        out.update(negative_prompt_embeds=negative, negative_pooled_prompt_embeds=negative_pooled)
+    return out
