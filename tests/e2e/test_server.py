@@ -230,3 +230,37 @@ def test_queue_overflow_client_drop_and_draining_shutdown(tiny_models, tmp_path,
     assert not server.thread.is_alive()
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server.url}/healthz", timeout=2)
+
+
+def test_pivotal_tuning_adapters_over_http(served, tiny_models):
+    """An adapter folder as diffusers' advanced scripts leave it (LoRA with CLIP-L layers and
+    ``<name>_emb.safetensors``): served with its tokens, or under names the request gives them,
+    with the same pixels; tokens for an adapter without embeddings, and reserved tokens, are 422."""
+    from types import SimpleNamespace
+
+    from transformers import CLIPTextModel, T5EncoderModel
+
+    from hotlora.testing import random_embeddings, save_pivotal_lora, text_encoder_linears
+
+    server, root = served
+    encoders = SimpleNamespace(text_encoder=CLIPTextModel.from_pretrained(tiny_models["flux"] / "text_encoder"),
+                               text_encoder_2=T5EncoderModel.from_pretrained(tiny_models["flux"] / "text_encoder_2"))
+    clip_lora = random_lora(text_encoder_linears(encoders, "text_encoder"), 4, seed=9)
+    folder = save_pivotal_lora(root / "pivotal", "flux", {}, {"text_encoder": clip_lora}, alpha=4,
+                               embeddings=random_embeddings(encoders, "flux", 2, seed=9))
+
+    def ask(prompt, spec):
+        return httpx.post(f"{server.url}/v1/generate", timeout=300, json={
+            "prompt": prompt, "adapters": {"identity": spec}, "num_images": 1, "seed": 4, "num_inference_steps": 2})
+
+    default = ask("a photo of <s0><s1>", {"ref": str(folder), "scale": 0.9})
+    renamed = ask("a photo of <me0><me1>", {"ref": str(folder), "scale": 0.9, "tokens": ["<me0>", "<me1>"]})
+    assert np.array_equal(pixels(default), pixels(renamed))
+    served_adapter = renamed.json()["adapters"]["identity"]
+    assert served_adapter["embedding_tokens"] == ["<me0>", "<me1>"] and served_adapter["text_encoders"] == ["text_encoder"]
+    assert renamed.json()["timings"]["text_encoders_ms"] >= 0
+    plain = ask("a photo of <s0><s1>", {"ref": str(root / "user-1"), "tokens": ["<x>"]})
+    assert plain.status_code == 422 and "no pivotal-tuning embeddings" in plain.json()["error"]
+    reserved = ask("a photo of <hotlora-0-0>", {"ref": str(folder)})
+    assert reserved.status_code == 422 and "reserved" in reserved.json()["error"]
+    assert metric(server.url, "hotlora_recompiles") == 0

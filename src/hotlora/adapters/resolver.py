@@ -7,6 +7,7 @@ the engine generates for others.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any, Mapping
@@ -14,9 +15,10 @@ from typing import Any, Mapping
 import torch
 
 from hotlora.adapters.families import Family
+from hotlora.adapters.embeddings import checked_tokens
 from hotlora.adapters.formats import Adapter, load_adapter
 from hotlora.adapters.validate import SlotCeiling, problems_with
-from hotlora.errors import AdapterRejected, InvalidRequest
+from hotlora.errors import AdapterFormatError, AdapterRejected, InvalidRequest
 from hotlora.lru import LRU
 
 _MEMO = 1024  # validation results remembered by content hash (checking finiteness costs a pass over the weights)
@@ -50,14 +52,17 @@ class AdapterResolver:
     def resolve(self, adapters: Mapping[str, Any] | None) -> dict[str, tuple[Adapter, float]]:
         """Every problem of every adapter is collected, then raised once; nothing is half-done.
 
-        A spec is a source, ``(source, scale)`` or ``{"ref": source, "scale": s}``; a missing scale
-        is the catalog entry's default, else 1.0.
+        A spec is a source, ``(source, scale)`` or ``{"ref": source, "scale": s, "tokens": [...]}``;
+        a missing scale is the catalog entry's default, else 1.0; ``tokens`` renames the adapter's
+        pivotal-tuning embeddings for this request (its prompt then uses these names).
         """
         resolved: dict[str, tuple[Adapter, float]] = {}
         problems: list[str] = []
         names = []
-        for slot, (source, scale) in self.sources(adapters).items():
+        for slot, (source, scale, tokens) in self.sources(adapters).items():
             adapter = self.load(source, name=source if isinstance(source, str) else None)
+            if tokens is not None:
+                adapter = renamed_tokens(adapter, tokens, slot)
             problems += [f"[{slot}] {p}" for p in self._problems(adapter)]
             if not problems:
                 problems += [f"[{slot}] {p}" for p in self._magnitude_problems(adapter, scale)]
@@ -67,16 +72,16 @@ class AdapterResolver:
             raise AdapterRejected(", ".join(names), problems)
         return resolved
 
-    def sources(self, adapters: Mapping[str, Any] | None) -> dict[str, tuple[Any, float]]:
-        """``{slot: (source, scale)}`` with slots and scales checked, before anything is fetched;
-        a missing scale is the catalog entry's default, else 1.0."""
+    def sources(self, adapters: Mapping[str, Any] | None) -> dict[str, tuple[Any, float, tuple | None]]:
+        """``{slot: (source, scale, tokens)}`` with slots, scales and token names checked, before
+        anything is fetched; a missing scale is the catalog entry's default, else 1.0."""
         adapters = dict(adapters or {})
         check_slots(adapters, self.slot_names)
         out = {}
         for slot, spec in adapters.items():
             if spec is None:
                 continue
-            source, scale = split_spec(spec, slot)
+            source, scale, tokens = split_spec(spec, slot)
             if scale is None:
                 default = self.store.default_scale(source) if self.store and isinstance(source, str) else None
                 scale = 1.0 if default is None else default
@@ -84,7 +89,7 @@ class AdapterResolver:
             if abs(scale) > self.max_scale:
                 raise InvalidRequest(f"[{slot}] scale {scale:g} is outside the allowed range "
                                      f"-{self.max_scale:g}..{self.max_scale:g}")
-            out[slot] = (source, scale)
+            out[slot] = (source, scale, tokens)
         return out
 
     def _magnitude_problems(self, adapter: Adapter, scale: float) -> list[str]:
@@ -125,9 +130,10 @@ def check_slots(adapters: Mapping[str, Any], slot_names) -> None:
         raise InvalidRequest(f"unknown slot(s) {shown}; this engine has {', '.join(slot_names)}")
 
 
-def split_spec(spec, slot: str) -> tuple[Any, float | None]:
+def split_spec(spec, slot: str) -> tuple[Any, float | None, tuple[str, ...] | None]:
+    tokens = None
     if isinstance(spec, Mapping) and "ref" in spec:
-        source, scale = spec["ref"], spec.get("scale")
+        source, scale, tokens = spec["ref"], spec.get("scale"), spec.get("tokens")
     elif isinstance(spec, tuple):
         if len(spec) != 2:
             raise InvalidRequest(f"[{slot}] an adapter spec tuple is (source, scale)")
@@ -140,4 +146,20 @@ def split_spec(spec, slot: str) -> tuple[Any, float | None]:
         raise InvalidRequest(f"[{slot}] scale must be a finite number, got {scale!r}")
     if source is None or (isinstance(source, str) and not source.strip()):
         raise InvalidRequest(f"[{slot}] adapter reference is empty")
-    return source, None if scale is None else float(scale)
+    if tokens is not None:
+        try:
+            tokens = checked_tokens(tokens, len(tokens) if isinstance(tokens, (list, tuple)) else -1, f"[{slot}]")
+        except AdapterFormatError as exc:
+            raise InvalidRequest(str(exc)) from None
+    return source, None if scale is None else float(scale), tokens
+
+
+def renamed_tokens(adapter: Adapter, tokens: tuple[str, ...], slot: str) -> Adapter:
+    """``adapter`` with its embeddings under the request's token names (a new Adapter: its key,
+    and so every memo and text-encoder state, tells the names apart)."""
+    if adapter.embeddings is None:
+        raise InvalidRequest(f"[{slot}] tokens were given, but the adapter carries no pivotal-tuning embeddings")
+    if len(tokens) != len(adapter.embeddings.tokens):
+        raise InvalidRequest(f"[{slot}] {len(tokens)} token names for the adapter's {len(adapter.embeddings.tokens)} "
+                             f"embedding rows")
+    return dataclasses.replace(adapter, embeddings=adapter.embeddings.named(tokens))

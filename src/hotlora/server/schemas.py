@@ -23,6 +23,9 @@ class AdapterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ref: Ref
     scale: float | None = None  # None: the catalog entry's default, else 1.0
+    # The adapter's pivotal-tuning tokens renamed for this request (default: <s0>, <s1>, ... or the
+    # names its embeddings file lists); the prompt then uses these names.
+    tokens: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=64)] | None = None
 
 
 Adapters = Annotated[dict[SlotName, AdapterSpec | Ref | None], Field(max_length=MAX_SLOTS)]

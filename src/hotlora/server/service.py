@@ -115,10 +115,10 @@ class Service:
         under the caller's own reference: a content-addressed hit carries the first fetcher's."""
         store = resolver.store
 
-        async def fetch(slot, source, scale):
+        async def fetch(slot, source, scale, tokens):
             if isinstance(source, str) and store is not None:
                 source = self.access.named(principal, await store.aget(source), source)
-            return slot, (source, scale)
+            return slot, {"ref": source, "scale": scale, "tokens": tokens}
 
         specs = resolver.sources(adapters)
         return dict(await asyncio.gather(*(fetch(slot, *spec) for slot, spec in specs.items())))
