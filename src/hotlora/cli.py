@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     new.set_defaults(run=cmd_keys_new)
 
     bench = sub.add_parser("bench", help="run a benchmark from bench/ (ablation, swap, mixed, affinity, ...)")
-    bench.add_argument("name", help="ablation | swap | mixed | affinity | engine_figures | sizes | batch")
+    bench.add_argument("name", help="ablation | swap | mixed | affinity | engine_figures | sizes | batch | text_encoders")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     bench.set_defaults(run=cmd_bench)
 

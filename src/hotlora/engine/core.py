@@ -247,6 +247,7 @@ class Engine:
         resolved = self.resolver.resolve(adapters)
         self.text.check(resolved, prompt, negative_prompt)
         self.writer.prepare(resolved)
+        self.text.prepare(resolved)
         timings = Timings(resolve_ms=(time.perf_counter() - began) * 1000)
         return PreparedRequest(prompt, params, resolved, num_images, seed, output_type, negative_prompt, progress,
                                timings)

@@ -145,6 +145,17 @@ class TextEncoders:
 
     # ------------------------------------------------------------------ binding and prompts
 
+    def prepare(self, resolved: Resolved) -> None:
+        """On the request's thread: each text encoder's merge planned (factors stacked), so that
+        ``bind`` on the serving thread only runs the GEMMs and copies."""
+        for encoder, writer in self.lora.items():
+            writer.prepare(self._assignment(encoder, resolved))
+
+    @staticmethod
+    def _assignment(encoder: str, resolved: Resolved) -> dict:
+        """The slots whose adapters carry LoRA for ``encoder``."""
+        return {slot: (a, s) for slot, (a, s) in resolved.items() if a.text_modules.get(encoder)}
+
     def signature(self, resolved: Resolved) -> tuple:
         """What the text encoders hold for ``resolved``: equal signatures encode prompts alike."""
         return tuple(sorted((slot, adapter.key, float(scale) if adapter.text_modules else None)
@@ -159,7 +170,7 @@ class TextEncoders:
         began = time.perf_counter()
         self._bound = None  # unknown until every write below has landed
         for encoder, writer in self.lora.items():
-            writer.swap({slot: (a, s) for slot, (a, s) in resolved.items() if a.text_modules.get(encoder)})
+            writer.swap(self._assignment(encoder, resolved))
         for encoder, rows in self.rows.items():
             for slot, (adapter, _) in resolved.items():
                 if adapter.embeddings is not None and encoder in adapter.embeddings.vectors:

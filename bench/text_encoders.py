@@ -1,0 +1,124 @@
+"""The text encoders' side of a request (#18): what merging a request's text-encoder LoRA and
+copying its embeddings costs, against one prompt encode, eager and compiled, and against a plain
+copy of the touched bytes; and the memory the pristine copies take.
+
+Usage: .venv/bin/python bench/text_encoders.py [--runs 20] [--rank 16] [--full-size]
+
+Rows: the tiny models' CLIP (32 wide) and, with ``--full-size``, a CLIP-L at its real size (768
+wide, 12 layers; random weights: only shapes matter here). The LoRA covers q, k, v, out_proj, fc1
+and fc2 of every layer in both slots (what diffusers' training scripts target), plus two embedding
+tokens per slot. A swap alternates between two such requests, so every swap writes. The encode is
+one 77-token prompt, the text encoder's forward. Writes bench/results/text_encoders.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from types import SimpleNamespace
+
+from hotlora.benchmarking import markdown_table, use_repo_compile_cache, write_results
+
+use_repo_compile_cache()
+
+CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+              max_position_embeddings=77, vocab_size=49408, projection_dim=768, eos_token_id=2)
+TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
+
+
+def encoders(full_size: bool):
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from hotlora.tiny import _clip_config, _clip_tokenizer
+
+    config = CLIPTextConfig(**CLIP_L) if full_size else _clip_config()
+    return SimpleNamespace(text_encoder=CLIPTextModel(config).eval(), tokenizer=_clip_tokenizer())
+
+
+def request(text_encoder, rank: int, seed: int):
+    """Both slots: LoRA on every targeted layer and two embedding tokens each."""
+    import torch
+
+    from hotlora.adapters.embeddings import Embeddings
+    from hotlora.adapters.formats import Adapter, LoraWeights
+
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for k, slot in enumerate(("identity", "style")):
+        modules = {name: LoraWeights(torch.randn(rank, m.in_features, generator=g) * 0.01,
+                                     torch.randn(m.out_features, rank, generator=g) * 0.01, 1.0)
+                   for name, m in text_encoder.named_modules() if name.endswith(TARGETS)}
+        width = text_encoder.get_input_embeddings().embedding_dim
+        embeddings = Embeddings((f"<{slot}0>", f"<{slot}1>"), {"text_encoder": torch.randn(2, width, generator=g)},
+                                f"{seed}-{k}")
+        adapter = Adapter(f"{slot}-{seed}", "flux", "diffusers", {}, f"{seed}{k}".ljust(64, "0"),
+                          text_modules={"text_encoder": modules}, embeddings=embeddings)
+        out[slot] = (adapter, 0.8)
+    return out
+
+
+def median_ms(run, runs: int) -> float:
+    samples = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - began) * 1000)
+    return statistics.median(samples)
+
+
+def measure(label: str, full_size: bool, rank: int, runs: int) -> dict:
+    import torch
+
+    from hotlora.adapters.families import family_named
+    from hotlora.engine.writers.text import TextEncoders
+
+    parts = encoders(full_size)
+    text = TextEncoders(parts, family_named("flux"), ("identity", "style"), rows=4)
+    requests = [request(parts.text_encoder, rank, seed) for seed in (1, 2)]
+    prepare_ms = statistics.median(median_ms(lambda: text.prepare(r), 1) for r in requests)  # the first: not cached
+    turn = iter(range(10**9))
+    bind_ms = median_ms(lambda: text.bind(requests[next(turn) % 2]), runs)
+    restores = []
+    for _ in range(runs):  # back to the base encoders: copies from the pristine weights only
+        text.bind(requests[0])
+        restores.append(text.bind({}))
+    restore_ms = statistics.median(restores)
+    touched = [parts.text_encoder.get_submodule(m).weight for m in requests[0]["identity"][0].text_modules["text_encoder"]]
+    copies = [w.detach().clone() for w in touched]
+    copy_ms = median_ms(lambda: torch._foreach_copy_(copies, touched), runs)
+    ids = parts.tokenizer("a photo of a cat", padding="max_length", max_length=77, return_tensors="pt").input_ids
+    with torch.no_grad():
+        eager_ms = median_ms(lambda: parts.text_encoder(ids), runs)
+        compiled = torch.compile(parts.text_encoder)
+        began = time.perf_counter()
+        compiled(ids)
+        compile_s = time.perf_counter() - began
+        compiled_ms = median_ms(lambda: compiled(ids), runs)
+    return {"text encoder": label, "rank": rank, "prepare ms (request thread)": round(prepare_ms, 3),
+            "swap ms": round(bind_ms, 3),
+            "restore ms": round(restore_ms, 3), "copy_ of touched bytes ms": round(copy_ms, 3),
+            "swap / copy": round(bind_ms / copy_ms, 1), "encode eager ms": round(eager_ms, 3),
+            "encode compiled ms": round(compiled_ms, 3), "first compiled call s": round(compile_s, 1),
+            "pristine bytes": text.nbytes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--full-size", action="store_true", help="also a CLIP-L at its real size")
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+    rows = [measure("tiny CLIP (32 wide, 2 layers)", False, args.rank, args.runs)]
+    if args.full_size:
+        rows.append(measure("CLIP-L full size (768 wide, 12 layers)", True, args.rank, args.runs))
+    headers = list(rows[0])
+    write_results(args.out, "text_encoders", {"rows": rows}, markdown_table(headers, [r.values() for r in rows]),
+                  "Text-encoder side of a request: swap (LoRA on q/k/v/out/fc1/fc2 of every layer in both slots, "
+                  "merged; 2 embedding tokens per slot) vs a copy_ of the touched bytes and vs one 77-token encode, "
+                  "eager and compiled. `.venv/bin/python bench/text_encoders.py --full-size`")
+
+
+if __name__ == "__main__":
+    main()
