@@ -61,6 +61,9 @@ class ReservedRows:
         self.ids = {slot: ids[k * rows:(k + 1) * rows] for k, slot in enumerate(slot_names)}
         self.width = self.weight.shape[1]
         self.rows = rows
+        # CLIP's tokenizer matches added tokens after lower-casing the prompt ("<S0>" is "<s0>"); T5's
+        # does not. Asked of the tokenizer itself, so prompts are rewritten the way it splits them.
+        self.ignore_case = tokenizer.tokenize(flat[0].upper()) == tokenizer.tokenize(flat[0])
 
     def problems(self, encoder: str, adapter: Adapter) -> list[str]:
         tokens, vectors = adapter.embeddings.tokens, adapter.embeddings.vectors[encoder]
@@ -188,9 +191,10 @@ class TextEncoders:
         out = {}
         for encoder in self.family.text_encoders:
             argument = PROMPT_ARGUMENT_OF[encoder]
+            rows = self.rows.get(encoder)
             for name, text in texts.items():
                 key = name if argument == "prompt" else f"{name}_2"
-                out[key] = _rewritten(text, mappings.get(encoder) or {})
+                out[key] = _rewritten(text, mappings.get(encoder) or {}, rows is not None and rows.ignore_case)
         return out
 
     def _mapping(self, encoder: str, resolved: Resolved) -> dict[str, str]:
@@ -218,12 +222,15 @@ class TextEncoders:
         return sum(w.nbytes for w in self.lora.values())
 
 
-def _rewritten(text: str, mapping: Mapping[str, str]) -> str:
+def _rewritten(text: str, mapping: Mapping[str, str], ignore_case: bool = False) -> str:
     if not mapping:
         return text
+    if ignore_case:
+        mapping = {token.lower(): reserved for token, reserved in mapping.items()}
     # Longest names first, so "<s10>" is not read as "<s1>" + "0".
-    pattern = re.compile("|".join(re.escape(t) for t in sorted(mapping, key=len, reverse=True)))
-    return pattern.sub(lambda match: mapping[match.group(0)], text)
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(mapping, key=len, reverse=True)),
+                         re.IGNORECASE if ignore_case else 0)
+    return pattern.sub(lambda match: mapping[match.group(0).lower() if ignore_case else match.group(0)], text)
 
 
 def encode_prompts(pipeline, family: Family, kwargs: Mapping[str, list], cfg: bool) -> dict:
