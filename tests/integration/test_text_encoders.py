@@ -44,14 +44,22 @@ def pivotal(mixed, tmp_path_factory):
     made = []
     for user in range(2):
         denoiser = random_lora(linears, 4, seed=50 + user, modules=sorted(linears)[user::3])
-        texts = {te: random_lora(text_encoder_linears(reference, te), TARGET_RANK * 2, seed=60 + 10 * user + i,
-                                 strength=1.5)
+        texts = {te: random_lora(_lora_targets(reference, te), TARGET_RANK * 2, seed=60 + 10 * user + i, strength=1.5)
                  for i, te in enumerate(family_named(family).lora_text_encoders)}
         embeddings = random_embeddings(reference, family, 2, seed=70 + user)
         folder = save_pivotal_lora(root / f"user{user}", family, denoiser, texts, alpha=4,
                                    embeddings=embeddings)
         made.append((folder, embeddings))
     return made
+
+
+def _lora_targets(pipeline, encoder):
+    """What the training scripts target, and CLIP-G's ``text_projection`` (outside its ``text_model``)."""
+    linears = text_encoder_linears(pipeline, encoder)
+    projection = getattr(getattr(pipeline, encoder), "text_projection", None)
+    if projection is not None:
+        linears["text_projection"] = (projection.in_features, projection.out_features)
+    return linears
 
 
 def _generate(engine, prompt, adapters, seed=0, images=1):

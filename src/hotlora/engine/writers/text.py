@@ -85,6 +85,21 @@ class ReservedRows:
         return vectors.shape[0]
 
 
+def _lora_root(encoder: torch.nn.Module) -> torch.nn.Module:
+    """The text encoder as canonical LoRA names see it. CLIPTextModelWithProjection (and older
+    transformers' CLIPTextModel) nest their layers under ``text_model``, and formats strips that
+    level as diffusers does for the flattened CLIPTextModel: a container holding ``text_model``'s
+    children beside the encoder's own (``text_projection``), the same module objects."""
+    inner = getattr(encoder, "text_model", None)
+    if inner is None:
+        return encoder
+    root = torch.nn.Module()
+    for name, child in [*inner.named_children(), *encoder.named_children()]:
+        if child is not inner:
+            root.add_module(name, child)
+    return root
+
+
 def _text_weights(encoder: str):
     return lambda adapter: adapter.text_modules.get(encoder, {})
 
@@ -98,10 +113,8 @@ class TextEncoders:
         self.slot_names = tuple(slot_names)
         present = {te: getattr(pipeline, te, None) for te in family.text_encoders}
         present = {te: module for te, module in present.items() if module is not None}
-        # CLIPTextModelWithProjection (and older transformers' CLIPTextModel) nest their layers under
-        # ``text_model``; canonical LoRA module names are relative to it (formats strips it).
-        self.lora = {te: FusedWriter(getattr(present[te], "text_model", present[te]), family.name, slot_names, 0,
-                                     restore=restore, weights_of=_text_weights(te))
+        self.lora = {te: FusedWriter(_lora_root(present[te]), family.name, slot_names, 0, restore=restore,
+                                     weights_of=_text_weights(te))
                      for te in family.lora_text_encoders if lora and te in present}
         self.rows = {te: ReservedRows(getattr(pipeline, TOKENIZER_OF[te]), module, slot_names, rows)
                      for te, module in present.items()
