@@ -352,20 +352,20 @@ class Engine:
         groups: dict[tuple, list[int]] = {}
         for i, request in enumerate(requests):
             groups.setdefault(self.text.signature(request.adapters), []).append(i)
-        per_image = [(r, self.text.prompts(r.adapters, r.prompt, r.negative_prompt))
-                     for r in requests for _ in range(r.num_images)]
+        texts = [self.text.prompts(r.adapters, r.prompt, r.negative_prompt) for r in requests]
+        owners = [i for i, r in enumerate(requests) for _ in range(r.num_images)]  # image -> its request
         if len(groups) == 1:
             swap.text_ms += self.text.bind(requests[0].adapters)
-            return _columns([texts for _, texts in per_image])
+            return _columns([texts[i] for i in owners])
         cfg = self.uses_cfg(requests[0].params.guidance_scale)
         parts: dict[int, dict] = {}
         for members in groups.values():
             swap.text_ms += self.text.bind(requests[members[0]].adapters)
-            images = [i for i, (r, _) in enumerate(per_image) if any(r is requests[m] for m in members)]
-            encoded = encode_prompts(self.pipeline, self.family, _columns([per_image[i][1] for i in images]), cfg)
-            for row, i in enumerate(images):
-                parts[i] = {name: tensor[row:row + 1] for name, tensor in encoded.items()}
-        return {name: torch.cat([parts[i][name] for i in range(len(per_image))]) for name in parts[0]}
+            images = [image for image, owner in enumerate(owners) if owner in members]
+            encoded = encode_prompts(self.pipeline, self.family, _columns([texts[owners[i]] for i in images]), cfg)
+            for row, image in enumerate(images):
+                parts[image] = {name: tensor[row:row + 1] for name, tensor in encoded.items()}
+        return {name: torch.cat([parts[i][name] for i in range(len(owners))]) for name in parts[0]}
 
     def _batch_factor(self, params: CallParams) -> int:
         """SDXL runs classifier-free guidance as one doubled batch [uncond..., cond...]."""
