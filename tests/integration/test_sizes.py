@@ -3,10 +3,16 @@ diffusers at that size with no compile after warm-up; a size outside the set is 
 list, or snapped to the nearest served size, without compiling; requests of different sizes never
 share a forward batch; the adapter memory does not grow with the sizes.
 
-One compiled engine per family for the whole module (CI time): Flux with adapter banks (mixed
-batches) at three sizes, SDXL with slots at two sizes, with and without CFG. ``error_on_recompile``
-is on for every request. (Rank buckets are writer states: the warm-up loops sizes inside every
-state the same way; test_rank_buckets.py covers the states at one size.)"""
+Compiled engines shared by the module: Flux with adapter banks (mixed batches) at three sizes;
+Flux with slots and rank buckets at two sizes (rank buckets x sizes); SDXL with slots at two sizes,
+with and without CFG. ``error_on_recompile`` is on for every request.
+
+CI time: compiles are the cost, and in one pytest process engines of one configuration share
+dynamo's graphs (they run the same block classes' code). So each engine here is configured like
+one compiled before this module at the default size (batch 3, as the shared mixed-batch Flux
+engine, ``mixed`` in conftest.py, and test_contract.py's SDXL engine): in a full run only the sizes
+past the first compile here. The third Flux size compiles nothing anywhere (the second made the
+dimensions dynamic), so it costs only its warm-up passes."""
 
 import random
 import time
@@ -22,18 +28,19 @@ from hotlora.engine.request import RequestRules, UnservedShape, nearest_size
 from hotlora.engine.worker import Job, Worker
 from hotlora.engine.writers import install_writer
 from hotlora.errors import InvalidRequest
-from hotlora.testing import plain_diffusers_reference
+from hotlora.testing import plain_diffusers_reference, random_lora, save_diffusers_lora
 
 from ..helpers import TARGET_RANK
 
 TOLERANCE = 1e-4  # float32 latents; compiled kernels reorder sums
 STEPS = 2
-BATCH = 2
+BATCH = 3  # see the module docstring: the batch of the engines whose graphs these reuse
 PROMPT = "a lighthouse at dusk"
 # WIDTHxHEIGHT; the tiny Flux model's default is 32x32 (multiples of 2: VAE factor 1 x 2x2 packing).
 # Three aspect ratios and three sequence lengths (256, 384, 512 tokens).
 FLUX_SIZES = ("32x32", "48x32", "32x64")
 SDXL_SIZES = ("64x64", "96x64")  # the tiny SDXL model's default is 64x64 (multiples of 4)
+BUCKETS = (4,)  # with the target rank: buckets 4 and 8
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +51,27 @@ def no_recompiles():
     torch._dynamo.config.error_on_recompile = previous
 
 
-def warm(model_dir, **options):
+def warm(model_dir, batch_size=BATCH, **options):
     with torch._dynamo.config.patch(error_on_recompile=False):  # the warm-up compiles; requests may not
-        return Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=BATCH, compile=True, **options)
+        return Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=batch_size, compile=True,
+                                      **options)
 
 
 @pytest.fixture(scope="module")
 def flux(tiny_models, no_recompiles):
     engine = warm(tiny_models["flux"], mixed=True, sizes=",".join(FLUX_SIZES))
+    yield tiny_models["flux"], engine
+    assert engine.recompiles == 0
+
+
+@pytest.fixture(scope="module")
+def bucketed(tiny_models, no_recompiles):
+    """Slots with rank buckets at two sizes. Batch 1 (CI time): every bucket compiles its graphs per
+    batch shape, and graphs with a dynamic sequence length are the slowest to compile. Measured
+    cold: giving test_rank_buckets.py's batch-3 engine a second size cost 88 s more (24 graphs
+    instead of 18); this engine compiles 6 in about 30 s. Chunks of 3 with buckets stay
+    test_rank_buckets.py's."""
+    engine = warm(tiny_models["flux"], batch_size=1, rank_buckets=BUCKETS, sizes=",".join(FLUX_SIZES[:2]))
     yield tiny_models["flux"], engine
     assert engine.recompiles == 0
 
@@ -131,8 +151,8 @@ def test_every_served_size_equals_plain_diffusers_without_recompiling(flux):
     model_dir, engine = flux
     assert engine.describe()["sizes"] == list(FLUX_SIZES) and engine.served_sizes[0] == (32, 32)
     rng = random.Random("sizes-flux")
-    # Every size; 3 images = a full chunk and a last chunk of 1 (batch 1 and batch 2 graphs).
-    schedule = [(size, n) for size, n in zip(FLUX_SIZES, (BATCH + 1, 1, BATCH + 1))] + [(FLUX_SIZES[1], BATCH)]
+    # Every size and every batch shape: 1, 2, 3 and 4 images (a full chunk and a last chunk of 1).
+    schedule = [(size, n) for size, n in zip(FLUX_SIZES, (BATCH + 1, 1, BATCH))] + [(FLUX_SIZES[1], BATCH - 1)]
     rng.shuffle(schedule)
     for size, n in schedule:
         adapters, seed = random_adapters(rng, model_dir), rng.randrange(1000)
@@ -207,15 +227,52 @@ def test_requests_of_different_sizes_never_share_a_forward_batch(flux):
     assert engine.recompiles == 0
 
 
-def test_adapter_memory_is_shared_across_sizes(flux, sdxl):
+def test_adapter_memory_is_shared_across_sizes(flux, bucketed, sdxl):
     """The writer an engine with several sizes holds is byte for byte the one a single-size engine
     would hold: the same writer installed on a fresh copy of the denoiser."""
-    for model_dir, engine in (flux, sdxl):
+    for model_dir, engine in (flux, bucketed, sdxl):
         assert len(engine.served_sizes) > 1
         denoiser = type(engine.denoiser).from_pretrained(model_dir / engine.family.denoiser)
         single = install_writer(replace(engine.config, sizes=()), denoiser, engine.family.name, [])
         assert engine.writer.nbytes == single.nbytes > 0
         assert engine.describe()["slot_bytes"] == single.describe()["slot_bytes"]
+
+
+# ---------------------------------------------------------------------------- Flux: rank buckets x two sizes
+
+
+def test_rank_buckets_at_every_size_equal_plain_diffusers(bucketed, tmp_path):
+    """Every bucket at every size, in a shuffled order, with random adapters of random ranks in
+    random slots: each request runs the smallest bucket that holds it, at the size asked, equals
+    plain diffusers there, and compiles nothing (1 or 2 images: one chunk or two)."""
+    model_dir, engine = bucketed
+    assert engine.writer.rank_buckets == (*BUCKETS, TARGET_RANK)
+    assert engine.describe()["sizes"] == list(FLUX_SIZES[:2])
+    linears = dict(engine.ceiling.modules)
+    rng = random.Random("sizes-buckets")
+    ranks = {4: range(1, 5), TARGET_RANK: range(5, TARGET_RANK + 1)}  # bucket -> the largest ranks it serves
+    schedule = [(bucket, size) for bucket in engine.writer.rank_buckets for size in FLUX_SIZES[:2]]
+    rng.shuffle(schedule)
+    for i, (bucket, size) in enumerate(schedule):
+        slots = ["identity", "style"]
+        rng.shuffle(slots)
+        slot_ranks = {slots[0]: rng.choice(ranks[bucket])}  # the request's largest rank picks its bucket
+        if rng.random() < 0.8:
+            slot_ranks[slots[1]] = rng.randint(1, slot_ranks[slots[0]])
+        adapters = {}
+        for slot, rank in slot_ranks.items():
+            sd = random_lora(linears, rank, seed=100 + 2 * i + (slot == "style"))
+            alpha = rng.choice([rank, 2 * rank])
+            adapters[slot] = (save_diffusers_lora(tmp_path / f"{i}-{slot}", "flux", sd, rank=rank, alpha=alpha),
+                              round(rng.uniform(0.3, 1.3), 2))
+        n, seed = rng.randint(1, 2), rng.randrange(1000)
+        result = generate(engine, adapters, size, n, seed)
+        assert (result.size, result.swap.rank_bucket) == (size, bucket), f"case {i}"
+        theirs = reference(model_dir, adapters, size, n, seed, engine.defaults["guidance_scale"])
+        diff = (result.images - theirs).abs().max().item()
+        assert diff <= TOLERANCE, f"case {i}, bucket {bucket} at {size} x {n}: max |engine - diffusers| = {diff}"
+    assert engine.recompiles == 0
+    engine.writer.check_intact()
 
 
 # ---------------------------------------------------------------------------- SDXL: two sizes, CFG on and off
@@ -227,7 +284,7 @@ def test_sdxl_sizes_with_and_without_cfg_equal_plain_diffusers(sdxl):
     rng = random.Random("sizes-sdxl")
     cfg = engine.defaults["guidance_scale"]
     schedule = [(SDXL_SIZES[0], cfg, BATCH), (SDXL_SIZES[0], 1.0, 1),
-                (SDXL_SIZES[1], cfg, 1), (SDXL_SIZES[1], 1.0, BATCH)]
+                (SDXL_SIZES[1], cfg, BATCH + 1), (SDXL_SIZES[1], 1.0, BATCH - 1)]
     rng.shuffle(schedule)
     for size, guidance, n in schedule:
         adapters, seed = random_adapters(rng, model_dir), rng.randrange(1000)
