@@ -258,7 +258,7 @@ def test_pivotal_tuning_adapters_over_http(served, tiny_models):
     assert np.array_equal(pixels(default), pixels(renamed))
     served_adapter = renamed.json()["adapters"]["identity"]
     assert served_adapter["embedding_tokens"] == ["<me0>", "<me1>"] and served_adapter["text_encoders"] == ["text_encoder"]
-    assert renamed.json()["timings"]["text_encoders_ms"] >= 0
+    assert renamed.json()["timings"]["text_encoders_ms"] > 0  # other token names: the rows were written
     plain = ask("a photo of <s0><s1>", {"ref": str(root / "user-1"), "tokens": ["<x>"]})
     assert plain.status_code == 422 and "no pivotal-tuning embeddings" in plain.json()["error"]
     reserved = ask("a photo of <hotlora-0-0>", {"ref": str(folder)})

@@ -79,10 +79,9 @@ class ReservedRows:
         return problems
 
     @torch.no_grad()
-    def write(self, slot: str, vectors: torch.Tensor) -> int:
+    def write(self, slot: str, vectors: torch.Tensor) -> None:
         ids = torch.tensor(self.ids[slot][:vectors.shape[0]], device=self.weight.device)
         self.weight.index_copy_(0, ids, vectors.to(device=self.weight.device, dtype=self.weight.dtype))
-        return vectors.shape[0]
 
 
 def _lora_root(encoder: torch.nn.Module) -> torch.nn.Module:
