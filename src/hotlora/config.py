@@ -29,6 +29,11 @@ class RequestLimits:
     max_steps: int = 200
     max_scale: float = 8.0  # |scale| per adapter: a huge scale would overflow the pack
     max_work: int = 16 * 1024 * 1536 * 50  # height x width x images x steps
+    # height x width of a size the engine was not configured with: an eager engine with no
+    # ``sizes`` takes any multiple, and max_work alone lets a 4096x4096 image through (16 Mpx:
+    # Flux's attention over 65,536 tokens). 4 Mpx is twice the side of Flux's and SDXL's 1024.
+    # Configured sizes (``sizes``, height x width) are served whatever their area.
+    max_pixels: int = 2048 * 2048
 
 
 @dataclass(frozen=True)
@@ -209,10 +214,15 @@ class StoreConfig:
     max_adapter_bytes: int = 2 * GiB
     max_header_bytes: int = 16 * MiB
     timeout_s: float = 30.0  # per network read (connect, each chunk)
-    # Whole-download deadline, retries included: a source that drips bytes cannot hold a fetch
-    # (and the request waiting on it) longer than this.
+    # Whole-fetch deadline, counted from the moment the fetch is asked for: time queued for a
+    # worker, the probe (HEAD), the download and every retry together. A source that drips bytes
+    # cannot hold a fetch (and the request waiting on it) longer than this.
     download_deadline_s: float = 120.0
     max_fetch_workers: int = 4  # threads that download and convert; RAM-cached adapters never wait for them
+    # Fetch workers one client (API key, else peer address) may hold at once in each lane
+    # (requests, prefetches); 0: half of max_fetch_workers (at least 1). A client never holds every
+    # worker, prefetches never take the last one, and requests go before prefetches.
+    fetch_workers_per_client: int = 0
     ram_max_entries: int = 10_000  # the RAM tier's entry cap, besides its byte budget
     retries: int = 3
     backoff_s: float = 0.25
@@ -223,10 +233,11 @@ class StoreConfig:
     # own (HF_HOME / HF_HUB_CACHE). Online, Hub files download into the store's work folder.
     hf_cache_dir: str | None = None
     # How long a remote reference's content identity (ETag, S3 ETag, hub revision) is trusted
-    # before asking the server again. 0: ask on every request (never stale, one round trip per
-    # request even when the adapter is in RAM); N: an object replaced at the same address may be
-    # served for up to N seconds after the change.
-    revalidate_after_s: float = 0.0
+    # before asking the server again. N (default 30): an adapter in RAM is served without a fetch
+    # worker or a round trip for N seconds after the last answer, and an object replaced at the
+    # same address may be served for up to N seconds after the change. 0: ask on every request
+    # (never stale; each request, even for an adapter in RAM, waits for a HEAD on a fetch worker).
+    revalidate_after_s: float = 30.0
 
     @classmethod
     def from_env(cls, file_values: dict | None = None, **overrides) -> "StoreConfig":
@@ -289,6 +300,12 @@ class ServerConfig:
     max_work: int = 16 * 1024 * 1536 * 50
     max_body_bytes: int = 1 * MiB  # HTTP request bodies (prompts and references, never weights)
     max_prefetch_inflight: int = 64  # adapter fetches a prefetch may have running; 429 beyond
+    # Of those, what one client (API key, else peer address) may have: three quarters, so one client
+    # cannot take every place from the others.
+    max_prefetch_per_client: int = 48
+    # Requests one client may have waiting for their adapters' fetches (429 beyond). They hold no
+    # admission slot (2 x max_queue, taken once the adapters are in) while they wait.
+    max_fetching_per_client: int = 32
     max_rebuild_attempts: int = 5  # consecutive failed rebuilds before the worker gives up (503s)
     lora_header_slot: str = "identity"  # the slot the inference API's `lora` header fills
     enable_fault_injection: bool = False  # POST /admin/fault: for tests of the rebuild path only

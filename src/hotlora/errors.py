@@ -10,6 +10,8 @@
     │   │                         carries every problem found, not just the first
     │   ├── InvalidRequest        bad generation parameters
     │   │   ├── RequestTooLarge       over a work, body or field bound: 413, the limit in the message
+    │   │   ├── InvalidReference      (adapters.references) a reference that is not well-formed: a URL
+    │   │   │                         with a bad port or host, whitespace, a control character
     │   │   ├── UnsafeReference       (adapters.references) a path or host outside what is allowed
     │   │   ├── UnservedShape         (engine.request) a size or shape the warm engine would compile for
     │   │   ├── NonFiniteOutput       (engine.guard) the request's adapters overflowed the pack; the

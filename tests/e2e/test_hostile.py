@@ -47,6 +47,7 @@ def hostile(tiny_models, tmp_path_factory, start_server, drip_url):
     save_file({k: v * 3e7 for k, v in good.items()}, str(root / "overflowing.safetensors"))
     redos = {"transformer.r": "4", "transformer.lora_alpha": "4", "transformer.rank_pattern": json.dumps({"(a+)+$": 2})}
     (root / "redos.safetensors").write_bytes(save(good, metadata={"lora_adapter_metadata": json.dumps(redos)}))
+    os.mkfifo(root / "pipe.safetensors")  # never ends: read, it would hold a fetch worker for ever
     server = start_server(tiny_models["flux"], tmp, roots=(root,), max_queue=4, max_prefetch_inflight=PREFETCH_BOUND,
                           max_work=32 * 32 * 8 * 10,  # the tiny model's images are 32x32
                           store_overrides={"allow_http": True, "download_deadline_s": DEADLINE_S, "retries": 1})
@@ -78,6 +79,15 @@ def hostile_requests(root, drip_url):
         ("many slots", {"json": body({f"slot{i}": "x" for i in range(20)})}, 422, True),
         ("long lora header", {"content": b"a dog", "headers": {"lora": "a" * 5000}, "path": "/"}, 413, True),
         ("regex bomb in metadata", {"json": body({"identity": str(root / "redos.safetensors")})}, 422, True),
+        # Issue 24: these were 500s (ValueError from the port, httpx's InvalidURL for the tab / CR-LF).
+        ("URL port out of range", {"json": body({"identity": f"{drip_url}0000/x.safetensors"})}, 422, True),
+        ("tab in a URL", {"json": body({"identity": f"{drip_url}/a\tb.safetensors"})}, 422, True),
+        ("CR/LF in a URL", {"json": body({"identity": f"{drip_url}/x\r\nX-Injected: 1"})}, 422, True),
+        ("URL port out of range in the lora header", {"content": b"a dog", "path": "/",
+                                                      "headers": {"lora": f"{drip_url}0000/x.safetensors"}}, 422, True),
+        ("prefetch of a malformed URL", {"json": {"refs": [f"{drip_url}0000/x.safetensors"]},
+                                         "path": "/v1/adapters/prefetch"}, 422, True),
+        ("a named pipe in the root", {"json": body({"identity": str(root / "pipe.safetensors")})}, 422, True),
         ("prefetch up to the bound", {"json": {"refs": [f"{drip_url}/flood-{i}.safetensors"
                                                         for i in range(PREFETCH_BOUND)]},
                                       "path": "/v1/adapters/prefetch"}, 202, True),

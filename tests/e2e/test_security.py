@@ -187,6 +187,33 @@ def test_prefetch_answers_and_logs_never_echo_presigned_urls(open_server, source
     assert_no_secrets(accepted.text, *(r.getMessage() for r in caplog.records))
 
 
+def test_malformed_references_are_a_422_on_every_route_and_the_connection_lives_on(open_server):
+    """Issue 24: a port out of range was a 500 (ValueError), a tab or CR/LF one too (httpx's
+    InvalidURL), and the 500 closed the keep-alive connection unannounced. Each is now a 422 in the
+    route's error shape, and one keep-alive client goes on using its connection."""
+    malformed = ["http://127.0.0.1:99999/x.safetensors?X-Amz-Signature=SIGFAIL", "http://127.0.0.1:0/x.safetensors",
+                 "https://adapters.example/a\tb.safetensors?sig=SIGFAIL", "https://adapters.example/x\r\nInjected: 1",
+                 "https://[::1/x.safetensors", "https://xn--/x.safetensors", "s3://bucket:99999/x.safetensors"]
+    with httpx.Client(base_url=open_server.url, timeout=60) as client:
+        for ref in malformed:
+            calls = [("/v1/generate", {"json": body({"identity": ref})}),
+                     ("/v1/images/generations", {"json": {"prompt": "a cat", "adapters": {"identity": ref}}}),
+                     ("/v1/adapters/prefetch", {"json": {"refs": [ref]}})]
+            if not any(c in ref for c in "\t\r\n"):  # no client sends those in a header
+                calls.append(("/", {"json": {"inputs": "a cat", "parameters": {"num_inference_steps": 2}},
+                                    "headers": {"lora": ref}}))
+            for path, kwargs in calls:
+                response = client.post(path, **kwargs)
+                assert response.status_code == 422, (path, ref, response.text)
+                assert "connection" not in response.headers or response.headers["connection"] != "close"
+                error = response.json()["error"] if path.startswith("/v1/images") else response.json()
+                assert error["type"] == "InvalidReference", (path, ref, response.text)
+                assert_no_secrets(response.text)
+                assert client.get("/healthz").status_code == 200  # the same keep-alive client, next request
+        listing = client.get("/v1/adapters").json()
+        assert not any("SIGFAIL" in str(entry) for entry in listing["cached"])
+
+
 # --- keys, scopes, source prefixes --------------------------------------------------------------
 
 
@@ -237,6 +264,8 @@ def test_a_keys_sources_are_enforced_before_any_fetch(keyed_server, source):
                 "style-kohya", "catalog:style-kohya", "/etc/hostname", "hf://someone/else"):
         refused = httpx.post(f"{url}/v1/generate", json=body({"identity": ref}), headers=bearer("bob"))
         assert refused.status_code == 403 and refused.json()["type"] == "Forbidden", (ref, refused.text)
+        if "tenant-b" not in ref:  # the key's own prefixes are the operator's to read, in the log
+            assert "tenant-b" not in refused.text, refused.text
         header = httpx.post(f"{url}/", json={"inputs": "x"}, headers={**bearer("bob"), "lora": ref})
         assert header.status_code == 403, ref
     prefetch = httpx.post(f"{url}/v1/adapters/prefetch", json={"refs": [f"{base}/tenant-b/mine.safetensors"]},

@@ -301,7 +301,7 @@ def test_https_download_is_cached_by_etag(http_files, adapters, tmp_path):
 
 def test_remote_identity_is_rechecked_every_request_unless_told_otherwise(http_files, adapters, tmp_path):
     url = f"{http_files}/style.safetensors"
-    always = make_store(tmp_path / "a", [adapters])
+    always = make_store(tmp_path / "a", [adapters], revalidate_after_s=0)
     for _ in range(3):
         always.get(url)
     assert Files.heads["/style.safetensors"] == 3 and Files.gets["/style.safetensors"] == 1

@@ -295,10 +295,10 @@ def test_a_failed_checksum_write_leaves_no_data_behind(tmp_path, monkeypatch):
 
 def test_a_full_download_disk_is_an_error_answer_not_a_crash(root, tmp_path, monkeypatch):
     class FullDisk:
-        def probe(self, ref):
+        def probe(self, ref, deadline=None):
             return None
 
-        def fetch(self, ref, workdir):
+        def fetch(self, ref, workdir, deadline=None):
             raise OSError(errno.ENOSPC, "No space left on device")
 
     store = make_store(tmp_path, [root])
@@ -459,10 +459,10 @@ class FakeHub:
         self.gate = threading.Event()
         self.gate.set()
 
-    def probe(self, ref):
+    def probe(self, ref, deadline=None):
         return None
 
-    def fetch(self, ref, workdir):
+    def fetch(self, ref, workdir, deadline=None):
         self.calls.append(ref)
         assert self.gate.wait(timeout=30), "the test never opened the gate"
         time.sleep(self.pause)
@@ -495,13 +495,14 @@ def test_concurrent_hub_files_of_one_repo_get_their_own_adapters(root, tmp_path)
 
 def test_ram_hits_do_not_wait_behind_slow_fetches(root, tmp_path):
     store = make_store(tmp_path, [root], max_fetch_workers=2)
-    assert store.fetch_executor._max_workers == 2
+    assert store.fetch_pool.workers == 2
     store.sources["hf"] = hub = FakeHub({"one.safetensors": root / "one.safetensors"}, pause=0)
     cached = store.get("one.safetensors")
     hub.gate.clear()  # every hub fetch now blocks
 
     async def main():
-        slow = [asyncio.ensure_future(store.aget(f"hf://someone/repo{i}/one.safetensors")) for i in range(3)]
+        slow = [asyncio.ensure_future(store.aget(f"hf://someone/repo{i}/one.safetensors", client=f"c{i}"))
+                for i in range(3)]
         for _ in range(500):  # bounded: until both workers are taken
             if len(hub.calls) == 2:
                 break

@@ -5,6 +5,7 @@ has its status, headers and body. The e2e tests cover the answers that need a re
 import inspect
 from pathlib import Path
 
+import httpx
 from fastapi.testclient import TestClient
 
 import hotlora.deploy
@@ -119,6 +120,106 @@ def test_an_unexpected_exception_is_a_500_naming_only_its_type():
     c = client(IdleWorker(ready=RuntimeError("secret detail")))
     response = c.post("/v1/generate", json={"prompt": "x"})
     assert response.status_code == 500 and response.json() == {"error": "internal error: RuntimeError"}
+
+
+def test_json_nested_too_deeply_and_unknown_routes_answer_in_the_apis_shape():
+    c = client()
+    deep = b'{"prompt": "x", "adapters": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    for path in ("/v1/generate", "/v1/images/generations", "/"):
+        response = c.post(path, content=deep, headers={"content-type": "application/json"})
+        assert response.status_code == 422 and "detail" not in response.json(), (path, response.text)
+        error = response.json()["error"] if path.startswith("/v1/images") else response.json()
+        assert error["type"] == "InvalidRequest", response.text
+    missing = c.get("/v1/nothing-here")
+    assert missing.status_code == 404 and missing.json() == {"error": "Not Found", "type": "NotFound"}
+    method = c.put("/v1/generate")
+    assert method.status_code == 405 and method.json()["type"] == "MethodNotAllowed" and "allow" in method.headers
+    assert c.get("/v1/images/nope").json() == {"error": {"message": "Not Found", "type": "NotFound"}}
+
+
+class StandInStore:
+    """What the prefetch route reads of a store; a fetch is recorded, never run."""
+
+    catalog: dict = {}
+    fetches_in_flight = 0
+
+    def __init__(self):
+        self.asked = []
+
+    async def aget(self, ref, **kwargs):
+        self.asked.append(ref)
+        raise AssertionError("nothing may be fetched")
+
+
+def test_prefetch_refuses_malformed_references_up_front():
+    worker = IdleWorker(ready=False)
+    worker.store = StandInStore()
+    c = client(worker)
+    for ref in ("http://127.0.0.1:99999/x", "https://h.example/a\tb", "https://[::1/x", "s3://b:1/k"):
+        response = c.post("/v1/adapters/prefetch", json={"refs": ["catalog:fine", ref]})
+        assert response.status_code == 422 and response.json()["type"] == "InvalidReference", response.text
+    assert worker.store.asked == []  # nothing was scheduled, not even the well-formed reference
+
+
+def test_on_a_real_server_a_500_closes_the_connection_cleanly_and_a_4xx_keeps_it():
+    """uvicorn drops the connection after an unexpected exception's 500 (Starlette re-raises it to be
+    logged): the answer says ``Connection: close``, so a keep-alive client opens a new one instead of
+    writing its next request into a closed socket. A 4xx leaves the connection open for the next."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from ..helpers import free_port
+
+    port = free_port()
+    app = create_app(IdleWorker(ready=RuntimeError("secret detail")), ServerConfig(port=port), start_worker=False)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            time.sleep(0.05)
+        body = b'{"prompt": "x"}'
+        request = (b"POST /v1/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        bad = b"GET /v1/nothing-here HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(bad)  # a 4xx: the same connection serves the next request
+            first = _response(sock)
+            assert first.startswith(b"HTTP/1.1 404") and b"connection: close" not in first.lower()
+            sock.sendall(request)
+            answer = _response(sock)
+            assert answer.startswith(b"HTTP/1.1 500"), answer
+            assert b"connection: close" in answer.lower(), answer
+            assert b"secret detail" not in answer
+            assert sock.recv(1) == b""  # and the server did close it
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as keep_alive:
+            for _ in range(3):  # each 500 followed by a request on the same client
+                assert keep_alive.post("/v1/generate", json={"prompt": "x"}).status_code == 500
+                assert keep_alive.get("/healthz").status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def _response(sock) -> bytes:
+    """One HTTP/1.1 response with a Content-Length body, read off ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        assert chunk, data
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:"))
+    while len(rest) < length:
+        chunk = sock.recv(4096)
+        assert chunk
+        rest += chunk
+    return head + b"\r\n\r\n" + rest
 
 
 def test_health_readiness_metrics_adapters_and_playground():

@@ -135,6 +135,44 @@ def test_source_prefixes_match_the_canonical_reference():
     ANONYMOUS.check_references(refused)  # no sources: anything the store allows
 
 
+def test_a_refusal_names_the_reference_not_the_keys_sources(caplog):
+    caplog.set_level(logging.WARNING, logger="hotlora.server.auth")
+    alice = Keyring.parse(line(extra="name=alice sources=s3://tenant-a/,https://cdn.example/tenant-a/"),
+                          "t").authenticate(KEY)
+    with pytest.raises(Forbidden) as raised:
+        alice.check_references(["s3://tenant-b/x.safetensors"])
+    message = str(raised.value)
+    assert "s3://tenant-b/x.safetensors" in message
+    assert "tenant-a" not in message and "cdn.example" not in message  # other paths of the key's: the log's
+    assert any("tenant-a" in r.getMessage() and "alice" in r.getMessage() for r in caplog.records)
+
+
+def test_a_source_prefix_that_is_not_a_url_is_a_start_up_error():
+    for prefix in ("https://cdn.example:99999/a/", "https://[::1/a/"):
+        with pytest.raises(AuthConfigError, match="sources= prefix"):
+            Keyring.parse(line(extra=f"sources={prefix}"), "t")
+
+
+MALFORMED = ["http://127.0.0.1:99999/x.safetensors", "https://h.example/a\tb", "https://h.example/x\r\nInjected: 1",
+             "https://[::1/x", "s3://tenant-a:99999/x"]
+
+
+def test_malformed_references_are_a_422_on_every_route_before_anything_else():
+    # A key with sources: its references are parsed before the (not ready) worker's 503.
+    c = client(auth="on", api_keys=line(KEY, "name=alice scopes=generate,prefetch sources=s3://tenant-a/"))
+    for ref in MALFORMED:
+        for path, kwargs in (("/v1/generate", {"json": {"prompt": "x", "adapters": {"identity": ref}}}),
+                             ("/v1/images/generations", {"json": {"prompt": "x", "adapters": {"identity": ref}}}),
+                             ("/v1/adapters/prefetch", {"json": {"refs": [ref]}})):
+            response = c.post(path, headers=bearer(), **kwargs)
+            assert response.status_code == 422, (path, ref, response.text)
+            error = response.json()["error"] if path.startswith("/v1/images") else response.json()
+            assert error["type"] == "InvalidReference", (path, ref, response.text)
+        if "\r" not in ref and "\t" not in ref:  # a header cannot carry those at all
+            header = c.post("/", json={"inputs": "x"}, headers={**bearer(), "lora": ref})
+            assert header.status_code == 422 and header.json()["type"] == "InvalidReference", (ref, header.text)
+
+
 # --- the app: 401, 403, Host, Origin, CORS, content types -------------------------------------------
 
 

@@ -3,8 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from hotlora.adapters.references import UnsafeReference, confine_local_path, parse_reference, redact_url
-from hotlora.errors import InvalidRequest
+from hotlora.adapters.references import (InvalidReference, UnsafeReference, confine_local_path, parse_reference,
+                                         redact_reference, redact_url)
+from hotlora.errors import AdapterFormatError, InvalidRequest
 
 
 def test_every_reference_kind_parses():
@@ -135,6 +136,10 @@ def test_store_settings_come_from_the_environment(monkeypatch):
     ("::ffff:127.0.0.1", False), ("::ffff:169.254.169.254", False), ("::ffff:10.0.0.1", False),
     ("2002:7f00:1::", False),  # 6to4 around 127.0.0.1
     ("fe80::1%eth0", False),
+    # ipaddress counts these as global: site-local (deprecated, still routed inside sites) and the
+    # RFC 9637 documentation prefix; NAT64 and SIIT prefixes are in its reserved space.
+    ("fec0::1", False), ("feff:ffff::1", False), ("3fff::1", False), ("64:ff9b::7f00:1", False),
+    ("::ffff:0:7f00:1", False),
     ("8.8.8.8", True), ("1.1.1.1", True), ("2606:4700:4700::1111", True), ("::ffff:8.8.8.8", True),
 ])
 def test_egress_judges_addresses_after_resolution(address, public):
@@ -159,3 +164,142 @@ def test_egress_policy_lists_hosts_and_ports():
     with pytest.raises(EgressRefused):
         EgressPolicy().resolve("localhost", 443)  # a name that resolves to loopback
     assert EgressPolicy(("localhost",)).resolve("localhost", 443)  # listed: allowed though internal
+
+
+# ----------------------------------------------------------------------------- malformed references (#24)
+
+
+@pytest.mark.parametrize("bad", [
+    "http://127.0.0.1:99999/x.safetensors?sig=SECRET",  # port out of range: ValueError from urlsplit().port
+    "https://h.example:0/x", "https://h.example:http/x?sig=SECRET", "https://h.example:-1/x",
+    "https://h.example/a\tb?sig=SECRET", "https://h.example/x\r\nX-Injected: 1", "https://h.example/a b",
+    "https://h.example/\u3000x", "https://[::1/x?sig=SECRET", "https://[not-v6]/x", "https:///x", "https://:443/x",
+    "http://", "https://xn--/x", "https://h.example\\@evil.example/x",
+    "s3://bucket:99999/k", "s3://[b/k", "s3://b ucket/k", "s3://b/k\tx", "hf://o/r/a\x85b", "/loras/a\nb",
+    "catalog:a\rb",
+])
+def test_malformed_references_are_a_422_at_parse_time_and_never_quoted(bad):
+    with pytest.raises(InvalidReference) as raised:
+        parse_reference(bad)
+    assert raised.value.status_code == 422 and "SECRET" not in str(raised.value)
+    shown = redact_reference(bad)
+    assert shown.startswith("<unparseable reference") and "SECRET" not in shown
+
+
+def test_well_formed_urls_still_parse():
+    for good in ("https://h.example/x.safetensors?X-Amz-Signature=s", "https://u:p@h.example:8443/x",
+                 "https://[::1]:8443/x", "http://127.0.0.1:9000/x", "https://h.example:/x", "https://exämple.com/x",
+                 "https://h.example/x#frag", "https://h.example/%20x"):
+        assert parse_reference(good).kind == "https", good
+    assert parse_reference("s3://My_Legacy.bucket-1/k").location == "My_Legacy.bucket-1/k"
+    assert parse_reference("/loras/my lora.safetensors").location == "/loras/my lora.safetensors"
+
+
+@pytest.mark.parametrize("url", ["http://h:99999/x?sig=SECRET", "s3://[b/k", "https://[::1/x", "http://h:x/y"])
+def test_redaction_never_raises(url):
+    shown = redact_url(url)
+    assert "SECRET" not in shown
+
+
+def test_the_egress_policy_refuses_what_it_cannot_parse_instead_of_raising():
+    from hotlora.adapters.egress import EgressPolicy, EgressRefused
+
+    policy = EgressPolicy(allow_http=True)
+    for url in ("http://127.0.0.1:99999/x", "http://h.example:0/x", "http://[::1/x", "http:///x"):
+        with pytest.raises(EgressRefused) as raised:
+            policy.check_url(url)
+        assert "malformed" in raised.value.shown
+    # An allowed_hosts entry with a port that is not one allows nothing (never every port).
+    odd = EgressPolicy(("files.internal:http", "[::1]:99999", "ok.internal:8080"), exclusive=True)
+    assert not odd.listed("files.internal", 80) and not odd.listed("files.internal", 443)
+    assert not odd.listed("::1", 443) and odd.listed("ok.internal", 8080)
+
+
+def test_the_remote_client_turns_an_invalid_url_into_a_422_and_odd_httpx_errors_into_502():
+    """parse_reference refuses malformed URLs; should one still reach httpx (a URL built from parts,
+    a redirect loop), the answer is a RequestError or SourceUnavailable, never a bare httpx error."""
+    import http.server
+    import threading
+
+    from hotlora.adapters.egress import EgressPolicy
+    from hotlora.adapters.references import Reference
+    from hotlora.adapters.remote import Remote
+    from hotlora.config import StoreConfig
+    from hotlora.errors import SourceUnavailable
+
+    config = StoreConfig(retries=1, download_deadline_s=30)
+    remote = Remote(config, EgressPolicy(("127.0.0.1",), allow_http=True))
+    bad = "http://127.0.0.1/a\tb"  # httpx refuses it: InvalidURL
+    with pytest.raises(InvalidReference):
+        remote.head(Reference("https", bad), bad)
+    bad = "http://127.0.0.1:99999/x"  # httpx takes it; the egress check refuses it
+    with pytest.raises(UnsafeReference):
+        remote.head(Reference("https", bad), bad)
+
+    class Loop(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # a redirect to itself: httpx.TooManyRedirects after 20 hops
+            self.send_response(302)
+            self.send_header("location", "/again")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loop)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/x"
+        with pytest.raises(SourceUnavailable):
+            remote.head(Reference("https", url), url)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ----------------------------------------------------------------------------- files that never end (#24)
+
+
+def _within(seconds, call):
+    """``call()``'s exception (or None), failing the test instead of hanging when it blocks."""
+    import threading
+
+    outcome = {}
+
+    def run():
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome["exc"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "blocked on a file that never ends"
+    return outcome.get("exc")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_fifo_or_device_inside_a_root_is_refused_not_read(tmp_path):
+    from hotlora.adapters.reading import ReadLimits, read_files
+    from hotlora.adapters.sources import LocalSource
+    from hotlora.config import StoreConfig
+
+    root = tmp_path / "root"
+    (root / "dir").mkdir(parents=True)
+    os.mkfifo(root / "pipe.safetensors")
+    os.mkfifo(root / "dir" / "adapter_model.safetensors")  # a directory adapter whose weights are a pipe
+    os.symlink(root / "pipe.safetensors", root / "link.safetensors")
+    source = LocalSource(StoreConfig(local_roots=(root,)))
+    for ref in ("pipe.safetensors", "dir", "link.safetensors"):
+        for call in (source.probe, lambda r: source.fetch(r, tmp_path)):
+            exc = _within(10, lambda: call(parse_reference(ref)))
+            assert isinstance(exc, AdapterFormatError) and exc.status_code == 422, (ref, exc)
+            assert "not a regular file" in str(exc)
+    # The reader checks the file it opened too (no window to swap a checked file for a pipe).
+    limits = ReadLimits(roots=(root,))
+    exc = _within(10, lambda: read_files(root / "pipe.safetensors", limits, "pipe.safetensors"))
+    assert isinstance(exc, AdapterFormatError), exc
+    if os.path.exists("/dev/zero"):
+        os.symlink("/dev/zero", tmp_path / "zero.safetensors")
+        exc = _within(10, lambda: read_files(tmp_path / "zero.safetensors", ReadLimits(), "zero.safetensors"))
+        assert isinstance(exc, AdapterFormatError), exc

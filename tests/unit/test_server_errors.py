@@ -11,7 +11,8 @@ from pydantic import ValidationError
 from hotlora.deploy.routing import route
 from hotlora.errors import AdapterNotFound, EngineError, HotloraError, InvalidRequest, RequestError
 from hotlora.server.errors import (
-    error_body, error_reply, internal_error_body, is_openai, status_of, stream_error, validation_error,
+    error_body, error_reply, http_error_reply, internal_error_body, internal_error_reply, is_openai, status_of,
+    stream_error, validation_error,
 )
 from hotlora.server.schemas import GenerateRequest
 
@@ -60,6 +61,24 @@ def test_unexpected_errors_name_only_their_type():
     assert stream_error(KeyError("secret detail")) == {"error": "internal error: KeyError", "status": 500}
     assert stream_error(AdapterNotFound("gone")) == {"error": "gone", "type": "AdapterNotFound", "status": 404}
     assert stream_error(Bare("x"))["status"] == 500
+
+
+def test_an_unexpected_500_tells_the_client_the_connection_closes():
+    # Starlette re-raises after the answer and uvicorn then drops the connection: the header says so.
+    reply = internal_error_reply(KeyError("secret detail"))
+    assert (reply.status, reply.body, reply.headers) == (500, {"error": "internal error: KeyError"},
+                                                         {"Connection": "close"})
+
+
+def test_the_frameworks_own_refusals_in_the_apis_shape():
+    parse = http_error_reply(400, "There was an error parsing the body")
+    assert parse.status == 422 and parse.body["type"] == "InvalidRequest"
+    assert parse.body["error"].startswith("invalid request: body: ")
+    missing = http_error_reply(404, "Not Found", openai=True)
+    assert (missing.status, missing.body) == (404, {"error": {"message": "Not Found", "type": "NotFound"}})
+    method = http_error_reply(405, "Method Not Allowed", {"Allow": "POST"})
+    assert (method.body, method.headers) == ({"error": "Method Not Allowed", "type": "MethodNotAllowed"},
+                                             {"Allow": "POST"})
 
 
 def _errors(data):

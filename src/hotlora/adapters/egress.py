@@ -37,8 +37,15 @@ class EgressRefused(UnsafeReference):
         self.shown = shown
 
 
+# Non-public IPv6 space Python's ``ipaddress`` (3.11) counts as global: the deprecated site-local
+# fec0::/10 (RFC 3879; still routed inside some sites; ``is_site_local``, not ``is_private``) and
+# the documentation prefix 3fff::/20 (RFC 9637, 2024). The NAT64 prefixes (64:ff9b::/96,
+# 64:ff9b:1::/48) and SIIT (::ffff:0:0/96) lie in ``is_reserved`` space and are refused as such.
+_NOT_PUBLIC_V6 = (ipaddress.ip_network("3fff::/20"),)
+
+
 def is_public(address: str) -> bool:
-    """A global unicast address: not loopback, private, link-local, multicast, reserved,
+    """A global unicast address: not loopback, private, link-local, site-local, multicast, reserved,
     unspecified, shared (CGNAT) or documentation space; IPv4-mapped/-compatible IPv6 judged as
     the IPv4 address it carries (``::ffff:127.0.0.1`` is loopback)."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])  # drop an IPv6 zone id
@@ -46,20 +53,41 @@ def is_public(address: str) -> bool:
         mapped = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
         if mapped is not None:
             return is_public(str(mapped))
+        if ip.is_site_local or any(ip in network for network in _NOT_PUBLIC_V6):
+            return False
     return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_unspecified or ip.is_loopback
                                  or ip.is_link_local or ip.is_private)
 
 
 def _split_entry(entry: str) -> tuple[str, int | None]:
-    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` -> (host, port or None)."""
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` -> (host, port or None). A port that is
+    not one (``host:http``, ``host:99999``) makes an entry that matches nothing, never any port."""
     entry = entry.strip().lower()
     if entry.startswith("["):
         host, _, rest = entry[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") else None
+        return host, _entry_port(rest[1:], entry) if rest.startswith(":") else None
     if entry.count(":") == 1:
         host, _, port = entry.partition(":")
-        return host, int(port)
+        return host, _entry_port(port, entry)
     return entry, None
+
+
+def _entry_port(text: str, entry: str) -> int:
+    if text.isdigit() and 0 < int(text) < 65536:
+        return int(text)
+    log.warning("allowed_hosts entry %r has no valid port: it allows nothing", entry)
+    return -1
+
+
+def _port(parts) -> int:
+    """The URL's port (the scheme's default when none); EgressRefused for one that is not a port."""
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise EgressRefused("malformed port in URL", shown="not allowed (malformed URL)")
+    return port or (443 if parts.scheme == "https" else 80)
 
 
 @dataclass(frozen=True)
@@ -87,11 +115,16 @@ class EgressPolicy:
 
     def check_url(self, url: str) -> None:
         """The scheme and the name of one request (each redirect hop); addresses are vetted at connect."""
-        parts = urlsplit(str(url))
+        try:
+            parts = urlsplit(str(url))
+        except ValueError:  # a broken IPv6 literal
+            raise EgressRefused("malformed URL", shown="not allowed (malformed URL)") from None
         if parts.scheme != "https" and not (parts.scheme == "http" and self.allow_http):
             raise EgressRefused(f"scheme {parts.scheme!r} is not allowed", shown="not allowed (https only)")
         host = parts.hostname or ""
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        if not host:
+            raise EgressRefused("URL without a host", shown="not allowed (malformed URL)")
+        port = _port(parts)
         if self.exclusive and self.allowed_hosts and not self.listed(host, port):
             raise EgressRefused(f"host {host!r} is not in allowed_hosts")
 
@@ -114,7 +147,7 @@ class EgressPolicy:
         """An endpoint checked without connecting (what a foreign client will connect to)."""
         self.check_url(url)
         parts = urlsplit(url)
-        self.resolve(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+        self.resolve(parts.hostname or "", _port(parts))
 
 
 def _backend(policy: EgressPolicy):

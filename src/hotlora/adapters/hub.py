@@ -104,16 +104,16 @@ class HubSource:
         check_size(sum(sizes[n] or 0 for n in names), ref, self.config)
         return sha, [(n, sizes[n]) for n in names]
 
-    def probe(self, ref: Reference) -> str | None:
+    def probe(self, ref: Reference, deadline: Deadline | None = None) -> str | None:
         if self.offline():
             return None  # the cached snapshot's commit, known once it is located
-        sha, _ = self._metadata(ref, Deadline.of(self.config))
+        sha, _ = self._metadata(ref, deadline or Deadline.of(self.config))
         return f"hf|{ref.location}|{sha}|{ref.filename or ''}"
 
-    def fetch(self, ref: Reference, workdir: Path) -> Fetched:
+    def fetch(self, ref: Reference, workdir: Path, deadline: Deadline | None = None) -> Fetched:
         if self.offline():
             return self._from_cache(ref)
-        deadline = Deadline.of(self.config)  # one for the metadata and every file
+        deadline = deadline or Deadline.of(self.config)  # one for the metadata and every file
         sha, files = self._metadata(ref, deadline)
         folder = workdir / "hub"
         left = self.config.max_adapter_bytes

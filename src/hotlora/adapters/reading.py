@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -19,7 +20,7 @@ from typing import Mapping
 import torch
 
 from hotlora.adapters.embeddings import embeddings_file_in, is_embeddings_file
-from hotlora.adapters.references import UnsafeReference, inside
+from hotlora.adapters.references import UnsafeReference, check_plain_file, inside
 from hotlora.config import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound
 
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 PEFT_CONFIG = "adapter_config.json"
 MAX_BASE_MODEL_CHARS = 1024
+MAX_JSON_BYTES = 1 << 20  # adapter_config.json: a few hundred bytes in practice
 DENOISER_DIRS = ("transformer", "unet")  # the pipeline subfolders of the denoisers hotlora serves
 
 
@@ -135,10 +137,25 @@ def _weight_file_in(directory: Path, limits: ReadLimits, label: str) -> str:
 
 
 def _read_capped(path: Path, limits: ReadLimits, label: str) -> bytes:
-    size = path.stat().st_size
-    if size > limits.max_bytes:
-        raise AdapterFormatError(f"{label}: {size} bytes exceeds the {limits.max_bytes}-byte adapter size cap")
-    return path.read_bytes()
+    return _read_regular(path, limits.max_bytes, label, "adapter size cap")
+
+
+def _read_regular(path: Path, max_bytes: int, label: str, cap: str) -> bytes:
+    """A regular file's bytes, at most ``max_bytes``. Opened without blocking and checked on the
+    open file (no window to swap it): a FIFO would block the open or the read for ever, a device
+    (``/dev/zero``) never ends, and ``st_size`` says nothing about either."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            check_plain_file(path, info.st_mode)  # a pipe, socket or device: refused with its reason
+            raise AdapterFormatError(f"{label}: {path.name} is a directory, not a file")
+        size = info.st_size
+        data = b"" if size > max_bytes else file.read(max_bytes + 1)  # capped even if it grows meanwhile
+    size = max(size, len(data))
+    if size > max_bytes:
+        raise AdapterFormatError(f"{label}: {size} bytes exceeds the {max_bytes}-byte {cap}")
+    return data
 
 
 def _check_safetensors_header(data: bytes, limits: ReadLimits, label: str) -> None:
@@ -201,7 +218,7 @@ def _model_card_base_model(readme: Path) -> str | None:
 def _read_json(path: Path, label: str) -> dict:
     # Named by the reference as the client wrote it, never by the path it resolved to.
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(_read_regular(path, MAX_JSON_BYTES, f"{label}: {path.name}", "cap"))
     except (OSError, ValueError, RecursionError) as exc:
         raise AdapterFormatError(f"{label}: unreadable {path.name} ({type(exc).__name__})") from None
     if not isinstance(value, dict):

@@ -10,6 +10,11 @@ Confined by construction: a Hub file part and revision, and an S3 key, are relat
 plain components (no ``..``, ``.``, empty components, backslashes or percent-escapes), so what
 they name cannot climb out of the snapshot, the prefix or the bucket however it is joined or
 URL-normalised later. Where a reference reaches the network is ``egress``'s business.
+
+Parsed fully, once: a reference with a control character, a URL with whitespace, no host, a port
+outside 1-65535, a broken IPv6 literal or anything else httpx would refuse, an S3 bucket that is
+not a bucket name, is an ``InvalidReference`` (422) here, so nothing after ``parse_reference``
+(egress, auth's source prefixes, the remote client, redaction) meets a malformed one.
 """
 
 from __future__ import annotations
@@ -17,19 +22,31 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from hotlora.errors import InvalidRequest
+from hotlora.errors import AdapterFormatError, InvalidRequest
 
 _HF = re.compile(r"^hf://(?P<repo>[\w.\-]+/[\w.\-]+)(?:@(?P<revision>[\w.\-/]+?))?(?:/(?P<file>[^@]+))?$")
+# S3 bucket names (AWS's rules, loosened for legacy and S3-compatible stores: case and "_" allowed).
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,254}$")
+
+
+class InvalidReference(InvalidRequest):
+    """A reference that is not well-formed (a URL that does not parse, a control character): 422.
+    Its message never quotes the reference: a malformed URL may still carry a signature."""
 
 
 class UnsafeReference(InvalidRequest):
     """A reference that points outside what this server may read."""
 
     status_code = 403
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text)
 
 
 def _plain_components(path: str) -> bool:
@@ -64,13 +81,18 @@ class Reference:
 
 
 def redact_url(url: str) -> str:
-    """Drop user info, query and fragment: presigned URLs carry their signature there."""
-    parts = urlsplit(url)
+    """Drop user info, query and fragment: presigned URLs carry their signature there. Never
+    raises: a URL that does not parse is shown as its hash."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a broken IPv6 literal, a port that is not one
+        return f"<unparseable URL {reference_id(url)[:12]}>"
     host = parts.hostname or ""
     if ":" in host:  # an IPv6 literal keeps its brackets, or the port would read as part of it
         host = f"[{host}]"
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    if port:
+        host = f"{host}:{port}"
     redacted_query = "<redacted>" if parts.query else ""
     return urlunsplit((parts.scheme, host, parts.path, redacted_query, ""))
 
@@ -93,21 +115,26 @@ def reference_id(ref) -> str:
 
 def parse_reference(ref: str, catalog_names=()) -> Reference:
     if not isinstance(ref, str) or not ref.strip():
-        raise InvalidRequest("adapter reference must be a non-empty string")
+        raise InvalidReference("adapter reference must be a non-empty string")
     ref = ref.strip()
     if "\x00" in ref:
         raise UnsafeReference("adapter reference contains a NUL byte")
+    if _has_control(ref):  # CR/LF would forge log lines; httpx refuses them in URLs
+        raise InvalidReference("adapter reference contains a control character")
     if ref.startswith("catalog:"):
         return Reference("catalog", ref.removeprefix("catalog:"))
     if ref in catalog_names:
         return Reference("catalog", ref)
     lowered = ref.lower()
     if lowered.startswith(("https://", "http://")):
+        _check_url(ref)
         return Reference("https", ref)
     if lowered.startswith("s3://"):
         bucket, _, key = ref[5:].partition("/")
         if not bucket or not key:
-            raise InvalidRequest(f"S3 reference must be s3://bucket/key, got {redact_url(ref)!r}")
+            raise InvalidReference(f"S3 reference must be s3://bucket/key, got {redact_url(ref)!r}")
+        if not _BUCKET.match(bucket):
+            raise InvalidReference("S3 reference names no valid bucket (letters, digits, '.', '-', '_')")
         if not _plain_components(key) or "?" in key or "#" in key:
             # URL clients drop dot segments ("a/../b" is fetched as "b"): a key with them would
             # leave the prefix the bucket allow list granted.
@@ -116,14 +143,41 @@ def parse_reference(ref: str, catalog_names=()) -> Reference:
     if lowered.startswith("hf://"):
         match = _HF.match(ref)
         if not match:
-            raise InvalidRequest("Hub reference must be hf://owner/repo[@revision][/file]")
+            raise InvalidReference("Hub reference must be hf://owner/repo[@revision][/file]")
         _check_hub_parts(match["repo"], match["revision"], match["file"])
         return Reference("hf", match["repo"], match["revision"], match["file"])
     if lowered.startswith("file://"):
         return Reference("file", ref[len("file://"):])
     if "://" in ref:
-        raise InvalidRequest(f"unsupported reference scheme {ref.split('://')[0]!r}://")
+        raise InvalidReference(f"unsupported reference scheme {ref.split('://')[0]!r}://")
     return Reference("file", ref)
+
+
+def _check_url(url: str) -> None:
+    """An http(s) reference that httpx, the egress policy and redaction will all read the same way:
+    no whitespace (urlsplit silently drops tabs and newlines; httpx refuses them or encodes spaces),
+    a host, a port in 1-65535, and nothing else httpx would refuse (an invalid IDNA name, say)."""
+    import httpx
+
+    if any(c.isspace() for c in url):
+        raise InvalidReference("adapter URL contains whitespace (percent-encode it)")
+    if "\\" in url:  # browsers read it as "/", urlsplit and httpx as a plain character: two hosts
+        raise InvalidReference("adapter URL contains a backslash (percent-encode it)")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # "Invalid IPv6 URL", "Port out of range 0-65535", a port that is not a number
+        raise InvalidReference("adapter URL has a malformed host or port") from None
+    if not parts.hostname:
+        raise InvalidReference("adapter URL names no host")
+    if port == 0:
+        raise InvalidReference("adapter URL has a malformed host or port")
+    try:
+        host = httpx.URL(url).host  # the host decoded too: an invalid IDNA label ("xn--") fails there
+    except (httpx.InvalidURL, ValueError, UnicodeError):  # idna's errors are UnicodeErrors
+        raise InvalidReference("adapter URL is malformed") from None
+    if not host:
+        raise InvalidReference("adapter URL names no host")
 
 
 def _check_hub_parts(repo: str, revision: str | None, filename: str | None) -> None:
@@ -133,7 +187,7 @@ def _check_hub_parts(repo: str, revision: str | None, filename: str | None) -> N
     try:
         validate_repo_id(repo)  # the hub's own rule: no "..", "--", leading/trailing "." or "-"
     except HFValidationError:
-        raise InvalidRequest("Hub reference names no valid owner/repo") from None
+        raise InvalidReference("Hub reference names no valid owner/repo") from None
     if revision is not None and not _plain_components(revision):
         raise UnsafeReference(f"hf://{repo}: the revision must be a plain name")
     if filename is not None and not _plain_components(filename):
@@ -169,9 +223,25 @@ def confine_local_path(path: str, roots) -> Path:
 
 def confine_tree(path: Path, roots) -> None:
     """Every file a local adapter directory holds stays inside ``roots`` once symlinks are followed
-    (a file reference is checked by ``confine_local_path``; this covers what lies beside or below)."""
+    (a file reference is checked by ``confine_local_path``; this covers what lies beside or below),
+    and is a regular file or a directory: a FIFO, a socket or a device (``/dev/zero`` by a link)
+    never ends or never answers, and would hold a fetch worker forever."""
     roots = [Path(os.path.realpath(r)) for r in roots]
-    entries = path.iterdir() if path.is_dir() else [path]
+    entries = [path, *path.iterdir()] if path.is_dir() else [path]
     for entry in entries:
         if not any(inside(os.path.realpath(entry), root) for root in roots):
             raise UnsafeReference("adapter directory holds a link to outside the allowed directories")
+        check_plain_file(entry)
+
+
+def check_plain_file(path: Path, mode: int | None = None) -> None:
+    """A regular file or a directory (symlinks followed), else ``AdapterFormatError`` (422).
+    ``mode``: an ``st_mode`` already at hand (``os.fstat`` of an open file)."""
+    if mode is None:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:  # a dangling link, a file removed meanwhile: whoever opens it says so
+            return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise AdapterFormatError(f"adapter file {Path(path).name!r} is not a regular file "
+                                 "(a pipe, socket or device is never read)")

@@ -1,9 +1,9 @@
 """Every remote byte an adapter fetch reads: one client for HTTPS, S3 and the Hub.
 
 ``Remote`` does HEAD, GET-as-JSON and streamed GET-to-file through the egress policy's pinned
-connections (``egress``), under one total deadline per probe or download (``download_deadline_s``)
-shared by its attempts, retried with backoff on transport errors, 5xx and 429, size-capped while
-streaming. httpx's timeouts restart with every byte received, so without the deadline a server
+connections (``egress``), under one total deadline per fetch (``download_deadline_s``, from the
+moment the fetch was asked for) shared by its probe, its downloads and all their attempts, retried
+with backoff on transport errors, 5xx and 429, size-capped while streaming. httpx's timeouts restart with every byte received, so without the deadline a server
 that drips bytes would hold a fetch worker forever: a watchdog shuts the socket when it passes.
 Clients read "not available" or "not found or not allowed"; what the remote answered (status,
 exception type) goes to the operator's log, with ``Reference.display``.
@@ -23,7 +23,7 @@ from typing import Callable
 
 from hotlora.adapters import egress
 from hotlora.adapters.egress import EgressPolicy, EgressRefused
-from hotlora.adapters.references import Reference, UnsafeReference
+from hotlora.adapters.references import InvalidReference, Reference, UnsafeReference
 from hotlora.config import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound, SourceUnavailable
 
@@ -176,9 +176,16 @@ class Remote:
         import httpx
 
         deadline = deadline or Deadline.of(self.config)
-        return _retrying(lambda: action(deadline), ref, self.config, (httpx.TransportError, _Transient), deadline)
+        try:
+            return _retrying(lambda: action(deadline), ref, self.config, (httpx.TransportError, _Transient), deadline)
+        except httpx.InvalidURL:  # parse_reference refuses malformed URLs; one built from its parts may still be
+            log.warning("%s: httpx refused the URL as invalid", ref.display)
+            raise InvalidReference(f"{ref.display}: not a valid URL") from None
+        except (httpx.HTTPError, httpx.StreamError) as exc:  # not transport: too many redirects, undecodable body
+            log.warning("%s: failed (%s)", ref.display, type(exc).__name__)
+            raise SourceUnavailable(f"{ref.display}: not available") from None
 
-    def head(self, ref: Reference, url: str, headers: dict | None = None):
+    def head(self, ref: Reference, url: str, headers: dict | None = None, deadline: Deadline | None = None):
         """The response headers, or None when HEAD is not allowed (the download will tell)."""
 
         def head(deadline):
@@ -190,7 +197,7 @@ class Remote:
                 check_size(content_length(response), ref, self.config)
                 return response.headers
 
-        return self._run(ref, head)
+        return self._run(ref, head, deadline)
 
     def json(self, ref: Reference, url: str, headers: dict | None = None, params: dict | None = None,
              deadline: Deadline | None = None, max_bytes: int = 16 * 1024 * 1024):

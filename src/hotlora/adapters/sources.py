@@ -46,9 +46,12 @@ class Fetched:
 
 
 class Source(Protocol):
-    def probe(self, ref: Reference) -> str | None: ...
+    """``deadline``: the whole fetch's, started when it was asked for (queue, probe and download
+    together); None: ``download_deadline_s`` from now."""
 
-    def fetch(self, ref: Reference, workdir: Path) -> Fetched: ...
+    def probe(self, ref: Reference, deadline: Deadline | None = None) -> str | None: ...
+
+    def fetch(self, ref: Reference, workdir: Path, deadline: Deadline | None = None) -> Fetched: ...
 
 
 
@@ -74,13 +77,13 @@ class LocalSource:
         confine_tree(path, self.roots)
         return path
 
-    def probe(self, ref: Reference) -> str:
+    def probe(self, ref: Reference, deadline: Deadline | None = None) -> str:
         path = self._located(ref)
         files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
         stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
         return "file|" + hashlib.sha256(f"{path}|{stats}".encode()).hexdigest()
 
-    def fetch(self, ref: Reference, workdir: Path) -> Fetched:
+    def fetch(self, ref: Reference, workdir: Path, deadline: Deadline | None = None) -> Fetched:
         identity = self.probe(ref)
         path = self._located(ref)
         size = sum(p.stat().st_size for p in path.iterdir() if p.is_file()) if path.is_dir() else path.stat().st_size
@@ -98,14 +101,14 @@ class HttpSource:
         self.config = config
         self.remote = Remote(config, EgressPolicy.of(config, exclusive=True))
 
-    def probe(self, ref: Reference) -> str | None:
-        headers = self.remote.head(ref, ref.location)
+    def probe(self, ref: Reference, deadline: Deadline | None = None) -> str | None:
+        headers = self.remote.head(ref, ref.location, deadline=deadline)
         etag = headers.get("etag") if headers is not None else None
         return f"https|{_stable_url(ref.location)}|{etag}" if etag else None
 
-    def fetch(self, ref: Reference, workdir: Path) -> Fetched:
+    def fetch(self, ref: Reference, workdir: Path, deadline: Deadline | None = None) -> Fetched:
         target = workdir / _file_name(urlsplit(ref.location).path)
-        received, digest, headers = self.remote.download(ref, ref.location, target)
+        received, digest, headers = self.remote.download(ref, ref.location, target, deadline=deadline)
         etag = headers.get("etag")
         identity = f"https|{_stable_url(ref.location)}|{etag}" if etag else f"sha256|{digest}"
         return Fetched(target, identity, received, (workdir,))
@@ -181,14 +184,14 @@ class S3Source:
             log.warning("%s: cannot sign an S3 request (%s)", ref.display, type(exc).__name__)
             raise SourceUnavailable(f"{ref.display}: not available") from None
 
-    def probe(self, ref: Reference) -> str | None:
-        headers = self.remote.head(ref, self._url(ref, "head_object"))
+    def probe(self, ref: Reference, deadline: Deadline | None = None) -> str | None:
+        headers = self.remote.head(ref, self._url(ref, "head_object"), deadline=deadline)
         if headers is None:
             return None
         return f"s3|{ref.location}|{headers.get('etag')}|{headers.get('x-amz-version-id')}"
 
-    def fetch(self, ref: Reference, workdir: Path) -> Fetched:
+    def fetch(self, ref: Reference, workdir: Path, deadline: Deadline | None = None) -> Fetched:
         target = workdir / _file_name(ref.location.split("/", 1)[1])
-        received, _, headers = self.remote.download(ref, self._url(ref, "get_object"), target)
+        received, _, headers = self.remote.download(ref, self._url(ref, "get_object"), target, deadline=deadline)
         identity = f"s3|{ref.location}|{headers.get('etag')}|{headers.get('x-amz-version-id')}"
         return Fetched(target, identity, received, (workdir,))

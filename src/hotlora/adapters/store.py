@@ -9,8 +9,10 @@ Concurrent requests for one key share one fetch (single-flight). The store valid
 format) but not fit to the engine: that is ``validate.problems_with`` against the engine's ceiling.
 
 Nothing here may take the server down: both tiers are bounded (bytes and entry counts), a full
-disk degrades to RAM-only, downloads have a total deadline, and async callers fetch on a bounded
-pool (``fetch_executor``) while RAM hits answer without waiting for it.
+disk degrades to RAM-only, a fetch has one total deadline from the moment it is asked for (queue,
+probe and download together), and async callers fetch on a bounded pool that is fair between
+clients and puts requests before prefetches (``fetching.FetchScheduler``), while RAM hits answer
+without waiting for it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import shutil
 import tempfile
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
@@ -33,10 +35,12 @@ import torch
 
 from hotlora.adapters import formats
 from hotlora.adapters.catalog import CatalogEntry, load_catalog
+from hotlora.adapters.fetching import PREFETCH, REQUEST, FetchJob, FetchScheduler
 from hotlora.adapters.diskcache import DiskCache, TierStats, owner_tag, sweep_orphans
 from hotlora.adapters.families import Family
 from hotlora.adapters.formats import Adapter, LoraWeights, ReadLimits, load_adapter
 from hotlora.adapters.references import Reference, parse_reference
+from hotlora.adapters.remote import Deadline
 from hotlora.adapters.hub import HubSource
 from hotlora.adapters.sources import Fetched, HttpSource, LocalSource, S3Source, Source
 from hotlora.config import StoreConfig
@@ -159,40 +163,46 @@ class AdapterStore:
         self._lock = threading.Lock()
         self._inflight: dict[str, Future] = {}
         self._identities: LRU[Reference, tuple[str, float]] = LRU(max_entries=_REMEMBERED_IDENTITIES)  # see _probe
-        # Async callers fetch here: a bounded pool, so slow sources cannot take every thread.
+        # Async callers fetch here: a bounded pool, so slow sources cannot take every thread, with
+        # a share per client and prefetches kept off the last worker, so no client starves another.
         self.fetch_workers = config.max_fetch_workers
-        self.fetch_executor = ThreadPoolExecutor(max_workers=self.fetch_workers, thread_name_prefix="hotlora-fetch")
-        self._jobs: dict[tuple[Reference, bool], Future] = {}  # queued or running on fetch_executor
+        self.fetch_pool = FetchScheduler(
+            self.fetch_workers, per_client=config.fetch_workers_per_client or max(1, self.fetch_workers // 2),
+            prefetch_workers=max(1, self.fetch_workers - 1))
+        self._jobs: dict[tuple[Reference, bool], FetchJob] = {}  # queued or running on fetch_pool
 
     # ------------------------------------------------------------------ public
 
-    def get(self, ref: str) -> Adapter:
-        """The adapter ``ref`` names, from the cheapest tier that has it."""
+    def get(self, ref: str, deadline: Deadline | None = None) -> Adapter:
+        """The adapter ``ref`` names, from the cheapest tier that has it. ``deadline``: the whole
+        fetch's (probe and download together); None: ``download_deadline_s`` from now."""
+        deadline = deadline or Deadline.of(self.config)
         reference, pin = self._resolve_catalog(ref)
         source = self.sources[reference.kind]
-        identity = self._probe(reference, source)
+        identity = self._probe(reference, source, deadline)
         if identity is not None:
             key = self._key(identity)
             return self._single_flight(
-                key, lambda: self._from_tiers(key, pin) or self._fetch(reference, source, pin, checked=key))
+                key, lambda: self._from_tiers(key, pin) or self._fetch(reference, source, pin, deadline, checked=key))
         # Only a download tells what the content is: one download per reference at a time. The
         # whole reference: two files (or revisions) of one repository are two downloads.
         address = f"ref|{reference.kind}|{reference.location}|{reference.revision or ''}|{reference.filename or ''}"
-        return self._single_flight(address, lambda: self._fetch(reference, source, pin))
+        return self._single_flight(address, lambda: self._fetch(reference, source, pin, deadline))
 
-    async def aget(self, ref: str) -> Adapter:
+    async def aget(self, ref: str, *, client: str = "local", lane: str = REQUEST) -> Adapter:
         """``get`` for the event loop. A RAM hit whose identity needs no round trip (``cached``)
         answers at once, on the caller's thread, even while every fetch worker is busy; anything
-        else runs on ``fetch_executor``, as one job per reference however many callers await it.
-        A caller that stops waiting (cancelled) leaves the job running: its result is cached."""
+        else runs on ``fetch_pool`` under ``client``'s share, in ``lane``, as one job per
+        reference however many callers await it. A caller that stops waiting (cancelled, timed
+        out) leaves the job running: its result is cached."""
         adapter = self.cached(ref)
         if adapter is not None:
             return adapter
-        return await asyncio.shield(asyncio.wrap_future(self._submit(ref)))
+        return await asyncio.shield(asyncio.wrap_future(self._submit(ref, client, lane).future))
 
-    async def prefetch(self, ref: str) -> Adapter:
-        """Fetch and convert off the event loop (the older name of ``aget``)."""
-        return await self.aget(ref)
+    async def prefetch(self, ref: str, *, client: str = "local") -> Adapter:
+        """``aget`` in the prefetch lane: behind every request, never on the last free worker."""
+        return await self.aget(ref, client=client, lane=PREFETCH)
 
     def cached(self, ref: str) -> Adapter | None:
         """The adapter if RAM holds it and finding out takes no network round trip: local files
@@ -207,13 +217,13 @@ class AdapterStore:
 
     @property
     def fetches_in_flight(self) -> int:
-        """Jobs queued or running on ``fetch_executor`` (for the server's own admission bound)."""
+        """Jobs queued or running on ``fetch_pool`` (for the server's own admission bound)."""
         with self._lock:
             return len(self._jobs)
 
     def close(self) -> None:
         """Stop the fetch pool: queued jobs are cancelled, running ones finish in the background."""
-        self.fetch_executor.shutdown(wait=False, cancel_futures=True)
+        self.fetch_pool.shutdown()
 
     def default_scale(self, ref: str) -> float | None:
         entry = self.catalog.get(ref.removeprefix("catalog:")) if isinstance(ref, str) else None
@@ -236,7 +246,8 @@ class AdapterStore:
         return failures
 
     def stats(self) -> dict:
-        remote = {**self.remote.as_dict(), "in_flight": self.fetches_in_flight, "workers": self.fetch_workers}
+        remote = {**self.remote.as_dict(), "in_flight": self.fetches_in_flight, "workers": self.fetch_workers,
+                  "lanes": self.fetch_pool.counts()}
         return {"ram": self.ram.stats.as_dict(), "disk": self.disk.stats.as_dict(), "remote": remote}
 
     # ------------------------------------------------------------------ internals
@@ -253,31 +264,38 @@ class AdapterStore:
             raise AdapterNotFound(f"catalog entry {entry.name!r} points at another catalog entry")
         return inner, entry.pin
 
-    def _submit(self, ref: str) -> Future:
-        """``get(ref)`` on the fetch pool, or the job already queued or running for it."""
+    def _submit(self, ref: str, client: str, lane: str) -> FetchJob:
+        """``get(ref)`` on the fetch pool, or the job already queued or running for it (promoted
+        to the request lane when a request now waits for a queued prefetch)."""
         reference, pin = self._resolve_catalog(ref)  # a malformed reference fails here, not in a worker
-        job = (reference, pin)
+        name = (reference, pin)
         with self._lock:
-            future = self._jobs.get(job)
-            if future is not None:
-                return future
-            future = self._jobs[job] = self.fetch_executor.submit(self.get, ref)
-        # Outside the lock: a job already done runs its callback here, and the callback locks.
-        future.add_done_callback(lambda _: self._job_done(job))
-        return future
+            job = self._jobs.get(name)
+            new = job is None
+            if new:
+                job = self._jobs[name] = self.fetch_pool.submit(
+                    lambda deadline: self.get(ref, deadline), client=client, lane=lane,
+                    deadline=Deadline.of(self.config), expired=lambda deadline: deadline.error(reference))
+        if new:
+            # Outside the lock: a job already done runs its callback here, and the callback locks.
+            job.future.add_done_callback(lambda _: self._job_done(name, job))
+        elif lane == REQUEST:
+            self.fetch_pool.promote(job, client)
+        return job
 
-    def _job_done(self, job: tuple[Reference, bool]) -> None:
+    def _job_done(self, name: tuple[Reference, bool], job: FetchJob) -> None:
         with self._lock:
-            self._jobs.pop(job, None)
+            if self._jobs.get(name) is job:
+                del self._jobs[name]
 
-    def _probe(self, reference: Reference, source: Source) -> str | None:
+    def _probe(self, reference: Reference, source: Source, deadline: Deadline) -> str | None:
         """The content identity of ``reference``: asked of its source, or, for remote references
         within ``revalidate_after_s`` of the last answer, remembered (no round trip)."""
         if reference.kind == "file":  # a local stat is cheaper than any bookkeeping
-            return source.probe(reference)
+            return source.probe(reference, deadline)
         identity = self._remembered(reference)
         if identity is None:
-            identity = source.probe(reference)
+            identity = source.probe(reference, deadline)
             if identity is not None:
                 self._remember(reference, identity)
         return identity
@@ -309,7 +327,8 @@ class AdapterStore:
             self.ram.put(key, adapter, pin=pin)
         return adapter
 
-    def _fetch(self, reference: Reference, source: Source, pin: bool, checked: str | None = None) -> Adapter:
+    def _fetch(self, reference: Reference, source: Source, pin: bool, deadline: Deadline,
+               checked: str | None = None) -> Adapter:
         """Download (or locate) and convert; ``checked``: the key the tiers were already asked for."""
         try:
             workdir = Path(tempfile.mkdtemp(prefix=f"{owner_tag()}+", dir=self._work))
@@ -318,7 +337,7 @@ class AdapterStore:
         try:
             began = time.perf_counter()
             try:
-                fetched: Fetched = source.fetch(reference, workdir)
+                fetched: Fetched = source.fetch(reference, workdir, deadline)
             except FileNotFoundError:
                 if reference.kind != "file":
                     raise SourceUnavailable(f"{reference.display}: its download vanished mid-way") from None

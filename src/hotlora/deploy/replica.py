@@ -92,7 +92,7 @@ class ModelReplica:
         """Load the identity adapter into the store's RAM cache (and so register this replica as
         holding it). A bad reference is not an error here: the app resolves it again and answers it."""
         try:
-            return await self.worker.store.prefetch(ref)
+            return await self.worker.store.aget(ref)  # a request waits for it: the request lane
         except HotloraError as exc:  # its message names the reference redacted (Reference.display)
             log.info("identity adapter %s did not load: %s", redact_reference(ref), exc)
             return None

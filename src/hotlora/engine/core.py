@@ -348,16 +348,23 @@ class Engine:
         text encoders must hold the same (no text parts, or the same ones) are encoded by the
         pipeline itself; requests needing different text-encoder states (two users' embeddings
         under the same token names, different text-encoder LoRA) are encoded group by group here,
-        each with its own state bound, and the pipeline is given the embeddings."""
+        each with its own state bound, and the pipeline is given the embeddings.
+
+        Under CFG, requests with and without a negative prompt are encoded apart too: SDXL's
+        ``encode_prompt`` makes zeros for a missing negative prompt (``force_zeros_for_empty_prompt``)
+        but encodes a given one, even "", and one call cannot do both for a list of prompts. Each
+        group is encoded exactly as it would be alone, and the batch still denoises together (an
+        extra text-encoder pass per group, rather than a ``batch_key`` that would split the batch)."""
+        cfg = self.uses_cfg(requests[0].params.guidance_scale)
         groups: dict[tuple, list[int]] = {}
         for i, request in enumerate(requests):
-            groups.setdefault(self.text.signature(request.adapters), []).append(i)
+            key = (self.text.signature(request.adapters), cfg and request.negative_prompt is None)
+            groups.setdefault(key, []).append(i)
         texts = [self.text.prompts(r.adapters, r.prompt, r.negative_prompt) for r in requests]
         owners = [i for i, r in enumerate(requests) for _ in range(r.num_images)]  # image -> its request
         if len(groups) == 1:
             swap.text_ms += self.text.bind(requests[0].adapters)
             return _columns([texts[i] for i in owners])
-        cfg = self.uses_cfg(requests[0].params.guidance_scale)
         parts: dict[int, dict] = {}
         for members in groups.values():
             swap.text_ms += self.text.bind(requests[members[0]].adapters)
@@ -422,8 +429,10 @@ class Engine:
 
 def _columns(rows: list[dict]) -> dict:
     """Per-image prompt arguments -> per-argument lists. An argument a row lacks takes what the
-    pipeline would derive: ``prompt_2`` is ``prompt``, ``negative_prompt_2`` the negative prompt,
-    and a missing negative prompt is "" (one list per argument)."""
+    pipeline would derive: ``prompt_2`` is ``prompt``, ``negative_prompt_2`` the negative prompt.
+    A missing negative prompt beside given ones becomes "" (one list per argument): only without
+    CFG, where no negative is encoded; under CFG ``_batch_prompts`` never mixes the two kinds, as
+    a missing one is zeros on SDXL, not ""."""
     names = {name for row in rows for name in row}
     defaults = {"prompt_2": lambda row: row["prompt"], "negative_prompt_2": lambda row: row.get("negative_prompt")}
     return {name: [row.get(name) or (defaults[name](row) if name in defaults else None) or "" for row in rows]

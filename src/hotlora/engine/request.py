@@ -121,8 +121,8 @@ class RequestRules:
 
     def check(self, prompt, num_images=1, steps=None, guidance=None, height=None, width=None, seed=0,
               output_type="pil", negative_prompt=None) -> CallParams:
-        """Every problem at once (InvalidRequest), or a work / length bound (RequestTooLarge), or a
-        size not served (UnservedShape, policy "refuse"). The CallParams returned hold the size
+        """Every problem at once (InvalidRequest), or a work / length / pixel bound (RequestTooLarge),
+        or a size not served (UnservedShape, policy "refuse"). The CallParams returned hold the size
         served: the one asked for, or the nearest served one (policy "nearest"; ``requested`` and
         ``snapped_from`` then say what was asked). Nothing here compiles or touches the model."""
         limits = self.limits
@@ -163,6 +163,12 @@ class RequestRules:
                 raise UnservedShape(f"size {format_size(height, width)} (width x height) is not served by this "
                                     f"warm engine; served sizes: {self.sizes_text()}", self.size_names())
             requested, (height, width) = (height, width), nearest_size(self.sizes, height, width)
+        if (height, width) not in self.sizes and height * width > limits.max_pixels:
+            # Only an engine that serves any size gets here with an unconfigured size (a sizes-only
+            # one refused or snapped it above): bound the image itself, not just the work.
+            raise RequestTooLarge(
+                f"size {format_size(height, width)} (width x height) is {height * width:,} pixels; this engine "
+                f"serves at most {limits.max_pixels:,} (max_pixels) at a size it was not configured with")
         work = height * width * num_images * steps
         if work > limits.max_work:
             raise RequestTooLarge(

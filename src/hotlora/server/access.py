@@ -72,6 +72,15 @@ class Access:
             raise Unauthorized("this route checks no key: refused")
         return principal
 
+    @staticmethod
+    def client_of(request: Request) -> str:
+        """Whose share a request counts against (fetch workers, prefetches, requests waiting on
+        fetches): its API key, else (auth off: one anonymous principal) its peer address."""
+        principal = getattr(request.state, "principal", None)
+        if principal is not None and principal is not ANONYMOUS:
+            return f"key:{principal.name}"
+        return f"peer:{request.client.host if request.client else 'unknown'}"
+
     # ------------------------------------------------------------------ tenancy
 
     def named(self, principal: Principal, adapter, ref: str):

@@ -79,7 +79,10 @@ class Principal:
         refused = [r for r in refs if not self._may_use(r, catalog_names)]
         if refused:
             shown = ", ".join(repr(redact_reference(r)) for r in refused[:4])
-            raise Forbidden(f"this key may not use {shown}: its adapters must be under {', '.join(self.sources)}")
+            # The key's prefixes are the operator's business (they name other tenants' paths, buckets,
+            # hosts): the log has them, the client reads only what it asked for.
+            log.warning("key %r refused %s: outside its sources %s", self.name, shown, ", ".join(self.sources))
+            raise Forbidden(f"this key may not use {shown}: outside the adapter sources it is allowed")
 
     def _may_use(self, ref, catalog_names) -> bool:
         canonical = canonical_reference(ref, catalog_names)
@@ -94,13 +97,16 @@ def canonical_reference(ref, catalog_names=()) -> str | None:
     query or revision (``hf://owner/repo/file``). None for a reference that holds ``.`` or ``..``
     path segments, percent-encoded or not: a prefix check on a path the far end normalises
     (``tenant-a/../tenant-b``) would be no check at all."""
-    reference = parse_reference(ref, catalog_names=catalog_names)
+    reference = parse_reference(ref, catalog_names=catalog_names)  # InvalidReference when malformed
     if reference.kind == "catalog":
         return f"catalog:{reference.location}"
     if reference.kind == "https":
         parts = urlsplit(reference.location)
         path = parts.path or "/"
-        canonical = f"{parts.scheme.lower()}://{_netloc(parts)}{path}"
+        try:
+            canonical = f"{parts.scheme.lower()}://{_netloc(parts)}{path}"
+        except ValueError:  # parse_reference refuses a bad port; should one pass, it matches no prefix
+            return None
     elif reference.kind == "s3":
         path = canonical = f"s3://{reference.location}"
     elif reference.kind == "hf":
@@ -112,8 +118,10 @@ def canonical_reference(ref, catalog_names=()) -> str | None:
 
 
 def _netloc(parts) -> str:
+    """``host[:port]`` lower-cased; ValueError for a port that is not one."""
     host = (parts.hostname or "").lower()
-    return f"{host}:{parts.port}" if parts.port else host
+    port = parts.port
+    return f"{host}:{port}" if port else host
 
 
 def _has_dot_segments(path: str) -> bool:
@@ -122,11 +130,14 @@ def _has_dot_segments(path: str) -> bool:
     return any(segment in (".", "..") for segment in path.replace("\\", "/").split("/"))
 
 
-def _prefix(value: str) -> str:
+def _prefix(value: str, where: str = "sources") -> str:
     """A source prefix in the canonical form (URL scheme and host lower-cased)."""
     if value.lower().startswith(("https://", "http://")):
-        parts = urlsplit(value)
-        return f"{parts.scheme.lower()}://{_netloc(parts)}{parts.path}"
+        try:
+            parts = urlsplit(value)
+            return f"{parts.scheme.lower()}://{_netloc(parts)}{parts.path}"
+        except ValueError:  # a broken IPv6 literal or port: a start-up error, not a 500 per request
+            raise AuthConfigError(f"{where}: a sources= prefix is not a valid URL (its host or port)") from None
     return value
 
 
@@ -196,7 +207,7 @@ def _parse_line(line: str, where: str) -> _Entry:
             raise AuthConfigError(f"{where}: unknown or repeated field {name!r} (known: name, scopes, sources)")
         values[name] = value
     scopes = _scopes(values.get("scopes", ",".join(DEFAULT_SCOPES)), where)
-    sources = tuple(_prefix(s) for s in values.get("sources", "").split(",") if s)
+    sources = tuple(_prefix(s, where) for s in values.get("sources", "").split(",") if s)
     principal = Principal(values.get("name") or hex_digest[:8], scopes, sources)
     return _Entry(bytes.fromhex(hex_digest), principal)
 

@@ -10,12 +10,14 @@ does without importing the server. The two shapes:
 A ``HotloraError`` carries its status (``status_code``, 500 when it has none), for the answers
 that mean "try again later" (429, 503) ``retry_after_s``, and headers its class always sends
 (``http_headers``: ``WWW-Authenticate`` on a 401). Anything else is a 500 whose
-body names only the exception's type.
+body names only the exception's type, with ``Connection: close`` (the server drops the connection
+after it). The web framework's own refusals (404, 405, a body it could not parse) take the same shapes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, Iterable, Mapping
 
 from hotlora.errors import HotloraError, InvalidRequest
@@ -65,6 +67,30 @@ def error_reply(exc: BaseException, openai: bool = False) -> ErrorReply:
 def internal_error_body(exc: BaseException) -> dict:
     """An unexpected exception: a 500 that names the type and nothing else (the log has the rest)."""
     return {"error": f"internal error: {type(exc).__name__}"}
+
+
+def internal_error_reply(exc: BaseException) -> ErrorReply:
+    """An unexpected exception's 500, with ``Connection: close``. Starlette re-raises the exception
+    after the answer is sent (so the server logs it) and uvicorn then drops the connection: a
+    keep-alive client that was not told would send its next request down a closed socket."""
+    return ErrorReply(500, internal_error_body(exc), {"Connection": "close"})
+
+
+def http_error_reply(status: int, detail: Any, headers: Mapping[str, str] | None = None,
+                     openai: bool = False) -> ErrorReply:
+    """The web framework's own refusals (Starlette's ``HTTPException``: 404, 405, a body FastAPI
+    could not parse) in the API's shape instead of ``{"detail": ...}``. A body that did not parse
+    (JSON nested too deeply) is the ``InvalidRequest`` a malformed JSON body already is: 422."""
+    if status == 400:
+        return error_reply(InvalidRequest(f"invalid request: body: {str(detail).lower()} "
+                                          "(not JSON, or nested too deeply)"), openai)
+    try:
+        kind = HTTPStatus(status).phrase.replace(" ", "").replace("-", "")  # "Not Found" -> "NotFound"
+    except ValueError:
+        kind = "HTTPError"
+    message = str(detail)
+    body = {"error": {"message": message, "type": kind}} if openai else {"error": message, "type": kind}
+    return ErrorReply(status, body, dict(headers or {}))
 
 
 def stream_error(exc: BaseException) -> dict:

@@ -7,9 +7,10 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hotlora.errors import HotloraError, RequestError
-from hotlora.server.errors import error_reply, internal_error_body, is_openai, validation_error
+from hotlora.server.errors import error_reply, http_error_reply, internal_error_reply, is_openai, validation_error
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,13 @@ def install_error_handlers(app: FastAPI) -> None:
     async def request_validation_error(request: Request, exc: RequestValidationError):
         return error_response(validation_error(exc.errors(), located=True), openai=is_openai(request.url.path))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_exception(request: Request, exc: StarletteHTTPException):
+        reply = http_error_reply(exc.status_code, exc.detail, exc.headers, openai=is_openai(request.url.path))
+        return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):
         log.exception("unexpected error on %s", request.url.path)
-        return JSONResponse(internal_error_body(exc), status_code=500)
+        reply = internal_error_reply(exc)  # Connection: close: uvicorn drops the connection after it
+        return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)

@@ -55,7 +55,7 @@ def admin_routes(service: Service) -> APIRouter:
             raise InvalidRequest("this server has no adapter store")
         for ref in body.refs:
             parse_reference(ref, catalog_names=store.catalog)  # malformed references fail now, not later
-        await service.prefetch(store, body.refs, principal)
+        await service.prefetch(store, body.refs, principal, access.client_of(request))
         return {"accepted": [redact_reference(ref) for ref in body.refs]}  # a presigned URL's signature stays out
 
     if config.enable_fault_injection:

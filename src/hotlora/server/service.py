@@ -1,6 +1,12 @@
 """What every API shares, below the routes: admission, checking and resolving a request, queueing it
 on the worker, waiting for it (watching the client), encoding the images; and background prefetch.
 
+Fairness between clients (an API key, else the peer address): a request waiting for its adapters'
+fetches holds no admission slot, only a place in its client's bounded share
+(``max_fetching_per_client``); prefetches are bounded per client too; the store's fetch pool gives
+each client a share of its workers and puts requests before prefetches. A request's deadline
+(``timeout_s``) counts from its arrival and covers the fetch wait as well as the queue.
+
 The routes only translate their API's request into ``Service.generate`` and its result into their
 API's response.
 """
@@ -16,7 +22,7 @@ from fastapi import Request
 
 from hotlora.adapters.references import redact_reference
 from hotlora.config import ServerConfig
-from hotlora.engine.worker import Job, NotAccepting, Overloaded, Worker
+from hotlora.engine.worker import DeadlineExceeded, Job, NotAccepting, Overloaded, Worker
 from hotlora.errors import HotloraError
 from hotlora.server.access import Access
 from hotlora.server.auth import Principal
@@ -40,6 +46,8 @@ class Service:
         self.max_pending = 2 * config.max_queue
         self._pending = 0
         self._lock = threading.Lock()
+        self._fetching = Shares(config.max_fetching_per_client, "requests waiting for adapter fetches")
+        self._prefetching = Shares(config.max_prefetch_per_client, "prefetches running")
         self._prefetches: set[asyncio.Task] = set()
 
     def admit(self) -> None:
@@ -58,26 +66,32 @@ class Service:
                        timeout_s: float | None = None, progress=None, **params) -> dict:
         """Validate, resolve, queue, wait (watching the client), encode. Returns images and timings."""
         began = time.monotonic()
+        deadline = began + (timeout_s or self.config.request_timeout_s)  # the fetch wait counts too
         principal = self.access.principal_of(request)
+        client = self.access.client_of(request)
         self.check_sources(principal, [spec["ref"] for spec in adapters.values() if spec])  # before any fetch
+        if not self.worker.ready:
+            raise NotAccepting("the engine is not ready (starting, rebuilding or shutting down)")
+        engine = self.worker.engine
+        if engine is None:
+            raise NotAccepting("the engine is rebuilding")
+        seed, negative = params.get("seed") or 0, params.get("negative_prompt")
+        # Parameters first: bad ones never wait for a download.
+        checked = engine.rules.check(prompt, num_images, params.get("num_inference_steps"),
+                                     params.get("guidance_scale"), params.get("height"), params.get("width"),
+                                     seed, "pil", negative)
+        fetch_began = time.monotonic()
+        # Waiting on fetches holds a place in the client's own share, not an admission slot: one
+        # client's slow sources cannot turn everyone else's cached requests away.
+        with self._fetching.hold(client):
+            fetched = await self.fetch(engine.resolver, adapters, principal, client, deadline)
         self.admit()
         try:
-            engine = self.worker.engine
-            if engine is None:
-                raise NotAccepting("the engine is rebuilding")
-            seed, negative = params.get("seed") or 0, params.get("negative_prompt")
-            # Parameters first: bad ones never wait for a download.
-            checked = engine.rules.check(prompt, num_images, params.get("num_inference_steps"),
-                                         params.get("guidance_scale"), params.get("height"), params.get("width"),
-                                         seed, "pil", negative)
-            fetch_began = time.monotonic()
-            fetched = await self.fetch(engine.resolver, adapters, principal)
             prepared = await asyncio.to_thread(engine.prepare, prompt, adapters=fetched, num_images=num_images,
                                                seed=seed, output_type="pil", negative_prompt=negative,
                                                progress=progress, params=checked)
             fetch_ms = (time.monotonic() - fetch_began) * 1000
-            timeout = timeout_s or self.config.request_timeout_s
-            job = Job(prepared, deadline=time.monotonic() + timeout)
+            job = Job(prepared, deadline=deadline)
             future = asyncio.wrap_future(self.worker.submit(job))
             while True:
                 done, _ = await asyncio.wait({future}, timeout=POLL_S)
@@ -108,38 +122,103 @@ class Service:
         store = self.worker.store
         principal.check_references(refs, catalog_names=store.catalog if store is not None else ())
 
-    async def fetch(self, resolver, adapters: dict, principal: Principal) -> dict:
-        """Fetch every slot's adapter concurrently on the store's own fetch pool (a RAM-cached
-        adapter returns at once, never behind someone's slow download); ``Engine.prepare``
-        validates them. Slots and scales are checked before any download. Each adapter goes on
-        under the caller's own reference: a content-addressed hit carries the first fetcher's."""
+    async def fetch(self, resolver, adapters: dict, principal: Principal, client: str = "local",
+                    deadline: float | None = None) -> dict:
+        """Fetch every slot's adapter concurrently on the store's own fetch pool, in the request
+        lane under ``client``'s share (a RAM-cached adapter returns at once, never behind someone's
+        slow download), waiting until ``deadline`` at most (504 then; the fetch goes on and its
+        result is cached); ``Engine.prepare`` validates them. Slots and scales are checked before
+        any download. Each adapter goes on under the caller's own reference: a content-addressed
+        hit carries the first fetcher's."""
         store = resolver.store
 
         async def fetch(slot, source, scale, tokens):
             if isinstance(source, str) and store is not None:
-                source = self.access.named(principal, await store.aget(source), source)
+                source = self.access.named(principal, await store.aget(source, client=client), source)
             return slot, {"ref": source, "scale": scale, "tokens": tokens}
 
         specs = resolver.sources(adapters)
-        return dict(await asyncio.gather(*(fetch(slot, *spec) for slot, spec in specs.items())))
+        everything = asyncio.gather(*(fetch(slot, *spec) for slot, spec in specs.items()))
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return dict(await asyncio.wait_for(everything, timeout=left))
+        except TimeoutError:
+            raise DeadlineExceeded("the request's deadline passed while its adapters were being fetched "
+                                   "(the fetch goes on: a retry may find them cached)") from None
 
-    async def prefetch(self, store, refs: list[str], principal: Principal) -> None:
-        """Fetch in the background under an admission bound: 429 when too many fetches are running."""
+    async def prefetch(self, store, refs: list[str], principal: Principal, client: str = "local") -> None:
+        """Fetch in the background, in the store's prefetch lane, under two admission bounds: 429
+        when too many fetches are running, or too many of this client's prefetches."""
         running = store.fetches_in_flight
         if running + len(refs) > self.config.max_prefetch_inflight:
             raise Overloaded(f"{running} adapter fetches are running; a prefetch may add up to "
                              f"{self.config.max_prefetch_inflight - running} now", retry_after_s=5)
+        holds = self._prefetching.take(client, len(refs))  # raises Overloaded past the client's share
 
         async def fetch(ref):
             try:
-                self.access.named(principal, await store.aget(ref), ref)  # listed for this caller
+                self.access.named(principal, await store.prefetch(ref, client=client), ref)  # listed for this caller
             except HotloraError as exc:  # the store's messages show references redacted too
                 log.warning("prefetch of %s failed: %s", redact_reference(ref), exc)
+            except Exception:  # nobody awaits a prefetch: an unexpected error is logged, never lost
+                log.exception("prefetch of %s failed unexpectedly", redact_reference(ref))
 
-        for ref in refs:
+        for ref, hold in zip(refs, holds):
             task = asyncio.get_running_loop().create_task(fetch(ref))
             self._prefetches.add(task)  # held until done: the loop keeps only weak references
             task.add_done_callback(self._prefetches.discard)
+            task.add_done_callback(lambda _, hold=hold: hold.release())  # however it ends, cancelled too
+
+
+class Shares:
+    """How many of something each client holds at once, bounded per client (429 beyond)."""
+
+    def __init__(self, per_client: int, what: str):
+        self.per_client = per_client
+        self.what = what
+        self._held: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, client: str, count: int = 1) -> list["_Hold"]:
+        """``count`` places for ``client``, each released once (a context manager), or Overloaded."""
+        with self._lock:
+            held = self._held.get(client, 0)
+            if held + count > self.per_client:
+                raise Overloaded(f"this client has {held} {self.what} and asks for {count} more; at most "
+                                 f"{self.per_client}", retry_after_s=5)
+            self._held[client] = held + count
+        return [_Hold(self, client) for _ in range(count)]
+
+    def hold(self, client: str) -> "_Hold":
+        return self.take(client)[0]
+
+    def held(self, client: str) -> int:
+        with self._lock:
+            return self._held.get(client, 0)
+
+    def _release(self, client: str) -> None:
+        with self._lock:
+            self._held[client] -= 1
+            if not self._held[client]:
+                del self._held[client]
+
+
+class _Hold:
+    """One place in a client's share; released once, however often it is asked to."""
+
+    def __init__(self, shares: Shares, client: str):
+        self._shares, self._client, self._released = shares, client, False
+
+    def __enter__(self) -> "_Hold":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._shares._release(self._client)
 
 
 def server_timing(timings: dict) -> str:

@@ -1,0 +1,106 @@
+"""Mixed batches and the prompt encoding: a request merged into another's forward batch gets
+exactly what it gets alone, whatever the other requests' prompts, negative prompts and text parts
+(pivotal-tuning embeddings, text-encoder LoRA). SDXL encodes a missing negative prompt as zeros
+(``force_zeros_for_empty_prompt``) and a given one, even "", through the text encoders; both kinds
+in one batch must keep their own. On the session's compiled ``mixed`` engines, within 1e-4 (float32)."""
+
+import pytest
+
+from hotlora.adapters.families import family_named
+from hotlora.engine.core import PackRequest
+from hotlora.errors import InvalidRequest
+from hotlora.testing import denoiser_linears, random_embeddings, random_lora, save_pivotal_lora, text_encoder_linears
+
+from ..helpers import fresh_pipeline, recompiles_are_errors
+
+TOLERANCE = 1e-4
+STEPS = 2
+PIVOTAL_PROMPT = "a photo of <s0><s1> in a garden"
+
+
+@pytest.fixture(autouse=True)
+def no_recompiles(mixed):
+    with recompiles_are_errors():
+        yield
+
+
+@pytest.fixture(scope="module")
+def pivotal(mixed, tmp_path_factory):
+    """One adapter with denoiser and text-encoder LoRA and embeddings for ``<s0>`` and ``<s1>``."""
+    family, model_dir, _, _ = mixed
+    reference = fresh_pipeline(model_dir)
+    linears = denoiser_linears(reference)
+    texts = {te: random_lora(text_encoder_linears(reference, te), 4, seed=91 + i, strength=1.5)
+             for i, te in enumerate(family_named(family).lora_text_encoders)}
+    return save_pivotal_lora(tmp_path_factory.mktemp(f"encoding-{family}") / "user", family,
+                             random_lora(linears, 4, seed=90, modules=sorted(linears)[::3]), texts, alpha=4,
+                             embeddings=random_embeddings(reference, family, 2, seed=92))
+
+
+def _differences(engine, requests, **shared) -> list[float]:
+    """Each request's largest difference from its answer alone."""
+    results = engine.generate_batch(requests, num_inference_steps=STEPS, output_type="latent", **shared)
+    diffs = []
+    for request, result in zip(requests, results):
+        alone = engine.generate(request.prompt, adapters=request.adapters, num_images=request.num_images,
+                                seed=request.seed, negative_prompt=request.negative_prompt,
+                                num_inference_steps=STEPS, output_type="latent", **shared)
+        diffs.append((result.images - alone.images).abs().max().item())
+    return diffs
+
+
+@pytest.mark.parametrize("mixed", ["sdxl"], indirect=True)
+@pytest.mark.parametrize("guidance", [None, 1.0], ids=["cfg", "no-cfg"])
+def test_sdxl_negative_prompts_given_or_not_in_one_batch(mixed, pivotal, guidance):
+    family, model_dir, engine, pool = mixed
+    batches = [
+        # Nothing but the negative prompt differs: the pipeline encodes the batch itself.
+        [PackRequest("a cat", seed=1), PackRequest("a red house", seed=2, negative_prompt="blurry, dark")],
+        # "" is a negative prompt (encoded), None is none (zeros).
+        [PackRequest("a cat", num_images=2, seed=3), PackRequest("a cat", seed=5, negative_prompt="")],
+        # One text state (the same pivotal adapter and scale), negative prompts given or not.
+        [PackRequest(PIVOTAL_PROMPT, {"identity": (pivotal, 1.0), "style": (pool[2], 0.5)}, seed=6,
+                     negative_prompt="dark <s0>"),
+         PackRequest(PIVOTAL_PROMPT, {"identity": (pivotal, 1.0), "style": (pool[0], 1.2)}, num_images=2, seed=7)],
+        # Several text states, one of them with and without negative prompts: encoded group by group.
+        [PackRequest(PIVOTAL_PROMPT, {"identity": (pivotal, 1.0)}, seed=8),
+         PackRequest("a red house", {"style": (pool[1], 0.8)}, seed=9, negative_prompt="<s0> blurry"),
+         PackRequest(PIVOTAL_PROMPT, {"identity": (pivotal, 1.0)}, seed=10, negative_prompt="ugly <s1>")],
+        # Text states that differ anyway (each group holds one kind of negative).
+        [PackRequest(PIVOTAL_PROMPT, {"identity": (pivotal, 0.7)}, seed=11, negative_prompt="dark <s0>"),
+         PackRequest("an astronaut", {"identity": (pool[0], 1.2)}, num_images=2, seed=12)],
+    ]
+    diffs = [_differences(engine, requests, guidance_scale=guidance) for requests in batches]
+    assert all(d <= TOLERANCE for batch in diffs for d in batch), diffs
+    assert engine.recompiles == 0
+
+
+@pytest.mark.parametrize("mixed", ["flux"], indirect=True)
+def test_flux_prompts_and_text_parts_in_one_batch(mixed, pivotal):
+    """Flux takes no negative prompt (refused); prompts and text states still mix."""
+    family, model_dir, engine, pool = mixed
+    diffs = _differences(engine, [PackRequest(PIVOTAL_PROMPT, {"identity": (pivotal, 0.9)}, seed=1),
+                                  PackRequest("a red house", {"style": (pool[1], 0.8)}, seed=2),
+                                  PackRequest("a cat", seed=3)])
+    assert all(d <= TOLERANCE for d in diffs), diffs
+    assert engine.recompiles == 0
+    with pytest.raises(InvalidRequest, match="negative_prompt is not supported"):
+        engine.prepare("a cat", negative_prompt="blurry")
+
+
+def test_what_the_batch_cannot_mix_is_refused(mixed):
+    """Guidance, steps, size and output type are one per forward batch: the worker never merges
+    requests whose ``batch_key`` differs, and ``run`` refuses them."""
+    family, model_dir, engine, pool = mixed
+    first = engine.prepare("a cat", num_inference_steps=STEPS, output_type="latent")
+    others = [engine.prepare("a cat", num_inference_steps=STEPS, output_type="latent", guidance_scale=1.0),
+              engine.prepare("a cat", num_inference_steps=STEPS + 1, output_type="latent"),
+              engine.prepare("a cat", num_inference_steps=STEPS, output_type="pt")]
+    for other in others:
+        assert other.batch_key() != first.batch_key()
+        with pytest.raises(InvalidRequest, match="must share"):
+            engine.run([first, other])
+    # A negative prompt given or not is no reason to split a batch: it is encoded per group.
+    if family == "sdxl":
+        assert engine.prepare("a cat", negative_prompt="dark", num_inference_steps=STEPS,
+                              output_type="latent").batch_key() == first.batch_key()

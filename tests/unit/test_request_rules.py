@@ -1,0 +1,50 @@
+"""``RequestRules.check`` bounds the image an engine that serves any size may be asked for."""
+
+import pytest
+
+from hotlora.config import RequestLimits
+from hotlora.engine.request import RequestRules, UnservedShape
+from hotlora.errors import InvalidRequest, RequestTooLarge
+
+DEFAULTS = {"num_inference_steps": 4, "guidance_scale": 3.5}
+
+
+def rules(sizes=((1024, 1024),), sizes_only=False, size_policy="refuse", **limits) -> RequestRules:
+    return RequestRules("flux", DEFAULTS, RequestLimits(**limits), tuple(sizes), 16, sizes_only=sizes_only,
+                        size_policy=size_policy)
+
+
+def test_an_eager_engine_with_no_sizes_refuses_a_huge_image():
+    eager = rules()
+    with pytest.raises(RequestTooLarge, match=r"4096x4096 .* 16,777,216 pixels; .* at most 4,194,304 \(max_pixels\)"):
+        eager.check("a cat", num_images=1, steps=1, height=4096, width=4096)
+    assert issubclass(RequestTooLarge, InvalidRequest)  # 413, the request's fault: the engine stays warm
+    with pytest.raises(RequestTooLarge, match="max_pixels"):
+        eager.check("a cat", steps=1, height=2048, width=4096)
+    # Up to the bound, any multiple is served, at any aspect ratio.
+    assert eager.check("a cat", steps=1, height=2048, width=2048).size == "2048x2048"
+    assert eager.check("a cat", steps=1, height=1024, width=4096).size == "4096x1024"
+    assert eager.check("a cat", steps=1, height=512, width=768).size == "768x512"
+
+
+def test_the_bound_is_configurable_and_configured_sizes_are_served_whatever_their_area():
+    small = rules(max_pixels=512 * 512)
+    with pytest.raises(RequestTooLarge, match="262,144"):
+        small.check("a cat", steps=1, height=512, width=528)
+    assert small.check("a cat", steps=1).size == "1024x1024"  # the engine's own default size
+    assert small.check("a cat", steps=1, height=512, width=512).size == "512x512"
+    # A sizes-only engine serves exactly what it was configured with; other sizes are unserved
+    # (or snapped to a served one), never bounded by area.
+    served = rules(sizes=((1024, 1024), (2048, 4096)), sizes_only=True, max_pixels=512 * 512)
+    assert served.check("a cat", steps=1, height=2048, width=4096).size == "4096x2048"
+    with pytest.raises(UnservedShape):
+        served.check("a cat", steps=1, height=4096, width=4096)
+    nearest = rules(sizes=((1024, 1024),), sizes_only=True, size_policy="nearest", max_pixels=512 * 512)
+    assert nearest.check("a cat", steps=1, height=4096, width=4096).size == "1024x1024"
+
+
+def test_the_work_bound_still_applies_below_the_pixel_bound():
+    eager = rules(max_work=2048 * 2048 * 10)
+    assert eager.check("a cat", steps=10, height=2048, width=2048).size == "2048x2048"
+    with pytest.raises(RequestTooLarge, match="pixel-steps"):
+        eager.check("a cat", steps=11, height=2048, width=2048)
