@@ -1,6 +1,11 @@
 """hotlora: a different LoRA pair on every request, from one warm, compiled diffusion model."""
 
-__version__ = "0.1.0"
+import importlib.metadata
+
+try:  # one version, pyproject's, read from the installed package's metadata
+    __version__ = importlib.metadata.version("hotlora")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree without installing
+    __version__ = "0+source"
 
 
 def __getattr__(name):

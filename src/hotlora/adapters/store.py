@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import importlib.metadata
 import logging
 import shutil
 import tempfile
@@ -33,6 +32,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from hotlora import __version__
 from hotlora.adapters import formats
 from hotlora.adapters.catalog import CatalogEntry, load_catalog
 from hotlora.adapters.fetching import PREFETCH, REQUEST, FetchJob, FetchScheduler
@@ -57,14 +57,7 @@ RAM_ENTRY_OVERHEAD = 4 * 1024
 RAM_MODULE_OVERHEAD = 512
 
 
-def _package_version() -> str:
-    try:
-        return importlib.metadata.version("hotlora")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree without installing
-        return "0"
-
-
-HOTLORA_VERSION = _package_version()
+HOTLORA_VERSION = __version__  # in every key: a new hotlora converts again
 
 
 @dataclass

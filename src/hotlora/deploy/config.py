@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hotlora.config import MiB, ModelDefaultsError, ServerConfig, StoreConfig, read_config_file, read_model_defaults
 from hotlora.errors import HotloraError
+from hotlora.server.auth import keyring_for  # torch-free, like everything the ingress imports
 
 
 
@@ -94,10 +95,7 @@ class RayServeConfig:
         if self.default_model not in self.models:
             raise DeployConfigError(f"default_model {self.default_model!r} is not one of {sorted(self.models)}")
         self.routing_table()  # refuse an ambiguous table now, not on the first request
-        # Missing keys on a public address: refused now, not in every replica. (Imported here: the
-        # references it parses import torch, which the ingress's routing must not.)
-        from hotlora.server.auth import keyring_for
-
+        # Missing keys on a public address: refused now, not in every replica.
         for spec in self.models.values():
             keyring_for(spec.server)
 

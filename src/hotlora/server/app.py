@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from hotlora import __version__
 from hotlora.config import ServerConfig
 from hotlora.engine.worker import Worker
 from hotlora.server.handlers import error_response, install_error_handlers
@@ -36,7 +37,7 @@ def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = Tru
     service = Service(worker, config)  # reads the API keys: raises AuthConfigError before anything starts
     redact_url_logs()  # httpx logs every adapter download's URL, presigned signature included
     worker.on_event = service.metrics.on_event
-    app = FastAPI(title="hotlora", version="0.1.0", lifespan=_lifespan(worker, config, start_worker))
+    app = FastAPI(title="hotlora", version=__version__, lifespan=_lifespan(worker, config, start_worker))
     app.state.service = service
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, refuse=error_response)
     browser_guards(app, config, service.access.enabled, refuse=error_response)  # Host, CORS, Origin
