@@ -94,8 +94,9 @@ def coerce(cls, name: str, value):
     if is_tuple(kind):
         sep = separator(kind)
         items = [value] if isinstance(value, str) else list(value)
-        parts = [p.strip() for item in items for p in (item.split(sep) if isinstance(item, str) else [item])]
-        parts = [p for p in parts if not (isinstance(p, str) and not p)]
+        # Text items split and stripped, empty parts dropped; typed items ((h, w) sizes) kept as given.
+        parts = [part for item in items
+                 for part in ([p.strip() for p in item.split(sep) if p.strip()] if isinstance(item, str) else [item])]
         if f.metadata.get("parse"):
             return f.metadata["parse"](parts)
         value = parts
