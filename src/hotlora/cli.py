@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from hotlora.errors import HotloraError, RequestError
@@ -102,24 +103,22 @@ def cmd_adapters_convert(args) -> int:
     return 0
 
 
+def serve_settings(args) -> tuple:
+    """``hotlora serve``'s ServerConfig and StoreConfig from its flags (generated from the fields:
+    ``_add_setting_flags``), over ``HOTLORA_*`` variables, over the ``--config`` file, over defaults."""
+    from hotlora.config import ServerConfig, StoreConfig
+    from hotlora.settings.flags import given
+
+    server_names = [f.name for f in fields(ServerConfig)]
+    store_names = [f.name for f in fields(StoreConfig)]
+    return ServerConfig.load(args.config, store_flags=given(args, store_names), **given(args, server_names))
+
+
 def cmd_serve(args) -> int:
-    from hotlora.config import ServerConfig
+    from hotlora.server.auth import AuthConfigError
     from hotlora.server.run import serve
 
-    from hotlora.server.auth import AuthConfigError
-
-    config, store_config = ServerConfig.load(
-        args.config, model=args.model, slots=args.slots, target_rank=args.target_rank,
-        target_modules=args.target_modules, batch_size=args.batch_size, compile=False if args.no_compile else None,
-        host=args.host, port=args.port, max_queue=args.max_queue, mixed=True if args.mixed else None,
-        attention_backend=args.attention_backend, rank_buckets=args.rank_buckets, auth=args.auth,
-        api_keys_file=args.api_keys_file, allowed_host_headers=args.allowed_host_headers,
-        cors_origins=args.cors_origins, adapter_mode=args.adapter_mode, sizes=args.sizes,
-        size_policy=args.size_policy, text_encoder_lora=False if args.no_text_encoder_lora else None,
-        embedding_rows=args.embedding_rows,
-        store_flags={"catalog": args.catalog, "cache_dir": Path(args.cache_dir) if args.cache_dir else None,
-                     "local_roots": tuple(Path(p) for p in args.adapter_root) if args.adapter_root else None},
-    )
+    config, store_config = serve_settings(args)
     if args.ray:  # one deployment per base model on Ray Serve; see docs/scale-out.md
         from hotlora.deploy import RayServeConfig, run
 
@@ -167,6 +166,19 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """Every server, engine and store setting as a flag; the names are the fields' (one namespace:
+    a store field may not share a server field's name)."""
+    from hotlora.config import ServerConfig, StoreConfig
+    from hotlora.settings.flags import add_flags
+    from hotlora.settings.server import ENGINE_SETTINGS
+
+    own = [f.name for f in fields(ServerConfig) if f.name not in ENGINE_SETTINGS]
+    add_flags(parser, ServerConfig, "server settings ([server] in --config)", only=own)
+    add_flags(parser, ServerConfig, "engine settings ([server] in --config)", only=ENGINE_SETTINGS)
+    add_flags(parser, StoreConfig, "adapter store settings ([store] in --config)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hotlora", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -196,44 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(run=cmd_generate)
 
     srv = sub.add_parser("serve", help="run the HTTP server (no --model: the built-in tiny model)")
-    srv.add_argument("--model", help="local model directory or hub id")
-    srv.add_argument("--config", help="TOML/YAML file with [server] and [store] tables")
-    srv.add_argument("--slots", help="comma-separated slot names (default identity,style)")
-    srv.add_argument("--target-rank", type=int)
-    srv.add_argument("--target-modules", help="regex over the denoiser's Linear layer names (default: all)")
-    srv.add_argument("--batch-size", help="auto (default: the chunk size measured fastest per image at warm-up, "
-                                           "up to max_batch_size) or a fixed integer")
-    srv.add_argument("--catalog", help="catalog file of adapters to pre-cache")
-    srv.add_argument("--cache-dir", help="adapter cache directory (default .cache/hotlora)")
-    srv.add_argument("--adapter-root", action="append", metavar="DIR",
-                     help="a folder local adapter references may read (repeatable; default: only the catalog's "
-                          "folder, never the working directory)")
-    srv.add_argument("--host")
-    srv.add_argument("--port", type=int)
-    srv.add_argument("--max-queue", type=int)
-    srv.add_argument("--no-compile", action="store_true")
-    srv.add_argument("--mixed", action="store_true", help="merge requests with different adapters into one batch")
-    srv.add_argument("--adapter-mode", choices=["slots", "fused"],
-                     help="slots (default): LoRA slots in the compiled model; fused: adapters merged into the weights")
-    srv.add_argument("--no-text-encoder-lora", action="store_true",
-                     help="do not merge adapters' text-encoder LoRA (it is then skipped, and responses say so)")
-    srv.add_argument("--embedding-rows", type=int,
-                     help="token rows reserved per slot for pivotal-tuning embeddings (default 4; 0: refuse them)")
-    srv.add_argument("--attention-backend", help="native (default), fa3, flash, or a diffusers backend name")
-    srv.add_argument("--rank-buckets", help="extra ranks to compile for, e.g. 4,8: a request runs the smallest "
-                                            "that holds its adapters (default: target rank only)")
-    srv.add_argument("--sizes", help="sizes served without compiling, WIDTHxHEIGHT, the default first, e.g. "
-                                      "1024x1024,832x1216 (default: the model's size); all warmed at start-up")
-    srv.add_argument("--size-policy", choices=["refuse", "nearest"],
-                     help="a request at another size: refuse (default, 422) or nearest (snapped, and said so)")
+    srv.add_argument("--config", help="TOML/YAML file with [server] and [store] tables (and [ray])")
     srv.add_argument("--ray", action="store_true", help="scale out on Ray Serve (models from the config's [ray] table)")
-    srv.add_argument("--auth", choices=["auto", "on", "off"],
-                     help="API keys: auto (default) requires them unless bound to loopback with none configured")
-    srv.add_argument("--api-keys-file", help="file of API key hashes, one per line (`hotlora keys new` makes them)")
-    srv.add_argument("--allowed-host-headers", help="comma-separated Host header names to answer (default: "
-                                                    "loopback names without keys on loopback, else any)")
-    srv.add_argument("--cors-origins", help="comma-separated browser origins allowed to call this server "
-                                            "(default none)")
+    _add_setting_flags(srv)
     srv.set_defaults(run=cmd_serve)
 
     keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)

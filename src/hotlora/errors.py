@@ -34,7 +34,8 @@
     │                         (deploy.ingress) the Ray ingress's answers; nothing to rebuild
     └── start-up faults, raised before anything serves: ModelLoadError (engine.pipeline),
         StepCacheError (engine.stepcache), CatalogError (adapters.catalog), ModelDefaultsError
-        (config: an unreadable hotlora.json), DeployConfigError (deploy.config), AuthConfigError
+        (config: an unreadable hotlora.json), SettingsError (config: a setting's value refused; a
+        ValueError too), DeployConfigError (deploy.config), AuthConfigError
         (server.auth: no API keys where they are required, an unreadable keys line)
 
 The subclasses that belong to one module are defined next to it; they all derive from this tree.

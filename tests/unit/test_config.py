@@ -64,3 +64,136 @@ def test_model_defaults_are_read_in_one_place(tmp_path):
     (tmp_path / "hotlora.json").write_text("{nope")
     with pytest.raises(ModelDefaultsError, match="unreadable serving defaults"):
         read_model_defaults(tmp_path)
+
+
+# Every field, from each layer, through the function `hotlora serve` uses (no engine is started).
+
+import os  # noqa: E402
+from dataclasses import fields  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import yaml  # noqa: E402
+
+from hotlora.cli import build_parser, serve_settings  # noqa: E402
+from hotlora.config import StoreConfig  # noqa: E402
+from hotlora.settings.fields import bare, hints  # noqa: E402
+from hotlora.settings.server import ENGINE_SETTINGS  # noqa: E402
+
+SPECIAL = {  # (text, typed) where the sample from the type would not do
+    "sizes": ("64x32,32x32", ((32, 64), (32, 32))),
+    "batch_size": ("3", 3),
+    "target_modules": ("to_q|to_k", "to_q|to_k"),  # text is one regex
+    "dtype": ("float16", "float16"),
+    "compile_cache_dir": ("/cc", "/cc"),
+    "local_roots": (f"/a{os.pathsep}/b", (Path("/a"), Path("/b"))),
+    "cache_dir": ("/c", Path("/c")),
+}
+STORE = [f.name for f in fields(StoreConfig)]
+SETTINGS = [(ServerConfig, f) for f in fields(ServerConfig)] + [(StoreConfig, f) for f in fields(StoreConfig)]
+NEEDS = {"step_cache_threshold", "step_cache_warmup_steps", "step_cache_compute_blocks"}  # only with a backend
+
+
+def sample(cls, f):
+    if f.name in SPECIAL:
+        return SPECIAL[f.name]
+    kind, default = bare(hints(cls)[f.name]), f.default
+    if f.metadata["choices"]:
+        pick = next(c for c in f.metadata["choices"] if c != default)
+        return pick, pick
+    if kind is bool:
+        return str(not default).lower(), not default
+    if kind is int:
+        return str((default or 0) + 3), (default or 0) + 3
+    if kind is float:
+        return str(default + 0.5), default + 0.5
+    if kind == tuple[int, ...]:
+        return "4,8", (4, 8)
+    if kind == tuple[str, ...]:
+        return "p,q", ("p", "q")
+    assert kind is str, f"no sample for {f.name}: {kind}"
+    return f"x-{f.name}", f"x-{f.name}"
+
+
+def landed(server, store, name):
+    """Where a setting ends up: the store, the engine config (nested groups included), the server."""
+    if name in STORE:
+        return getattr(store, name)
+    if name not in ENGINE_SETTINGS:
+        return getattr(server, name)
+    engine = server.engine_config()
+    if name == "step_cache":
+        return engine.step_cache.backend
+    if name.startswith("step_cache_"):
+        return getattr(engine.step_cache, name.removeprefix("step_cache_"))
+    if name in {f.name for f in fields(RequestLimits)}:
+        return getattr(engine.limits, name)
+    return getattr(engine, name)
+
+
+def plain(value):
+    """A typed value as a YAML file writes it: lists for tuples, text for paths."""
+    if isinstance(value, tuple):
+        return [plain(v) for v in value]
+    return str(value) if isinstance(value, Path) else value
+
+
+def settings_from(argv):
+    return serve_settings(build_parser().parse_args(["serve", *argv]))
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("HOTLORA_")]:
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("cls, f", SETTINGS, ids=[f.name for _, f in SETTINGS])
+def test_every_setting_reaches_its_config_from_env_file_and_flag(cls, f, clean_env, tmp_path):
+    text, typed = sample(cls, f)
+    assert typed != f.default, f"the sample for {f.name} must differ from its default"
+    extra = {"step_cache": "dbcache"} if f.name in NEEDS else {}
+    section = "store" if cls is StoreConfig else "server"
+
+    for name, value in {**extra, f.name: text}.items():
+        clean_env.setenv("HOTLORA_" + name.upper(), value)
+    assert landed(*settings_from([]), f.name) == typed, "from HOTLORA_*"
+    for name in (*extra, f.name):
+        clean_env.delenv("HOTLORA_" + name.upper())
+
+    as_yaml = plain(typed)
+    config_file = tmp_path / "serve.yaml"
+    config_file.write_text(yaml.safe_dump({section: {f.name: as_yaml}, "server": {**extra}}
+                                          if section == "store" else {section: {**extra, f.name: as_yaml}}))
+    assert landed(*settings_from(["--config", str(config_file)]), f.name) == typed, "from the config file"
+
+    flag = "--" + f.name.replace("_", "-")
+    argv = ([flag if typed else "--no-" + flag[2:]] if isinstance(typed, bool) else [flag, text])
+    argv += [a for name, v in extra.items() for a in ("--" + name.replace("_", "-"), v)]
+    assert landed(*settings_from(argv), f.name) == typed, "from the flag"
+
+
+def test_serve_help_lists_every_setting_and_the_old_flags_still_parse(clean_env):
+    text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
+    for _, f in SETTINGS:
+        assert "--" + f.name.replace("_", "-") in text, f.name
+    server, store = settings_from(["--no-compile", "--mixed", "--adapter-root", "/a", "--adapter-root", "/b",
+                                   "--slots", "a,b", "--sizes", "64x32", "--no-text-encoder-lora", "--port", "9"])
+    assert (server.compile, server.mixed, server.slots, server.sizes, server.text_encoder_lora, server.port) == \
+        (False, True, ("a", "b"), ((32, 64),), False, 9)
+    assert store.local_roots == (Path("/a"), Path("/b"))
+
+
+def test_flag_over_env_over_file_for_engine_options(clean_env, tmp_path):
+    config_file = tmp_path / "serve.toml"
+    config_file.write_text('[server]\nmax_steps = 10\nfused_restore = "host"\nmax_pixels = 100\n')
+    clean_env.setenv("HOTLORA_MAX_STEPS", "20")
+    clean_env.setenv("HOTLORA_FUSED_RESTORE", "device")
+    engine = settings_from(["--config", str(config_file), "--max-steps", "30"])[0].engine_config()
+    assert (engine.limits.max_steps, engine.fused_restore, engine.limits.max_pixels) == (30, "device", 100)
+
+
+def test_bad_text_is_refused_with_the_setting_named(clean_env):
+    clean_env.setenv("HOTLORA_PORT", "eighty")
+    with pytest.raises(ValueError, match="port must be an integer"):
+        settings_from([])

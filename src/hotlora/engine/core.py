@@ -25,7 +25,7 @@ from hotlora.config import EngineConfig, StoreConfig, format_size, read_model_de
 from hotlora.engine import guard
 from hotlora.engine.guard import NonFiniteOutput
 from hotlora.engine.pipeline import (
-    compile_artifacts_path, compile_denoiser, default_device, default_dtype, graph_count, load_compile_artifacts,
+    compile_artifacts_path, compile_denoiser, default_device, resolve_dtype, graph_count, load_compile_artifacts,
     load_pipeline, save_compile_artifacts, set_attention_backend,
 )
 from hotlora.engine.request import CallParams, PreparedRequest, RequestRules, Resolved, UnservedShape
@@ -167,7 +167,7 @@ class Engine:
         ``options`` are ``EngineConfig`` fields; ``store`` an AdapterStore, or a StoreConfig to build one."""
         config = replace(config or EngineConfig(), **options)
         device = config.device or default_device()
-        dtype = config.dtype or default_dtype(device)
+        dtype = resolve_dtype(config.dtype, device)
         pipeline, family = load_pipeline(model, dtype=dtype, device=device)
         if isinstance(store, StoreConfig):
             from hotlora.adapters.store import AdapterStore

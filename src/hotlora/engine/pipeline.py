@@ -28,6 +28,19 @@ def default_dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
+def resolve_dtype(dtype, device: str) -> torch.dtype:
+    """The configured dtype (a torch dtype, or its name as settings text gives it: "bfloat16"),
+    else the device's default."""
+    if dtype is None:
+        return default_dtype(device)
+    if isinstance(dtype, str):
+        named = getattr(torch, dtype.removeprefix("torch."), None)
+        if not isinstance(named, torch.dtype):
+            raise ModelLoadError(f"dtype {dtype!r} is not a torch dtype name (bfloat16, float16, float32)")
+        return named
+    return dtype
+
+
 def load_pipeline(model: str | os.PathLike, *, dtype: torch.dtype, device: str):
     """Load a Flux or SDXL pipeline from a local directory or a hub id (``from_pretrained``)."""
     from diffusers import DiffusionPipeline

@@ -1,0 +1,1 @@
+"""Typed settings, each declared once (see ``hotlora.config`` for the map)."""

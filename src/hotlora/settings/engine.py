@@ -1,0 +1,190 @@
+"""The warm engine's settings: ``EngineConfig`` and the two groups it nests (``RequestLimits``,
+``StepCache``). Every engine option is declared here once; ``ServerConfig`` forwards them
+(settings/server.py) and the compile-cache fingerprint is derived from them."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+from hotlora.settings.fields import normalize, setting
+
+SIZE_POLICIES = ("refuse", "nearest")
+ADAPTER_MODES = ("slots", "fused")
+FUSED_RESTORE = ("auto", "device", "host")
+STEP_CACHE_BACKENDS = ("dbcache", "taylorseer", "fbcache")  # engine.stepcache checks the name again
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"WIDTHxHEIGHT"`` (the OpenAI images API's ``size``, e.g. ``"832x1216"``) -> (height, width)."""
+    parts = str(text).strip().lower().split("x")
+    try:
+        width, height = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"a size is WIDTHxHEIGHT in pixels, like 1024x1024; got {text!r}") from None
+    if width <= 0 or height <= 0:
+        raise ValueError(f"a size must be positive, got {text!r}")
+    return height, width
+
+
+def parse_sizes(value) -> tuple[tuple[int, int], ...]:
+    """Sizes as (height, width) pairs, in order, without repeats: from pairs, ``"WxH"`` strings, or
+    one comma-separated string of them (a config file, an environment variable, a flag)."""
+    if isinstance(value, str):
+        value = [p for p in value.split(",") if p.strip()]
+    sizes = []
+    for item in value or ():
+        if isinstance(item, str):
+            size = parse_size(item)
+        else:
+            height, width = item
+            if not (isinstance(height, int) and isinstance(width, int) and height > 0 and width > 0):
+                raise ValueError(f"a (height, width) size must be two positive integers, got {item!r}")
+            size = (height, width)
+        if size not in sizes:
+            sizes.append(size)
+    return tuple(sizes)
+
+
+def format_size(height: int, width: int) -> str:
+    """(height, width) -> ``"WIDTHxHEIGHT"``, as the OpenAI images API writes a size."""
+    return f"{width}x{height}"
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask of the engine, checked before any weight is touched."""
+
+    max_images: int = setting(64, "images one request may ask for (422 beyond)")
+    max_steps: int = setting(200, "denoising steps one request may ask for (422 beyond)")
+    # A huge scale would overflow the pack; real adapters are used at 0..~2.
+    max_scale: float = setting(8.0, "|scale| allowed per adapter (422 beyond)")
+    max_work: int = setting(16 * 1024 * 1536 * 50, "height x width x images x steps one request may ask "
+                                                   "for: 16 images of 1024x1536 at 50 steps by default (413 beyond)")
+    # An eager engine with no ``sizes`` takes any multiple, and max_work alone lets a 4096x4096
+    # image through (16 Mpx: Flux's attention over 65,536 tokens). 4 Mpx is twice the side of
+    # Flux's and SDXL's 1024. Configured sizes are served whatever their area.
+    max_pixels: int = setting(2048 * 2048, "height x width of a size the engine was not configured with "
+                                           "(an eager engine without sizes)")
+
+    def __post_init__(self):
+        normalize(self)
+
+
+@dataclass(frozen=True)
+class StepCache:
+    """Step-cache settings (applied by ``hotlora.engine.stepcache``)."""
+
+    backend: str = setting("dbcache", "skip predictable denoiser steps: dbcache (cache-dit DBCache), taylorseer "
+                                      "(DBCache + TaylorSeer) or fbcache (diffusers' FirstBlockCache); "
+                                      "trades quality for speed", choices=STEP_CACHE_BACKENDS)
+    threshold: float = setting(0.12, "how much change counts as predictable")  # the article ran 0.12
+    warmup_steps: int = setting(4, "steps always computed before any may be skipped")
+    compute_blocks: int = setting(1, "leading blocks always computed to measure the change (cache-dit Fn)")
+
+    def __post_init__(self):
+        normalize(self)
+
+    @property
+    def fullgraph(self) -> bool:
+        return self.backend != "fbcache"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every option of the warm engine, with its default, once."""
+
+    slots: tuple[str, ...] = setting(("identity", "style"), "slot names, comma-separated")
+    target_rank: int = setting(16, "the slots' rank: adapters up to it are served, zero-padded")
+    # The slots' and banks' ceiling only: fused mode ignores it (any Linear, and Conv2d on SDXL,
+    # is fusable; its pristine copy covers all of them) and logs a warning when it is set.
+    target_modules: Any = setting(None, "the LoRA ceiling: every Linear of the denoiser (default), "
+                                        "names/suffixes (Python), or one regex (full match; flags, env, files)")
+    batch_size: int | str = setting("auto", "auto: compiled for batches up to max_batch_size, each pack run in "
+                                            "the chunk size measured fastest per image at warm-up; or an integer")
+    max_batch_size: int = setting(6, "the largest batch compiled for with batch_size auto")
+    compile: bool = setting(True, "torch.compile the denoiser (--no-compile: eager)")
+    dtype: Any = setting(None, "bf16 on CUDA, float32 on CPU by default; a torch dtype name "
+                               "(bfloat16, float16, float32)")
+    device: str | None = setting(None, "the torch device (default: CUDA when available)")
+    height: int | None = setting(None, "the default height (default: hotlora.json's, else the pipeline's)")
+    width: int | None = setting(None, "the default width")
+    # Every size is warmed up at start-up and part of the compile fingerprint.
+    sizes: tuple[tuple[int, int], ...] = setting((), "sizes served without compiling, WIDTHxHEIGHT, the default "
+                                                     "first, e.g. 1024x1024,832x1216 (default: height x width)",
+                                                 parse=parse_sizes)
+    size_policy: str = setting("refuse", "a request at a size not served: refuse (422 listing the sizes) or "
+                                         "nearest (snapped to the closest aspect ratio, and said so)",
+                               choices=SIZE_POLICIES)
+    mixed: bool = setting(False, "adapter banks: several requests' adapters in one forward batch")
+    bank_entries: int | None = setting(None, "adapter sets a bank holds (default 2 x batch size + 1)")
+    attention_backend: str = setting("native", "native (SDPA), fa3, flash, or any diffusers dispatcher backend")
+    # The server sets its own default (settings/server.py): a library user decides where to write.
+    compile_cache_dir: str | os.PathLike | None = setting(None, "where compile artifacts are kept across "
+                                                                "restarts (keyed by model and settings)")
+    step_cache: StepCache | None = setting(None, "step cache settings (off by default)")
+    rank_buckets: tuple[int, ...] = setting((), "extra ranks to compile for besides target_rank, e.g. 4,8: a "
+                                                "request runs the smallest that holds its adapters")
+    # engine/writers/fused.py; docs/benchmarks.md says why the default is slots.
+    adapter_mode: str = setting("slots", "slots: LoRA layers in the compiled model, adapters copied in per "
+                                         "request; fused: adapters merged into the weights, restored from a "
+                                         "pristine copy (any rank, conv LoRA; one adapter set per batch)",
+                                choices=ADAPTER_MODES)
+    fused_restore: str = setting("auto", "where the pristine weights (fused mode, text encoders) are kept: device, "
+                                         "host (pinned when CUDA), or auto (the device when they fit)",
+                                 choices=FUSED_RESTORE)
+    text_encoder_lora: bool = setting(True, "merge adapters' text-encoder LoRA per request (no: skipped, and "
+                                            "responses say so)")
+    embedding_rows: int = setting(4, "token rows reserved per slot for pivotal-tuning embeddings "
+                                     "(0: such adapters are refused)")
+    limits: RequestLimits = setting(help="request limits", factory=RequestLimits)
+
+    def __post_init__(self):
+        normalize(self)
+        if isinstance(self.batch_size, str) and self.batch_size.strip().isdigit():
+            object.__setattr__(self, "batch_size", int(self.batch_size))
+        if self.batch_size != "auto" and not (isinstance(self.batch_size, int) and self.batch_size >= 1):
+            raise ValueError(f"batch_size must be 'auto' or an integer >= 1, got {self.batch_size!r}")
+        if self.max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        object.__setattr__(self, "slots", tuple(self.slots))
+        object.__setattr__(self, "rank_buckets", tuple(self.rank_buckets))
+        object.__setattr__(self, "sizes", parse_sizes(self.sizes))
+        if self.size_policy not in SIZE_POLICIES:
+            raise ValueError(f"size_policy must be one of {', '.join(SIZE_POLICIES)}, got {self.size_policy!r}")
+        if isinstance(self.target_modules, list):
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        if self.mixed and self.rank_buckets:
+            raise ValueError("rank buckets apply to the slots of single-request packs, not to mixed batches")
+        if self.adapter_mode not in ADAPTER_MODES:
+            raise ValueError(f"adapter_mode must be one of {', '.join(ADAPTER_MODES)}, got {self.adapter_mode!r}")
+        if self.fused_restore not in FUSED_RESTORE:
+            raise ValueError(f"fused_restore must be one of {', '.join(FUSED_RESTORE)}, got {self.fused_restore!r}")
+        if not (isinstance(self.embedding_rows, int) and 0 <= self.embedding_rows <= 64):
+            raise ValueError(f"embedding_rows must be an integer in 0..64, got {self.embedding_rows!r}")
+        if self.adapter_mode == "fused" and (self.mixed or self.rank_buckets):
+            raise ValueError("fused mode holds one adapter set per forward batch in the weights themselves: "
+                             "it has no mixed batches and no rank buckets")
+
+    # What the compiled graphs depend on; request limits, the device and the cache folder do not.
+    # The sizes enter resolved (``sizes=``, the default one resolved from the model), like the dtype.
+    FINGERPRINT_EXCLUDES = frozenset({"limits", "compile_cache_dir", "device", "dtype", "height", "width",
+                                      "sizes", "size_policy", "attention_backend", "text_encoder_lora",
+                                      "embedding_rows"})  # the text encoders run eagerly
+
+    def fingerprint(self, model: str | None, family: str, **resolved) -> str:
+        """The compile-cache key: the model, the family, every option the graphs depend on, and the
+        values resolved at load time (``resolved``: sizes, attention backend, dtype)."""
+        options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.FINGERPRINT_EXCLUDES}
+        return json.dumps({"model": model, "family": family, **options, **resolved}, sort_keys=True, default=repr)
+
+    @property
+    def batch_limit(self) -> int:
+        """The largest batch compiled for (and the bound of a mixed batch)."""
+        return self.max_batch_size if self.batch_size == "auto" else self.batch_size
+
+
+__all__ = ["ADAPTER_MODES", "FUSED_RESTORE", "SIZE_POLICIES", "STEP_CACHE_BACKENDS", "EngineConfig",
+           "RequestLimits", "StepCache", "format_size", "parse_size", "parse_sizes"]
