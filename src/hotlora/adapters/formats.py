@@ -1,4 +1,4 @@
-"""Read a LoRA in any layout diffusers understands and turn it into one canonical form.
+r"""Read a LoRA in any layout diffusers understands and turn it into one canonical form.
 
 The canonical form is what the engine copies into its slots: per denoiser module a down matrix
 ``A [r, in]``, an up matrix ``B [out, r]`` and the scaling PEFT would apply (``alpha / r``); the
@@ -330,7 +330,7 @@ def _module_weights(pairs, config, *, declared_ranks: bool, label: str) -> dict[
 
 
 class _Patterns:
-    """A ``rank_pattern`` / ``alpha_pattern`` lookup that gives what PEFT's ``get_pattern_key`` gives,
+    r"""A ``rank_pattern`` / ``alpha_pattern`` lookup that gives what PEFT's ``get_pattern_key`` gives,
     for keys that are module names, without running a regex from the file.
 
     PEFT matches ``re.match(rf"(.*\.)?({key})$", module)`` and takes the first key that matches.
