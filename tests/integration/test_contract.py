@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from hotlora.adapters.binding import Binding
 from hotlora import Engine
 from hotlora.engine.pipeline import graph_count
 from hotlora.errors import AdapterNotFound, AdapterRejected, InvalidRequest
@@ -176,15 +177,15 @@ def test_swaps_copy_in_place_without_growth(warm):
     adapters = [model_dir / "adapters" / n for n in ("identity-diffusers", "style-diffusers", "identity-peft")]
     loaded = [engine.load_adapter(str(p)) for p in adapters]  # converted once, like the RAM cache will
     for adapter in loaded[:2]:  # two packed for the slots, one left per-module: both paths swap in place
-        engine.writer.prepare({"identity": (adapter, 1.0)})
+        engine.writer.prepare({"identity": Binding(adapter, 1.0)})
         assert engine.writer.packs.get(adapter) is not None
     params_before = [(n, p.data_ptr(), tuple(p.shape)) for n, p in engine.denoiser.named_parameters()]
-    engine.writer.swap({"identity": (loaded[0], 1.0), "style": (loaded[1], 0.5)})
+    engine.writer.swap({"identity": Binding(loaded[0], 1.0), "style": Binding(loaded[1], 0.5)})
     gc.collect()
     tensors_before = sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
     for i in range(200):
-        engine.writer.swap({"identity": (loaded[i % 3], 0.1 + (i % 13) / 10),
-                           "style": (loaded[(i + 1) % 3], 1.5 - (i % 7) / 10)})
+        engine.writer.swap({"identity": Binding(loaded[i % 3], 0.1 + (i % 13) / 10),
+                           "style": Binding(loaded[(i + 1) % 3], 1.5 - (i % 7) / 10)})
     gc.collect()
     tensors_after = sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
     assert tensors_after <= tensors_before

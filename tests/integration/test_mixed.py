@@ -5,6 +5,7 @@ import random
 
 import pytest
 
+from hotlora.adapters.binding import Binding
 from hotlora.engine.core import PackRequest
 from hotlora.errors import InvalidRequest
 from hotlora.testing import plain_diffusers_reference
@@ -70,6 +71,6 @@ def test_bank_limits_are_request_errors(mixed):
     with pytest.raises(InvalidRequest, match="mixed batch holds"):
         engine.generate_batch([PackRequest("a", num_images=2), PackRequest("b", num_images=2)])
     adapter = engine.load_adapter(str(pool[0]))
-    too_many = [{"identity": (adapter, 0.1 * i), "style": (adapter, 0.1 * i + 0.05)} for i in range(1, engine.writer.entries)]
+    too_many = [{"identity": Binding(adapter, 0.1 * i), "style": Binding(adapter, 0.1 * i + 0.05)} for i in range(1, engine.writer.entries)]
     with pytest.raises(InvalidRequest, match="distinct adapters in one batch"):
         engine.writer.assign(too_many)

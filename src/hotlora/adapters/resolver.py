@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import torch
 
 from hotlora.adapters.families import Family
+from hotlora.adapters.binding import Binding
 from hotlora.adapters.embeddings import checked_tokens
 from hotlora.adapters.formats import Adapter, load_adapter
 from hotlora.adapters.validate import SlotCeiling, problems_with
@@ -49,14 +50,14 @@ class AdapterResolver:
             return self.store.get(source)
         return load_adapter(source, self.family, name=name, denoiser_config=self.denoiser_config)
 
-    def resolve(self, adapters: Mapping[str, Any] | None) -> dict[str, tuple[Adapter, float]]:
+    def resolve(self, adapters: Mapping[str, Any] | None) -> dict[str, Binding]:
         """Every problem of every adapter is collected, then raised once; nothing is half-done.
 
         A spec is a source, ``(source, scale)`` or ``{"ref": source, "scale": s, "tokens": [...]}``;
         a missing scale is the catalog entry's default, else 1.0; ``tokens`` renames the adapter's
         pivotal-tuning embeddings for this request (its prompt then uses these names).
         """
-        resolved: dict[str, tuple[Adapter, float]] = {}
+        resolved: dict[str, Binding] = {}
         problems: list[str] = []
         names = []
         for slot, (source, scale, tokens) in self.sources(adapters).items():
@@ -67,7 +68,7 @@ class AdapterResolver:
             if not problems:
                 problems += [f"[{slot}] {p}" for p in self._magnitude_problems(adapter, scale)]
             names.append(f"{slot}={adapter.name}")
-            resolved[slot] = (adapter, scale)
+            resolved[slot] = Binding(adapter, scale)
         if problems:
             raise AdapterRejected(", ".join(names), problems)
         return resolved

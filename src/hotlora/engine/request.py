@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from hotlora.adapters.formats import Adapter
+from hotlora.adapters.binding import AdapterSpec, Binding, Bindings, assignment_key  # noqa: F401 (re-exported)
 from hotlora.config import RequestLimits, format_size
 from hotlora.engine.runner import Timings
 from hotlora.errors import InvalidRequest, RequestTooLarge
@@ -20,7 +20,7 @@ from hotlora.errors import InvalidRequest, RequestTooLarge
 OUTPUT_TYPES = ("pil", "latent", "pt", "np")
 MAX_PROMPT_CHARS = 10_000  # prompts are truncated to the text encoders' length anyway
 
-Resolved = Mapping[str, tuple[Adapter, float]]  # slot -> (validated adapter, scale)
+Resolved = Mapping[str, Binding]  # slot -> validated adapter and scale
 
 
 class UnservedShape(InvalidRequest):

@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Mapping, Protocol, Sequence
 
-from hotlora.adapters.formats import Adapter
+from hotlora.adapters.binding import Binding, Bindings
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.config import EngineConfig
 from hotlora.engine.writers.slots import SwapReport
 
-Assignment = Mapping[str, "tuple[Adapter, float] | None"]  # slot -> adapter and scale
+Assignment = Bindings  # slot -> Binding (None or absent: empty); ``Binding.key`` says what changed
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class AdapterWriter(Protocol):
     ceiling: SlotCeiling  # what adapters must fit: modules, shapes, rank (checked before prepare)
     mixes_requests: bool  # whether one bind may carry several requests' different adapters
 
-    def prepare(self, resolved: Mapping[str, tuple[Adapter, float]]) -> None:
+    def prepare(self, resolved: Mapping[str, Binding]) -> None:
         """On the request's thread, after validation: any per-adapter work the swap should not pay
         (a layout copy). Never mutates the adapters."""
 

@@ -31,13 +31,14 @@ from typing import Mapping, Sequence
 
 import torch
 
+from hotlora.adapters.binding import Binding
 from hotlora.adapters.families import PROMPT_ARGUMENT_OF, TOKENIZER_OF, Family
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.validate import problems_with
 from hotlora.engine.writers.fused import FusedWriter
 from hotlora.errors import InvalidRequest
 
-Resolved = Mapping[str, "tuple[Adapter, float]"]
+Resolved = Mapping[str, Binding]
 RESERVED = re.compile(r"<hotlora-", re.IGNORECASE)  # CLIP's tokenizer lowercases before matching added tokens
 
 
@@ -169,12 +170,14 @@ class TextEncoders:
     @staticmethod
     def _assignment(encoder: str, resolved: Resolved) -> dict:
         """The slots whose adapters carry LoRA for ``encoder``."""
-        return {slot: (a, s) for slot, (a, s) in resolved.items() if a.text_modules.get(encoder)}
+        return {slot: b for slot, b in resolved.items() if b.adapter.text_modules.get(encoder)}
 
     def signature(self, resolved: Resolved) -> tuple:
-        """What the text encoders hold for ``resolved``: equal signatures encode prompts alike."""
-        return tuple(sorted((slot, adapter.key, float(scale) if adapter.text_modules else None)
-                            for slot, (adapter, scale) in resolved.items() if adapter.text_parts))
+        """What the text encoders hold for ``resolved``: equal signatures encode prompts alike.
+        Each slot's ``Binding.key``, but embeddings ignore the scale: an adapter with embeddings and
+        no text-encoder LoRA is the same state at any scale (its rows are copied unscaled)."""
+        return tuple(sorted((slot, b.key if b.adapter.text_modules else (b.adapter.key, None))
+                            for slot, b in resolved.items() if b.adapter.text_parts))
 
     def bind(self, resolved: Resolved) -> float:
         """Merge the request's text-encoder LoRA and copy its embeddings into its slots' rows;
