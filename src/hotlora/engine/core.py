@@ -1,7 +1,8 @@
 """The warm engine: one compiled pipeline, one adapter writer; ``prepare`` a request once, ``run`` it once.
 
-    Engine.prepare(...)  on the request's thread: parameters checked, adapters resolved (fetched,
-                         converted, validated) and prepared for the writer -> PreparedRequest
+    Engine.check(r)      parameters, slots and scales checked, no I/O -> CheckedRequest
+    Engine.prepare(r)    on the request's thread: adapters resolved (fetched unless the server did,
+                         converted, validated) and prepared for the writers -> PreparedRequest
     Engine.run(p | [p])  on the serving thread: writer.bind per chunk, denoise, check the output
 """
 
@@ -14,7 +15,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -28,7 +29,9 @@ from hotlora.engine.pipeline import (
     compile_artifacts_path, compile_denoiser, default_device, default_dtype, graph_count, load_compile_artifacts,
     load_pipeline, save_compile_artifacts, set_attention_backend,
 )
-from hotlora.engine.request import CallParams, PreparedRequest, RequestRules, Resolved, UnservedShape
+from hotlora.engine.request import (
+    CallParams, CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Resolved, UnservedShape,
+)
 from hotlora.engine.runner import Timings, image_generators, run_pack, step_callback, synchronize
 from hotlora.engine.stepcache import apply_step_cache
 from hotlora.engine.warmup import chunk_key, measure_chunks, warm_up
@@ -219,25 +222,32 @@ class Engine:
 
     # ------------------------------------------------------------------ prepare once, run once
 
-    def prepare(self, prompt: str, *, adapters: Mapping[str, Any] | None = None, num_images: int = 1,
-                num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                height: int | None = None, width: int | None = None, seed: int = 0, output_type: str = "pil",
-                negative_prompt: str | None = None, progress: Callable[[int, int], None] | None = None,
-                params: CallParams | None = None) -> PreparedRequest:
+    def check(self, request: GenerationRequest) -> CheckedRequest:
+        """Parameters, then slots, scales and token names, each checked once; no I/O (the server
+        runs this before it fetches, so bad requests never wait for a download)."""
+        return CheckedRequest(request, self.rules.check_request(request), self.resolver.specs(request.adapters))
+
+    def prepare(self, request: str | GenerationRequest | CheckedRequest, *,
+                fetched: Mapping[str, Adapter] | None = None, **options) -> PreparedRequest:
         """Everything that can fail because of the request, on the caller's thread; nothing here
-        touches the model. ``progress(done, total)`` is called after each denoising step.
-        ``params``: what ``self.rules.check`` already returned for these arguments (the server
-        checks them before it fetches adapters, so bad parameters never wait for a download)."""
+        touches the model. ``request``: a prompt with ``options`` (GenerationRequest's fields:
+        adapters, num_images, num_inference_steps, guidance_scale, height, width, seed, output_type,
+        negative_prompt, progress), a GenerationRequest, or what ``check`` made of one.
+        ``progress(done, total)`` is called after each denoising step. ``fetched``: slot -> the
+        adapter already fetched for it (the server's); other slots are loaded here."""
         began = time.perf_counter()
-        if params is None:
-            params = self.rules.check(prompt, num_images, num_inference_steps, guidance_scale, height, width, seed,
-                                      output_type, negative_prompt)
-        resolved = self.resolver.resolve(adapters)
-        self.text.prepare(resolved, prompt, negative_prompt)  # checks first: raises before any planning
+        if isinstance(request, str):
+            request = GenerationRequest(request, **{**options, "adapters": options.get("adapters") or {}})
+        elif options:
+            raise TypeError(f"options {', '.join(options)} go with a prompt, not with a request")
+        checked = request if isinstance(request, CheckedRequest) else self.check(request)
+        r = checked.request
+        resolved = self.resolver.bind(checked.specs, fetched)
+        self.text.prepare(resolved, r.prompt, r.negative_prompt)  # checks first: raises before any planning
         self.writer.prepare(resolved)
         timings = Timings(resolve_ms=(time.perf_counter() - began) * 1000)
-        return PreparedRequest(prompt, params, resolved, num_images, seed, output_type, negative_prompt, progress,
-                               timings)
+        return PreparedRequest(r.prompt, checked.params, resolved, r.num_images, r.seed, r.output_type,
+                               r.negative_prompt, r.progress, timings)
 
     def run(self, work: PreparedRequest | Sequence[PreparedRequest]):
         """One prepared request (its pack in chunks of the compiled batch size) -> GenerationResult;

@@ -1,9 +1,13 @@
-"""A request, checked and resolved once: what ``Engine.prepare`` makes and ``Engine.run`` runs.
+"""A request, checked and resolved once, as typed values along one corridor:
 
-The server prepares on the request's own thread (parameters checked, adapters fetched, converted,
-validated and laid out for the writer) and queues the ``PreparedRequest``; the worker thread only
-runs it. Nothing is checked or resolved twice, and one ``Timings`` travels from prepare to the
-response.
+    GenerationRequest  what a front end asks (each route translates its body once)
+    CheckedRequest     ``Engine.check``: parameters, slots, scales, token names (no I/O)
+    PreparedRequest    ``Engine.prepare``: adapters fetched, validated, laid out for the writers
+                       (slot -> ``Binding``); ``Engine.run`` runs it
+
+The server checks and fetches on the event loop, prepares on a request thread and queues the
+``PreparedRequest``; the worker thread only runs it. Nothing is checked or resolved twice, and one
+``Timings`` travels from prepare to the response.
 """
 
 from __future__ import annotations
@@ -70,6 +74,40 @@ class CallParams:
 
 
 @dataclass(frozen=True)
+class GenerationRequest:
+    """One generation as every front end asks for it: each API route translates its body into one
+    (once), the Python API builds one from ``Engine.prepare``'s keywords. Nothing here is checked
+    yet: ``Engine.check`` does that, once.
+
+    ``adapters``: slot -> AdapterSpec (the routes); the Python API may also give any form the
+    resolver reads (a source, ``(source, scale)``, ``{"ref": ..}``), parsed by ``Engine.check``.
+    ``timeout_s``: the server's deadline for the request (None: the server's default)."""
+
+    prompt: str
+    adapters: Mapping[str, AdapterSpec] = field(default_factory=dict)
+    num_images: int = 1
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    height: int | None = None
+    width: int | None = None
+    seed: int = 0
+    negative_prompt: str | None = None
+    output_type: str = "pil"
+    timeout_s: float | None = None
+    progress: Callable[[int, int], None] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A GenerationRequest whose parameters and adapter specs were checked (``Engine.check``): no
+    I/O yet. ``specs`` hold every scale (a missing one is the catalog's default, else 1.0)."""
+
+    request: GenerationRequest
+    params: CallParams
+    specs: Mapping[str, AdapterSpec]
+
+
+@dataclass(frozen=True)
 class PreparedRequest:
     prompt: str
     params: CallParams
@@ -118,6 +156,12 @@ class RequestRules:
     def size_names(self) -> tuple[str, ...]:
         """The served sizes as WIDTHxHEIGHT strings (the OpenAI API's ``size``), default first."""
         return tuple(format_size(h, w) for h, w in self.sizes)
+
+    def check_request(self, request: "GenerationRequest") -> CallParams:
+        """``check`` on a request's parameters."""
+        r = request
+        return self.check(r.prompt, r.num_images, r.num_inference_steps, r.guidance_scale, r.height, r.width, r.seed,
+                          r.output_type, r.negative_prompt)
 
     def check(self, prompt, num_images=1, steps=None, guidance=None, height=None, width=None, seed=0,
               output_type="pil", negative_prompt=None) -> CallParams:

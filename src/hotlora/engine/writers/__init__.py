@@ -5,6 +5,10 @@ packed for one-copy swaps), ``banks`` (per-sample bank entries: several requests
 forward batch) and ``fused`` (no LoRA layers: the adapters merged into the weights in place,
 restored from a pristine copy). Each is a writer, not a branch in the engine: the engine holds
 one writer and only ever calls what ``AdapterWriter`` declares.
+
+Writers take ``{slot: Binding}`` made by ``Engine.prepare`` from specs ``Engine.check`` checked
+(slots included): they trust them and check nothing of the request again. "The same as last time"
+is ``Binding.key`` (``assignment_key`` for a whole assignment) in every writer.
 """
 
 from __future__ import annotations

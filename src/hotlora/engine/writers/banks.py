@@ -22,7 +22,6 @@ from torch import nn
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
 from hotlora.adapters.binding import Binding, Bindings
-from hotlora.adapters.resolver import check_slots
 from hotlora.engine.writers.slots import SwapReport, _Slot, ceiling_modules, write_padded
 from hotlora.errors import InvalidRequest, SlotStateCorrupt
 from hotlora.lru import LRU
@@ -143,7 +142,6 @@ class AdapterBank:
             raise InvalidRequest(f"batch of {len(samples) * repeat} exceeds the bank's {self.max_batch}")
         wanted: dict[tuple, Binding] = {}  # Binding.key -> binding: one entry per distinct binding
         for sample in samples:
-            check_slots(sample, self.slot_names)
             for slot, assigned in sample.items():
                 if assigned is not None and assigned.writes:
                     wanted[assigned.key] = assigned

@@ -44,7 +44,6 @@ import torch
 
 from hotlora.adapters.formats import Adapter, LoraWeights
 from hotlora.adapters.binding import Bindings, assignment_key
-from hotlora.adapters.resolver import check_slots
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
 from hotlora.engine.writers.slots import SwapReport, ceiling_modules
@@ -220,7 +219,6 @@ class FusedWriter:
     def swap(self, assignment: Bindings) -> SwapReport:
         """Merge ``assignment`` (slot -> (adapter, scale)) into the weights; slots not named are
         empty. Callers validate first. The same adapters and scales as now: nothing is written."""
-        check_slots(assignment, self.slot_names)
         start = time.perf_counter()
         report = SwapReport()
         signature = assignment_key(assignment)

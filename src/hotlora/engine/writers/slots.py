@@ -37,7 +37,6 @@ import torch
 
 from hotlora.adapters.binding import Binding, Bindings, assignment_key
 from hotlora.adapters.formats import Adapter
-from hotlora.adapters.resolver import check_slots
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
 from hotlora.engine.writers.packing import PackCache, PackedWeights, PackLayout
@@ -251,7 +250,6 @@ class SlotBank:
         Slots not named in ``assignments`` are emptied: a request gets exactly the adapters it
         names, never a previous request's.
         """
-        check_slots(assignments, self.slot_names)
         start = time.perf_counter()
         report = SwapReport()
         for name, slot in self._slots.items():
