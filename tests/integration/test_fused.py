@@ -16,8 +16,8 @@ import random
 import pytest
 import torch
 
-from hotlora.adapters.binding import Binding
 from hotlora import Engine
+from hotlora.adapters.binding import Binding
 from hotlora.errors import AdapterRejected, InvalidRequest
 from hotlora.testing import (
     kohya_flux_lora,

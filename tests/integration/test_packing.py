@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from hotlora.adapters.binding import Binding
 from hotlora import Engine
+from hotlora.adapters.binding import Binding
 from hotlora.adapters.formats import Adapter, LoraWeights
 from hotlora.engine.writers.packing import MAX_PADDING, PackLayout, pack
 from hotlora.testing import random_lora

@@ -25,7 +25,6 @@ from fastapi import Request
 
 from hotlora.adapters.binding import AdapterSpec
 from hotlora.adapters.formats import Adapter
-
 from hotlora.adapters.references import redact_reference
 from hotlora.config import ServerConfig
 from hotlora.engine.request import GenerationRequest
