@@ -381,10 +381,12 @@ def _fused_swap_measurements(engine, request, label: str, args, report: Report, 
     copy_ of the touched weights' bytes from where W0 lives (device memory, or pinned host memory
     for fused_host). The first swap of each request builds its plan (prepare()'s work) and is
     timed apart. Recorded as ``swap_fused`` / ``swap_fused_host``; a failure costs no other figure."""
+    from hotlora.adapters.binding import Binding
+
     try:
         writer = engine.writer
         (a, _), (b, _) = request["identity"], request["style"]
-        requests = [{"identity": (a, 0.8), "style": (b, 0.6)}, {"identity": (b, 0.8), "style": (a, 0.6)}]
+        requests = [{"identity": Binding(a, 0.8), "style": Binding(b, 0.6)}, {"identity": Binding(b, 0.8), "style": Binding(a, 0.6)}]
         touched = [engine.denoiser.get_submodule(m).weight for m in a.modules]
         nbytes = sum(w.nbytes for w in touched)
         row = {"rank": f"2 x r{a.rank}", "modules": len(a.modules), "bytes": nbytes, "restore": writer.restore}

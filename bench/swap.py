@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hotlora.adapters.binding import Binding  # noqa: E402
 from hotlora.benchmarking import (  # noqa: E402
     REPO, allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results,
 )
@@ -78,14 +79,14 @@ def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
             if device.type == "cuda":
                 modules = {m: LoraWeights(w.down.pin_memory(), w.up.pin_memory(), 1.0) for m, w in modules.items()}
                 adapter = Adapter(adapter.name, adapter.family, "diffusers", modules, sha256=adapter.sha256)
-            engine.writer.prepare({"identity": (adapter, 1.0)})  # what Engine.prepare does on a request's thread
+            engine.writer.prepare({"identity": Binding(adapter, 1.0)})  # what Engine.prepare does on a request's thread
             pair.append(adapter)
         state = {"i": 0}
 
         def swap():
             state["i"] += 1
             a, b = (pair[0], pair[1]) if state["i"] % 2 else (pair[1], pair[0])
-            report = engine.writer.swap({"identity": (a, 0.9), "style": (b, 0.7)})
+            report = engine.writer.swap({"identity": Binding(a, 0.9), "style": Binding(b, 0.7)})
             assert report.packed_writes == 2, "the bench measures the packed path"
 
         nbytes = 2 * pair[0].nbytes  # both slots
@@ -125,8 +126,8 @@ def fused_swap_rows(model: Path, ranks, repeats: int, restore: str = "auto") -> 
             sd = random_lora(linears, rank, seed=seed)
             modules = {m: LoraWeights(sd[f"{m}.lora_A.weight"], sd[f"{m}.lora_B.weight"], 1.0) for m in linears}
             pairs.append(Adapter(f"r{rank}-{seed}", engine.family.name, "diffusers", modules, sha256=f"{rank}-{seed}"))
-        requests = [{"identity": (pairs[0], 0.9), "style": (pairs[1], 0.7)},
-                    {"identity": (pairs[2], 0.9), "style": (pairs[3], 0.7)}]
+        requests = [{"identity": Binding(pairs[0], 0.9), "style": Binding(pairs[1], 0.7)},
+                    {"identity": Binding(pairs[2], 0.9), "style": Binding(pairs[3], 0.7)}]
         for request in requests:
             engine.writer.prepare(request)  # what Engine.prepare does on a request's thread
         state = {"i": 0}

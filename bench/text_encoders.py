@@ -40,6 +40,7 @@ def request(text_encoder, rank: int, seed: int):
     """Both slots: LoRA on every targeted layer and two embedding tokens each."""
     import torch
 
+    from hotlora.adapters.binding import Binding
     from hotlora.adapters.embeddings import Embeddings
     from hotlora.adapters.formats import Adapter, LoraWeights
 
@@ -54,7 +55,7 @@ def request(text_encoder, rank: int, seed: int):
                                 f"{seed}-{k}")
         adapter = Adapter(f"{slot}-{seed}", "flux", "diffusers", {}, f"{seed}{k}".ljust(64, "0"),
                           text_modules={"text_encoder": modules}, embeddings=embeddings)
-        out[slot] = (adapter, 0.8)
+        out[slot] = Binding(adapter, 0.8)
     return out
 
 

@@ -11,8 +11,9 @@ import base64
 import io
 import socket
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import httpx
 
@@ -130,3 +131,25 @@ def engine_reference(engine, model_dir, adapters, *, prompt, steps, num_images, 
         guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=seed,
         embeddings=embeddings,
     )
+
+
+@dataclass
+class PackRequest:
+    """One request's part of a mixed batch (``generate_batch``)."""
+
+    prompt: str
+    adapters: Mapping[str, Any] | None = None
+    num_images: int = 1
+    seed: int = 0
+    negative_prompt: str | None = None
+
+
+def generate_batch(engine, requests: Sequence[PackRequest], *, progress=None, **shared) -> list:
+    """Several requests, each with its own adapters, in ONE forward batch (mixed engines only), as
+    the worker batches them: each prepared, then run together. ``shared``: num_inference_steps,
+    guidance_scale, height, width, output_type."""
+    prepared = [engine.prepare(r.prompt, adapters=r.adapters, num_images=r.num_images, seed=r.seed,
+                               negative_prompt=r.negative_prompt, **shared) for r in requests]
+    if progress is not None and prepared:
+        prepared[0] = replace(prepared[0], progress=progress)
+    return engine.run(prepared)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hotlora import Engine
+from hotlora.adapters.binding import Binding
 from hotlora.engine.pipeline import graph_count
 from hotlora.errors import AdapterNotFound, AdapterRejected, InvalidRequest
 from hotlora.testing import (
@@ -171,20 +172,41 @@ def test_rejections_leave_the_engine_warm_and_unchanged(warm, tmp_path):
     torch.testing.assert_close(served(engine, good), reference(engine, model_dir, good), atol=TOLERANCE, rtol=0)
 
 
+def test_each_check_runs_once_per_request_through_the_python_api(warm, monkeypatch):
+    """``engine.generate(prompt, adapters=...)`` builds one GenerationRequest: slots checked once,
+    each adapter validated once (the writer's bind per chunk checks nothing again), and the images
+    equal what ``prepare(GenerationRequest)`` then ``run`` serve."""
+    import hotlora.adapters.resolver as resolver_module
+    from hotlora.engine.request import AdapterSpec, GenerationRequest
+
+    family, model_dir, engine = warm
+    adapters = {"identity": (str(model_dir / "adapters" / "identity-diffusers"), 0.9),
+                "style": AdapterSpec(str(model_dir / "adapters" / "style-diffusers"), 0.6)}
+    calls, validated = [], []
+    real, problems = resolver_module.check_slots, engine.resolver._problems
+    monkeypatch.setattr(resolver_module, "check_slots", lambda *a: (calls.append(a), real(*a))[1])
+    monkeypatch.setattr(engine.resolver, "_problems", lambda a: (validated.append(a.name), problems(a))[1])
+    # num_images > batch_size: several chunks, each bound by the writer.
+    first = served(engine, adapters, num_images=4, seed=5)
+    assert len(calls) == 1 and len(validated) == 2
+    request = GenerationRequest(PROMPT, adapters, num_images=4, num_inference_steps=STEPS, seed=5, output_type="latent")
+    assert torch.equal(engine.run(engine.prepare(request)).images, first)
+
+
 def test_swaps_copy_in_place_without_growth(warm):
     family, model_dir, engine = warm
     adapters = [model_dir / "adapters" / n for n in ("identity-diffusers", "style-diffusers", "identity-peft")]
     loaded = [engine.load_adapter(str(p)) for p in adapters]  # converted once, like the RAM cache will
     for adapter in loaded[:2]:  # two packed for the slots, one left per-module: both paths swap in place
-        engine.writer.prepare({"identity": (adapter, 1.0)})
+        engine.writer.prepare({"identity": Binding(adapter, 1.0)})
         assert engine.writer.packs.get(adapter) is not None
     params_before = [(n, p.data_ptr(), tuple(p.shape)) for n, p in engine.denoiser.named_parameters()]
-    engine.writer.swap({"identity": (loaded[0], 1.0), "style": (loaded[1], 0.5)})
+    engine.writer.swap({"identity": Binding(loaded[0], 1.0), "style": Binding(loaded[1], 0.5)})
     gc.collect()
     tensors_before = sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
     for i in range(200):
-        engine.writer.swap({"identity": (loaded[i % 3], 0.1 + (i % 13) / 10),
-                           "style": (loaded[(i + 1) % 3], 1.5 - (i % 7) / 10)})
+        engine.writer.swap({"identity": Binding(loaded[i % 3], 0.1 + (i % 13) / 10),
+                           "style": Binding(loaded[(i + 1) % 3], 1.5 - (i % 7) / 10)})
     gc.collect()
     tensors_after = sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
     assert tensors_after <= tensors_before

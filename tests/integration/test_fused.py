@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from hotlora import Engine
+from hotlora.adapters.binding import Binding
 from hotlora.errors import AdapterRejected, InvalidRequest
 from hotlora.testing import (
     kohya_flux_lora,
@@ -157,7 +158,7 @@ def random_adapters(engine, family, seed: str, count: int = 6):
 
 def random_requests(adapters, seed: str, count: int):
     rng = random.Random(seed)
-    return [{slot: (rng.choice(adapters), rng.choice([0.0, 0.3, 1.0, -0.7]))
+    return [{slot: Binding(rng.choice(adapters), rng.choice([0.0, 0.3, 1.0, -0.7]))
              for slot in ("identity", "style") if rng.random() < 0.8} for _ in range(count)]
 
 
@@ -192,7 +193,7 @@ def test_one_adapter_set_per_forward_batch_and_validation_still_applies(fused, t
     prefix = "transformer" if family == "flux" else "unet"
     a = engine.load_adapter({f"{prefix}.{k}": v for k, v in random_lora(linears, 2, 11).items()})
     with pytest.raises(InvalidRequest, match="cannot carry different adapters"):
-        engine.writer.bind([{"identity": (a, 1.0)}, {"identity": (a, 0.5)}])
+        engine.writer.bind([{"identity": Binding(a, 1.0)}, {"identity": Binding(a, 0.5)}])
     generate(engine, {})
     before = weights_hash(engine)
     bad = [
@@ -237,7 +238,7 @@ def test_bfloat16_fused_weights_equal_diffusers_fuse_lora(tiny_models, tmp_path,
                               rank=4, alpha=4)
     layers = [*linears, *convs]
     base = {name: engine.denoiser.get_submodule(name).weight.detach().float().clone() for name in layers}
-    loaded = {"identity": (engine.load_adapter(str(one)), 0.7), "style": (engine.load_adapter(str(two)), 1.2)}
+    loaded = {"identity": Binding(engine.load_adapter(str(one)), 0.7), "style": Binding(engine.load_adapter(str(two)), 1.2)}
     engine.writer.swap(loaded)
     pipeline = DiffusionPipeline.from_pretrained(str(model_dir), torch_dtype=torch.bfloat16, local_files_only=True)
     pipeline.load_lora_weights(str(one), adapter_name="one")

@@ -5,11 +5,11 @@ import random
 
 import pytest
 
-from hotlora.engine.core import PackRequest
+from hotlora.adapters.binding import Binding
 from hotlora.errors import InvalidRequest
 from hotlora.testing import plain_diffusers_reference
 
-from ..helpers import recompiles_are_errors
+from ..helpers import PackRequest, generate_batch, recompiles_are_errors
 
 TOLERANCE = 1e-4
 STEPS = 3
@@ -38,7 +38,7 @@ def test_every_sample_equals_its_single_request_result(mixed):
         sizes = rng.choice([[1, 1, 1], [2, 1], [1, 2], [3], [1, 1], [2]])
         requests = [random_request(rng, pool, n) for n in sizes]
         expected += len(requests)
-        results = engine.generate_batch(requests, num_inference_steps=STEPS, output_type="latent")
+        results = generate_batch(engine, requests, num_inference_steps=STEPS, output_type="latent")
         for request, result in zip(requests, results):
             reference = plain_diffusers_reference(
                 model_dir, {slot: (str(path), scale) for slot, (path, scale) in request.adapters.items()},
@@ -57,7 +57,7 @@ def test_single_requests_and_long_random_schedules_never_recompile(mixed):
     rng = random.Random(f"long-{family}")
     for _ in range(25):
         sizes = rng.choice([[1, 1, 1], [2, 1], [3], [1], [1, 1]])
-        engine.generate_batch([random_request(rng, pool, n) for n in sizes], num_inference_steps=1,
+        generate_batch(engine, [random_request(rng, pool, n) for n in sizes], num_inference_steps=1,
                               output_type="latent")
     single = engine.generate("a cat", adapters={"identity": (pool[0], 0.9)}, num_images=4, num_inference_steps=1,
                              output_type="latent")  # chunks 3 + 1, through the same bank
@@ -68,8 +68,8 @@ def test_single_requests_and_long_random_schedules_never_recompile(mixed):
 def test_bank_limits_are_request_errors(mixed):
     family, model_dir, engine, pool = mixed
     with pytest.raises(InvalidRequest, match="mixed batch holds"):
-        engine.generate_batch([PackRequest("a", num_images=2), PackRequest("b", num_images=2)])
+        generate_batch(engine, [PackRequest("a", num_images=2), PackRequest("b", num_images=2)])
     adapter = engine.load_adapter(str(pool[0]))
-    too_many = [{"identity": (adapter, 0.1 * i), "style": (adapter, 0.1 * i + 0.05)} for i in range(1, engine.writer.entries)]
+    too_many = [{"identity": Binding(adapter, 0.1 * i), "style": Binding(adapter, 0.1 * i + 0.05)} for i in range(1, engine.writer.entries)]
     with pytest.raises(InvalidRequest, match="distinct adapters in one batch"):
         engine.writer.assign(too_many)

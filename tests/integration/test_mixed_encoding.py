@@ -7,11 +7,10 @@ in one batch must keep their own. On the session's compiled ``mixed`` engines, w
 import pytest
 
 from hotlora.adapters.families import family_named
-from hotlora.engine.core import PackRequest
 from hotlora.errors import InvalidRequest
 from hotlora.testing import denoiser_linears, random_embeddings, random_lora, save_pivotal_lora, text_encoder_linears
 
-from ..helpers import fresh_pipeline, recompiles_are_errors
+from ..helpers import PackRequest, fresh_pipeline, generate_batch, recompiles_are_errors
 
 TOLERANCE = 1e-4
 STEPS = 2
@@ -39,7 +38,7 @@ def pivotal(mixed, tmp_path_factory):
 
 def _differences(engine, requests, **shared) -> list[float]:
     """Each request's largest difference from its answer alone."""
-    results = engine.generate_batch(requests, num_inference_steps=STEPS, output_type="latent", **shared)
+    results = generate_batch(engine, requests, num_inference_steps=STEPS, output_type="latent", **shared)
     diffs = []
     for request, result in zip(requests, results):
         alone = engine.generate(request.prompt, adapters=request.adapters, num_images=request.num_images,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hotlora import Engine
+from hotlora.adapters.binding import Binding
 from hotlora.adapters.formats import Adapter, LoraWeights
 from hotlora.engine.writers.packing import MAX_PADDING, PackLayout, pack
 from hotlora.testing import random_lora
@@ -51,9 +52,9 @@ def test_packing_keeps_every_weight_and_leaves_the_adapter_untouched(engine):
         assert torch.equal(engine.writer.layout.down_view(packed.down, module, 5), down)
         assert torch.equal(engine.writer.layout.up_view(packed.up, module, 5), up)
     # The writer packs once per adapter, on the request's thread, into its side table.
-    engine.writer.prepare({"identity": (adapter, 1.0)})
+    engine.writer.prepare({"identity": Binding(adapter, 1.0)})
     held = engine.writer.packs.get(adapter)
-    engine.writer.prepare({"style": (adapter, 0.5)})
+    engine.writer.prepare({"style": Binding(adapter, 0.5)})
     assert held is not None and engine.writer.packs.get(adapter) is held
 
 
@@ -104,7 +105,7 @@ def test_any_sequence_of_swaps_leaves_exactly_the_requested_update(engine):
         else:
             adapter = make_adapter(linears, rank, seed=10 + k)
         expected = deltas(adapter)
-        engine.writer.prepare({"identity": (adapter, 1.0)})
+        engine.writer.prepare({"identity": Binding(adapter, 1.0)})
         assert (engine.writer.packs.get(adapter) is None) == (k % 3 == 1)
         pool.append((adapter, expected))
     kinds = {"packed": 0, "per module": 0}
@@ -116,7 +117,7 @@ def test_any_sequence_of_swaps_leaves_exactly_the_requested_update(engine):
             adapter, expected = rng.choice(pool)
             scale = rng.choice([0.0, 0.35, 1.0, 1.4])
             request[slot] = (adapter, scale, expected)
-        report = engine.writer.swap({slot: (a, s) for slot, (a, s, _) in request.items()})
+        report = engine.writer.swap({slot: Binding(a, s) for slot, (a, s, _) in request.items()})
         kinds["packed"] += report.packed_writes
         kinds["per module"] += report.per_module_writes
         for slot in engine.writer.slot_names:
@@ -163,7 +164,7 @@ def test_a_packed_adapter_still_serialises_and_exports(engine, tmp_path):
     # Uneven alphas: the packed B holds them folded in; the adapter keeps its own scalings.
     adapter = make_adapter(linears, 3, seed=21, scalings={m: 0.2 * (1 + i % 3) for i, m in enumerate(linears)})
     expected = deltas(adapter)
-    engine.writer.prepare({"identity": (adapter, 1.0)})
+    engine.writer.prepare({"identity": Binding(adapter, 1.0)})
     assert engine.writer.packs.get(adapter) is not None
     for copy in (deserialize(serialize(adapter)),
                  load_adapter(save_as_diffusers(adapter, tmp_path / "exported"), family_named("flux"))):

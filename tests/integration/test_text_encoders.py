@@ -11,14 +11,13 @@ import torch
 
 from hotlora.adapters.formats import load_adapter
 from hotlora.adapters.families import family_named
-from hotlora.engine.core import PackRequest
 from hotlora.errors import AdapterRejected, InvalidRequest
 from hotlora.testing import (
     denoiser_linears, random_embeddings, random_lora, save_pivotal_lora, sd_scripts_metadata, sd_scripts_sdxl_lora,
     text_encoder_linears,
 )
 
-from ..helpers import TARGET_RANK, fresh_pipeline, recompiles_are_errors
+from ..helpers import TARGET_RANK, PackRequest, fresh_pipeline, generate_batch, recompiles_are_errors
 
 TOLERANCE = 1e-4
 STEPS = 2
@@ -162,7 +161,7 @@ def test_two_users_with_the_same_token_names_share_a_batch_and_keep_their_vector
     requests = [PackRequest(PROMPT, {"identity": (first, 1.0)}, num_images=1, seed=11),
                 PackRequest(PROMPT, {"identity": (second, 0.8), "style": (pool[1], 0.5)}, num_images=1, seed=12),
                 PackRequest("a red house", {"style": (pool[2], 1.0)}, num_images=1, seed=13)]
-    results = engine.generate_batch(requests, num_inference_steps=STEPS, output_type="latent")
+    results = generate_batch(engine, requests, num_inference_steps=STEPS, output_type="latent")
     references = [
         _reference(engine, model_dir, PROMPT, {"identity": (first, 1.0)}, [(first_vectors, ["<s0>", "<s1>"])], 11),
         _reference(engine, model_dir, PROMPT, {"identity": (second, 0.8), "style": (pool[1], 0.5)},

@@ -1,8 +1,11 @@
 """A request's ``{slot: spec}`` turned into checked adapters, before any engine state is touched.
 
-Holds no tensors of the model and knows no layout: each engine owns one, and the server runs it
-on request threads (through ``Engine.prepare``), so cold adapters are fetched and validated while
-the engine generates for others.
+Two steps, each run once per request: ``specs`` (slots, scales, token names: no I/O, so bad ones
+never wait for a download; ``Engine.check``) and ``bind`` (the fetched adapters renamed, validated
+and paired with their scales; ``Engine.prepare``). Between them the server fetches on its event
+loop. Holds no tensors of the model and knows no layout: each engine owns one, and the server runs
+it on request threads, so cold adapters are fetched and validated while the engine generates for
+others.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Mapping
 import torch
 
 from hotlora.adapters.families import Family
+from hotlora.adapters.binding import AdapterSpec, Binding
 from hotlora.adapters.embeddings import checked_tokens
 from hotlora.adapters.formats import Adapter, load_adapter
 from hotlora.adapters.validate import SlotCeiling, problems_with
@@ -49,48 +53,59 @@ class AdapterResolver:
             return self.store.get(source)
         return load_adapter(source, self.family, name=name, denoiser_config=self.denoiser_config)
 
-    def resolve(self, adapters: Mapping[str, Any] | None) -> dict[str, tuple[Adapter, float]]:
-        """Every problem of every adapter is collected, then raised once; nothing is half-done.
+    def resolve(self, adapters: Mapping[str, Any] | None) -> dict[str, Binding]:
+        """``specs`` then ``bind``: a request's ``{slot: spec}`` as checked bindings."""
+        return self.bind(self.specs(adapters))
 
-        A spec is a source, ``(source, scale)`` or ``{"ref": source, "scale": s, "tokens": [...]}``;
-        a missing scale is the catalog entry's default, else 1.0; ``tokens`` renames the adapter's
-        pivotal-tuning embeddings for this request (its prompt then uses these names).
-        """
-        resolved: dict[str, tuple[Adapter, float]] = {}
-        problems: list[str] = []
-        names = []
-        for slot, (source, scale, tokens) in self.sources(adapters).items():
-            adapter = self.load(source, name=source if isinstance(source, str) else None)
-            if tokens is not None:
-                adapter = renamed_tokens(adapter, tokens, slot)
-            problems += [f"[{slot}] {p}" for p in self._problems(adapter)]
-            if not problems:
-                problems += [f"[{slot}] {p}" for p in self._magnitude_problems(adapter, scale)]
-            names.append(f"{slot}={adapter.name}")
-            resolved[slot] = (adapter, scale)
-        if problems:
-            raise AdapterRejected(", ".join(names), problems)
-        return resolved
-
-    def sources(self, adapters: Mapping[str, Any] | None) -> dict[str, tuple[Any, float, tuple | None]]:
-        """``{slot: (source, scale, tokens)}`` with slots, scales and token names checked, before
-        anything is fetched; a missing scale is the catalog entry's default, else 1.0."""
+    def specs(self, adapters: Mapping[str, Any] | None) -> dict[str, AdapterSpec]:
+        """``{slot: AdapterSpec}`` with slots, scales and token names checked, before anything is
+        fetched: the one place a request's adapter specs are checked. A spec is an AdapterSpec, a
+        source, ``(source, scale)`` or ``{"ref": source, "scale": s, "tokens": [...]}``; a missing
+        scale becomes the catalog entry's default, else 1.0; ``tokens`` renames the adapter's
+        pivotal-tuning embeddings for this request (its prompt then uses these names)."""
         adapters = dict(adapters or {})
         check_slots(adapters, self.slot_names)
         out = {}
         for slot, spec in adapters.items():
             if spec is None:
                 continue
-            source, scale, tokens = split_spec(spec, slot)
+            spec = spec_of(spec, slot)
+            scale = spec.scale
             if scale is None:
-                default = self.store.default_scale(source) if self.store and isinstance(source, str) else None
+                default = self.store.default_scale(spec.ref) if self.store and isinstance(spec.ref, str) else None
                 scale = 1.0 if default is None else default
             # A finite scale can still overflow the pack (1e30 does); bounded like any other input.
             if abs(scale) > self.max_scale:
                 raise InvalidRequest(f"[{slot}] scale {scale:g} is outside the allowed range "
                                      f"-{self.max_scale:g}..{self.max_scale:g}")
-            out[slot] = (source, scale, tokens)
+            out[slot] = dataclasses.replace(spec, scale=scale)
         return out
+
+    def bind(self, specs: Mapping[str, AdapterSpec], fetched: Mapping[str, Adapter] | None = None
+             ) -> dict[str, Binding]:
+        """``specs`` (from ``specs``: not checked again) as validated bindings; ``fetched``: slot ->
+        the adapter the server already fetched for it, else it is loaded here. Every problem of
+        every adapter is collected, then raised once; nothing is half-done."""
+        fetched = fetched or {}
+        resolved: dict[str, Binding] = {}
+        problems: list[str] = []
+        names = []
+        for slot, spec in specs.items():
+            source = spec.ref
+            if slot in fetched:
+                adapter = fetched[slot]
+            else:
+                adapter = self.load(source, name=source if isinstance(source, str) else None)
+            if spec.tokens is not None:
+                adapter = renamed_tokens(adapter, spec.tokens, slot)
+            problems += [f"[{slot}] {p}" for p in self._problems(adapter)]
+            if not problems:
+                problems += [f"[{slot}] {p}" for p in self._magnitude_problems(adapter, spec.scale)]
+            names.append(f"{slot}={adapter.name}")
+            resolved[slot] = Binding(adapter, spec.scale)
+        if problems:
+            raise AdapterRejected(", ".join(names), problems)
+        return resolved
 
     def _magnitude_problems(self, adapter: Adapter, scale: float) -> list[str]:
         """Huge but finite weights overflow like a huge scale. ``peak`` bounds every entry of every
@@ -123,16 +138,20 @@ class AdapterResolver:
 
 
 def check_slots(adapters: Mapping[str, Any], slot_names) -> None:
-    """Unknown slots are one InvalidRequest everywhere (the resolver and every adapter writer)."""
+    """Unknown slots are one InvalidRequest, raised by ``specs`` (``Engine.check``), once per
+    request: writers are only ever given bindings made from checked specs."""
     unknown = [s for s in adapters if s not in slot_names]
     if unknown:
         shown = ", ".join(repr(str(s)[:64]) for s in unknown[:8])
         raise InvalidRequest(f"unknown slot(s) {shown}; this engine has {', '.join(slot_names)}")
 
 
-def split_spec(spec, slot: str) -> tuple[Any, float | None, tuple[str, ...] | None]:
+def spec_of(spec, slot: str) -> AdapterSpec:
+    """Any spec form the engine reads, as a checked AdapterSpec (its scale may still be None)."""
     tokens = None
-    if isinstance(spec, Mapping) and "ref" in spec:
+    if isinstance(spec, AdapterSpec):
+        source, scale, tokens = spec.ref, spec.scale, spec.tokens
+    elif isinstance(spec, Mapping) and "ref" in spec:
         source, scale, tokens = spec["ref"], spec.get("scale"), spec.get("tokens")
     elif isinstance(spec, tuple):
         if len(spec) != 2:
@@ -151,7 +170,7 @@ def split_spec(spec, slot: str) -> tuple[Any, float | None, tuple[str, ...] | No
             tokens = checked_tokens(tokens, len(tokens) if isinstance(tokens, (list, tuple)) else -1, f"[{slot}]")
         except AdapterFormatError as exc:
             raise InvalidRequest(str(exc)) from None
-    return source, None if scale is None else float(scale), tokens
+    return AdapterSpec(source, None if scale is None else float(scale), tokens)
 
 
 def renamed_tokens(adapter: Adapter, tokens: tuple[str, ...], slot: str) -> Adapter:

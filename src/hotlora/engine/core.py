@@ -1,7 +1,8 @@
 """The warm engine: one compiled pipeline, one adapter writer; ``prepare`` a request once, ``run`` it once.
 
-    Engine.prepare(...)  on the request's thread: parameters checked, adapters resolved (fetched,
-                         converted, validated) and prepared for the writer -> PreparedRequest
+    Engine.check(r)      parameters, slots and scales checked, no I/O -> CheckedRequest
+    Engine.prepare(r)    on the request's thread: adapters resolved (fetched unless the server did,
+                         converted, validated) and prepared for the writers -> PreparedRequest
     Engine.run(p | [p])  on the serving thread: writer.bind per chunk, denoise, check the output
 """
 
@@ -14,7 +15,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -28,12 +29,14 @@ from hotlora.engine.pipeline import (
     compile_artifacts_path, compile_denoiser, default_device, resolve_dtype, graph_count, load_compile_artifacts,
     load_pipeline, save_compile_artifacts, set_attention_backend,
 )
-from hotlora.engine.request import CallParams, PreparedRequest, RequestRules, Resolved, UnservedShape
+from hotlora.engine.request import (
+    CallParams, CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Resolved, UnservedShape,
+)
 from hotlora.engine.runner import Timings, image_generators, run_pack, step_callback, synchronize
 from hotlora.engine.stepcache import apply_step_cache
 from hotlora.engine.warmup import chunk_key, measure_chunks, warm_up
-from hotlora.engine.writers import AdapterWriter, SwapReport, install_writer
-from hotlora.engine.writers.text import TextEncoders, encode_prompts
+from hotlora.engine.prompts import batch_prompts
+from hotlora.engine.writers import AdapterWriter, SwapReport, TextWriter, install_text_writer, install_writer
 from hotlora.errors import EngineError, HotloraError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -48,17 +51,6 @@ RECOMPILES_PER_STATE = 8  # dynamo's default recompile limit covers the batch an
 # warm-up (dynamo's automatic dynamic shapes, duck shaping off): sizes after the second compile
 # nothing. False: one static graph per size and batch shape (``torch.compile(dynamic=False)``).
 DYNAMIC_SIZES = {"flux": True, "sdxl": True}
-
-
-@dataclass
-class PackRequest:
-    """One request's part of a mixed batch (``generate_batch``)."""
-
-    prompt: str
-    adapters: Mapping[str, Any] | None = None
-    num_images: int = 1
-    seed: int = 0
-    negative_prompt: str | None = None
 
 
 @dataclass
@@ -94,8 +86,7 @@ class Engine:
                   *self.defaults.get("base_model_aliases", [])]
         self.writer: AdapterWriter = install_writer(config, self.denoiser, family.name, served)
         # The text encoders' side (LoRA merged in, embeddings in reserved rows), before any compile.
-        self.text = TextEncoders(pipeline, family, self.writer.slot_names, lora=config.text_encoder_lora,
-                                 rows=config.embedding_rows, restore=config.fused_restore)
+        self.text: TextWriter = install_text_writer(config, pipeline, family, self.writer.slot_names)
         unet_config = self.denoiser.config if family.name == "sdxl" else None
         self.resolver = AdapterResolver(self.writer.slot_names, self.writer.ceiling, family, store,
                                         denoiser_config=unet_config, max_scale=self.limits.max_scale,
@@ -231,26 +222,32 @@ class Engine:
 
     # ------------------------------------------------------------------ prepare once, run once
 
-    def prepare(self, prompt: str, *, adapters: Mapping[str, Any] | None = None, num_images: int = 1,
-                num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                height: int | None = None, width: int | None = None, seed: int = 0, output_type: str = "pil",
-                negative_prompt: str | None = None, progress: Callable[[int, int], None] | None = None,
-                params: CallParams | None = None) -> PreparedRequest:
+    def check(self, request: GenerationRequest) -> CheckedRequest:
+        """Parameters, then slots, scales and token names, each checked once; no I/O (the server
+        runs this before it fetches, so bad requests never wait for a download)."""
+        return CheckedRequest(request, self.rules.check_request(request), self.resolver.specs(request.adapters))
+
+    def prepare(self, request: str | GenerationRequest | CheckedRequest, *,
+                fetched: Mapping[str, Adapter] | None = None, **options) -> PreparedRequest:
         """Everything that can fail because of the request, on the caller's thread; nothing here
-        touches the model. ``progress(done, total)`` is called after each denoising step.
-        ``params``: what ``self.rules.check`` already returned for these arguments (the server
-        checks them before it fetches adapters, so bad parameters never wait for a download)."""
+        touches the model. ``request``: a prompt with ``options`` (GenerationRequest's fields:
+        adapters, num_images, num_inference_steps, guidance_scale, height, width, seed, output_type,
+        negative_prompt, progress), a GenerationRequest, or what ``check`` made of one.
+        ``progress(done, total)`` is called after each denoising step. ``fetched``: slot -> the
+        adapter already fetched for it (the server's); other slots are loaded here."""
         began = time.perf_counter()
-        if params is None:
-            params = self.rules.check(prompt, num_images, num_inference_steps, guidance_scale, height, width, seed,
-                                      output_type, negative_prompt)
-        resolved = self.resolver.resolve(adapters)
-        self.text.check(resolved, prompt, negative_prompt)
+        if isinstance(request, str):
+            request = GenerationRequest(request, **{**options, "adapters": options.get("adapters") or {}})
+        elif options:
+            raise TypeError(f"options {', '.join(options)} go with a prompt, not with a request")
+        checked = request if isinstance(request, CheckedRequest) else self.check(request)
+        r = checked.request
+        resolved = self.resolver.bind(checked.specs, fetched)
+        self.text.prepare(resolved, r.prompt, r.negative_prompt)  # checks first: raises before any planning
         self.writer.prepare(resolved)
-        self.text.prepare(resolved)
         timings = Timings(resolve_ms=(time.perf_counter() - began) * 1000)
-        return PreparedRequest(prompt, params, resolved, num_images, seed, output_type, negative_prompt, progress,
-                               timings)
+        return PreparedRequest(r.prompt, checked.params, resolved, r.num_images, r.seed, r.output_type,
+                               r.negative_prompt, r.progress, timings)
 
     def run(self, work: PreparedRequest | Sequence[PreparedRequest]):
         """One prepared request (its pack in chunks of the compiled batch size) -> GenerationResult;
@@ -263,15 +260,6 @@ class Engine:
     def generate(self, prompt: str, **kwargs) -> GenerationResult:
         """``prepare`` then ``run``: one pack (see ``prepare`` for the arguments)."""
         return self.run(self.prepare(prompt, **kwargs))
-
-    def generate_batch(self, requests: Sequence[PackRequest], *, progress=None, **shared) -> list:
-        """Several requests, each with its own adapters, in ONE forward batch (mixed engines only).
-        ``shared``: num_inference_steps, guidance_scale, height, width, output_type."""
-        prepared = [self.prepare(r.prompt, adapters=r.adapters, num_images=r.num_images, seed=r.seed,
-                                 negative_prompt=r.negative_prompt, **shared) for r in requests]
-        if progress is not None and prepared:
-            prepared[0] = replace(prepared[0], progress=progress)
-        return self.run(prepared)
 
     def _run_pack(self, request: PreparedRequest) -> GenerationResult:
         began, timings = time.perf_counter(), request.timings
@@ -295,8 +283,8 @@ class Engine:
         timings.swap_ms = swap.ms
         images = self._finish(images, request.output_type)
         timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
-        return GenerationResult(images, request.seeds, timings, swap, _served(request.adapters, self.text.lora),
-                                self.recompiles, request.size, request.snapped_from)
+        return GenerationResult(images, request.seeds, timings, swap,
+                                _served(request.adapters, self.text.lora_encoders), self.recompiles, request.size, request.snapped_from)
 
     def _run_together(self, requests: list[PreparedRequest]) -> list:
         total = sum(r.num_images for r in requests)
@@ -317,7 +305,8 @@ class Engine:
         bounds = [sum(r.num_images for r in requests[:i]) for i in range(len(requests) + 1)]
         with self._engine_section():
             swap = self.writer.bind(samples, repeat=self._batch_factor(first.params))
-            call.update(self._batch_prompts(requests, swap))
+            call.update(batch_prompts(self.text, self.pipeline, self.family, requests,
+                                      self.uses_cfg(first.params.guidance_scale), swap))
             step_began = time.perf_counter()
             images = self.pipeline(num_images_per_prompt=1,
                                    generator=[g for r in requests for g in image_generators(r.seed, 0, r.num_images)],
@@ -339,40 +328,9 @@ class Engine:
             timings = replace(request.timings, swap_ms=swap.ms, generate_ms=[generate_ms])
             timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
             results.append(GenerationResult(self._finish(images[bounds[i]:bounds[i + 1]], first.output_type),
-                                            request.seeds, timings, swap, _served(request.adapters, self.text.lora),
-                                            self.recompiles, request.size, request.snapped_from))
+                                            request.seeds, timings, swap,
+                                            _served(request.adapters, self.text.lora_encoders), self.recompiles, request.size, request.snapped_from))
         return results
-
-    def _batch_prompts(self, requests: list[PreparedRequest], swap: SwapReport) -> dict:
-        """The prompt arguments of one mixed forward batch, one entry per image. Requests whose
-        text encoders must hold the same (no text parts, or the same ones) are encoded by the
-        pipeline itself; requests needing different text-encoder states (two users' embeddings
-        under the same token names, different text-encoder LoRA) are encoded group by group here,
-        each with its own state bound, and the pipeline is given the embeddings.
-
-        Under CFG, requests with and without a negative prompt are encoded apart too: SDXL's
-        ``encode_prompt`` makes zeros for a missing negative prompt (``force_zeros_for_empty_prompt``)
-        but encodes a given one, even "", and one call cannot do both for a list of prompts. Each
-        group is encoded exactly as it would be alone, and the batch still denoises together (an
-        extra text-encoder pass per group, rather than a ``batch_key`` that would split the batch)."""
-        cfg = self.uses_cfg(requests[0].params.guidance_scale)
-        groups: dict[tuple, list[int]] = {}
-        for i, request in enumerate(requests):
-            key = (self.text.signature(request.adapters), cfg and request.negative_prompt is None)
-            groups.setdefault(key, []).append(i)
-        texts = [self.text.prompts(r.adapters, r.prompt, r.negative_prompt) for r in requests]
-        owners = [i for i, r in enumerate(requests) for _ in range(r.num_images)]  # image -> its request
-        if len(groups) == 1:
-            swap.text_ms += self.text.bind(requests[0].adapters)
-            return _columns([texts[i] for i in owners])
-        parts: dict[int, dict] = {}
-        for members in groups.values():
-            swap.text_ms += self.text.bind(requests[members[0]].adapters)
-            images = [image for image, owner in enumerate(owners) if owner in members]
-            encoded = encode_prompts(self.pipeline, self.family, _columns([texts[owners[i]] for i in images]), cfg)
-            for row, image in enumerate(images):
-                parts[image] = {name: tensor[row:row + 1] for name, tensor in encoded.items()}
-        return {name: torch.cat([parts[i][name] for i in range(len(owners))]) for name in parts[0]}
 
     def _batch_factor(self, params: CallParams) -> int:
         """SDXL runs classifier-free guidance as one doubled batch [uncond..., cond...]."""
@@ -425,18 +383,6 @@ class Engine:
         if output_type == "pil":
             images = self.pipeline.image_processor.numpy_to_pil(self.pipeline.image_processor.pt_to_numpy(images))
         return images
-
-
-def _columns(rows: list[dict]) -> dict:
-    """Per-image prompt arguments -> per-argument lists. An argument a row lacks takes what the
-    pipeline would derive: ``prompt_2`` is ``prompt``, ``negative_prompt_2`` the negative prompt.
-    A missing negative prompt beside given ones becomes "" (one list per argument): only without
-    CFG, where no negative is encoded; under CFG ``_batch_prompts`` never mixes the two kinds, as
-    a missing one is zeros on SDXL, not ""."""
-    names = {name for row in rows for name in row}
-    defaults = {"prompt_2": lambda row: row["prompt"], "negative_prompt_2": lambda row: row.get("negative_prompt")}
-    return {name: [row.get(name) or (defaults[name](row) if name in defaults else None) or "" for row in rows]
-            for name in sorted(names)}
 
 
 def _served(resolved: Resolved, text_encoders=()) -> dict:

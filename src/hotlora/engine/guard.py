@@ -13,6 +13,7 @@ from typing import Mapping
 
 import torch
 
+from hotlora.adapters.binding import Binding
 from hotlora.adapters.formats import Adapter
 from hotlora.errors import EngineError, InvalidRequest
 
@@ -24,7 +25,7 @@ class NonFiniteOutput(InvalidRequest):
     the adapters (or their scales) overflowed it. The caller's fault; the engine stays warm."""
 
 
-def check_finite(images, resolved: Mapping[str, tuple[Adapter, float]], pipeline) -> None:
+def check_finite(images, resolved: Mapping[str, Binding], pipeline) -> None:
     if _all_finite(images):
         return
     if resolved and base_weights_finite(pipeline):

@@ -1,9 +1,13 @@
-"""A request, checked and resolved once: what ``Engine.prepare`` makes and ``Engine.run`` runs.
+"""A request, checked and resolved once, as typed values along one corridor:
 
-The server prepares on the request's own thread (parameters checked, adapters fetched, converted,
-validated and laid out for the writer) and queues the ``PreparedRequest``; the worker thread only
-runs it. Nothing is checked or resolved twice, and one ``Timings`` travels from prepare to the
-response.
+    GenerationRequest  what a front end asks (each route translates its body once)
+    CheckedRequest     ``Engine.check``: parameters, slots, scales, token names (no I/O)
+    PreparedRequest    ``Engine.prepare``: adapters fetched, validated, laid out for the writers
+                       (slot -> ``Binding``); ``Engine.run`` runs it
+
+The server checks and fetches on the event loop, prepares on a request thread and queues the
+``PreparedRequest``; the worker thread only runs it. Nothing is checked or resolved twice, and one
+``Timings`` travels from prepare to the response.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from hotlora.adapters.formats import Adapter
+from hotlora.adapters.binding import AdapterSpec, Binding, Bindings, assignment_key  # noqa: F401 (re-exported)
 from hotlora.config import RequestLimits, format_size
 from hotlora.engine.runner import Timings
 from hotlora.errors import InvalidRequest, RequestTooLarge
@@ -20,7 +24,7 @@ from hotlora.errors import InvalidRequest, RequestTooLarge
 OUTPUT_TYPES = ("pil", "latent", "pt", "np")
 MAX_PROMPT_CHARS = 10_000  # prompts are truncated to the text encoders' length anyway
 
-Resolved = Mapping[str, tuple[Adapter, float]]  # slot -> (validated adapter, scale)
+Resolved = Mapping[str, Binding]  # slot -> validated adapter and scale
 
 
 class UnservedShape(InvalidRequest):
@@ -67,6 +71,40 @@ class CallParams:
     def pipeline_kwargs(self) -> dict:
         return {"num_inference_steps": self.num_inference_steps, "guidance_scale": self.guidance_scale,
                 "height": self.height, "width": self.width}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation as every front end asks for it: each API route translates its body into one
+    (once), the Python API builds one from ``Engine.prepare``'s keywords. Nothing here is checked
+    yet: ``Engine.check`` does that, once.
+
+    ``adapters``: slot -> AdapterSpec (the routes); the Python API may also give any form the
+    resolver reads (a source, ``(source, scale)``, ``{"ref": ..}``), parsed by ``Engine.check``.
+    ``timeout_s``: the server's deadline for the request (None: the server's default)."""
+
+    prompt: str
+    adapters: Mapping[str, AdapterSpec] = field(default_factory=dict)
+    num_images: int = 1
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    height: int | None = None
+    width: int | None = None
+    seed: int = 0
+    negative_prompt: str | None = None
+    output_type: str = "pil"
+    timeout_s: float | None = None
+    progress: Callable[[int, int], None] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A GenerationRequest whose parameters and adapter specs were checked (``Engine.check``): no
+    I/O yet. ``specs`` hold every scale (a missing one is the catalog's default, else 1.0)."""
+
+    request: GenerationRequest
+    params: CallParams
+    specs: Mapping[str, AdapterSpec]
 
 
 @dataclass(frozen=True)
@@ -118,6 +156,12 @@ class RequestRules:
     def size_names(self) -> tuple[str, ...]:
         """The served sizes as WIDTHxHEIGHT strings (the OpenAI API's ``size``), default first."""
         return tuple(format_size(h, w) for h, w in self.sizes)
+
+    def check_request(self, request: "GenerationRequest") -> CallParams:
+        """``check`` on a request's parameters."""
+        r = request
+        return self.check(r.prompt, r.num_images, r.num_inference_steps, r.guidance_scale, r.height, r.width, r.seed,
+                          r.output_type, r.negative_prompt)
 
     def check(self, prompt, num_images=1, steps=None, guidance=None, height=None, width=None, seed=0,
               output_type="pil", negative_prompt=None) -> CallParams:

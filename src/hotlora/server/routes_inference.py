@@ -18,7 +18,7 @@ from hotlora.errors import InvalidRequest, RequestTooLarge
 from hotlora.server.errors import validation_error
 from hotlora.server.images import MEDIA_TYPES, format_from_accept
 from hotlora.server.middleware import UnsupportedMediaType
-from hotlora.server.schemas import MAX_REF_CHARS, HFRequest, specs
+from hotlora.server.schemas import MAX_REF_CHARS, HFRequest
 from hotlora.server.service import Service, result_headers
 
 
@@ -63,18 +63,10 @@ async def inference_api(service: Service, request: Request) -> Response:
         raise InvalidRequest(f"{EXPECTED}; {validation_error(exc.errors())}") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise InvalidRequest(f"{EXPECTED}: {exc}") from None
-    params = body.parameters
-    adapters = specs(params.adapters)
     header = request.headers.get("lora")
     if header and len(header) > MAX_REF_CHARS:
         raise RequestTooLarge(f"the lora header has {len(header)} characters; the limit is {MAX_REF_CHARS}")
-    if header:
-        adapters[service.config.lora_header_slot] = {"ref": header, "scale": params.lora_scale}
     fmt = format_from_accept(request.headers.get("accept"))
-    out = await service.generate(
-        request, prompt=body.inputs, adapters=adapters, fmt=fmt, negative_prompt=params.negative_prompt,
-        num_inference_steps=params.num_inference_steps, guidance_scale=params.guidance_scale,
-        width=params.width, height=params.height, seed=params.seed,
-    )
+    out = await service.generate(request, body.to_request(header, service.config.lora_header_slot), fmt=fmt)
     return Response(out["images"][0], media_type=MEDIA_TYPES[fmt],
                     headers=result_headers(out))

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from hotlora.errors import HotloraError
 from hotlora.server.errors import stream_error
-from hotlora.server.schemas import GenerateRequest, specs
+from hotlora.server.schemas import GenerateRequest
 from hotlora.server.service import Service, result_headers
 
 log = logging.getLogger(__name__)
@@ -63,10 +63,5 @@ def json_routes(service: Service) -> APIRouter:
 
 async def generate_json(service: Service, body: GenerateRequest, request: Request, progress=None) -> dict:
     """The /v1/generate body: the service's answer with the images base64-encoded."""
-    out = await service.generate(
-        request, prompt=body.prompt, adapters=specs(body.adapters), fmt=body.output_format,
-        num_images=body.num_images, timeout_s=body.timeout_s, negative_prompt=body.negative_prompt,
-        num_inference_steps=body.num_inference_steps, guidance_scale=body.guidance_scale, width=body.width,
-        height=body.height, seed=body.seed, progress=progress,
-    )
+    out = await service.generate(request, body.to_request(progress), fmt=body.output_format)
     return {**out, "images": [base64.b64encode(b).decode() for b in out["images"]], "format": body.output_format}

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from hotlora.errors import InvalidRequest
-from hotlora.server.schemas import OpenAIImagesRequest, specs
+from hotlora.server.schemas import OpenAIImagesRequest
 from hotlora.server.service import Service, result_headers
 
 
@@ -21,9 +21,7 @@ def openai_routes(service: Service) -> APIRouter:
     async def openai_images(body: OpenAIImagesRequest, request: Request):
         if body.response_format != "b64_json":
             raise InvalidRequest("only response_format=b64_json is supported (hotlora keeps no image URLs)")
-        width, height = body.dimensions()
-        out = await service.generate(request, prompt=body.prompt, adapters=specs(body.adapters), fmt="png",
-                                     num_images=body.n, width=width, height=height, seed=body.seed)
+        out = await service.generate(request, body.to_request(), fmt="png")
         data = [{"b64_json": base64.b64encode(b).decode()} for b in out["images"]]
         # `size` is in OpenAI's own answers (gpt-image-1); `snapped_from` is hotlora's, when size_policy
         # "nearest" served another size than the one asked for.

@@ -1,13 +1,18 @@
-"""Request bodies of the three APIs, and their translation into one engine request."""
+"""Request bodies of the three APIs, and their translation into one engine request: each body's
+``to_request`` is the only place its fields become a ``GenerationRequest``."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hotlora.config import parse_size
 from hotlora.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from hotlora.adapters.binding import AdapterSpec as Spec
+    from hotlora.engine.request import GenerationRequest
 
 Format = Literal["png", "jpeg", "webp"]
 # Every field is bounded: the body cap bounds the whole, these say which field is too big.
@@ -47,6 +52,13 @@ class GenerateRequest(BaseModel):
     output_format: Format = "png"
     timeout_s: float | None = Field(default=None, gt=0, le=3600)
 
+    def to_request(self, progress=None) -> GenerationRequest:
+        from hotlora.engine.request import GenerationRequest  # here: importing schemas needs no torch
+
+        return GenerationRequest(self.prompt, specs(self.adapters), self.num_images, self.num_inference_steps,
+                                 self.guidance_scale, self.height, self.width, self.seed or 0, self.negative_prompt,
+                                 timeout_s=self.timeout_s, progress=progress)
+
 
 class HFParameters(BaseModel):
     """The ``parameters`` of the Hugging Face inference API for text-to-image (extras allowed, ignored)."""
@@ -66,6 +78,18 @@ class HFRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     inputs: Prompt
     parameters: HFParameters = Field(default_factory=HFParameters)
+
+    def to_request(self, lora: str | None = None, lora_slot: str = "") -> GenerationRequest:
+        """``lora``: the ``lora`` header's reference, for ``lora_slot`` at ``parameters.lora_scale``."""
+        from hotlora.adapters.binding import AdapterSpec as Spec  # here: importing schemas needs no torch
+        from hotlora.engine.request import GenerationRequest
+
+        params = self.parameters
+        adapters = specs(params.adapters)
+        if lora:
+            adapters[lora_slot] = Spec(lora, params.lora_scale)
+        return GenerationRequest(self.inputs, adapters, 1, params.num_inference_steps, params.guidance_scale,
+                                 params.height, params.width, params.seed or 0, params.negative_prompt)
 
 
 class OpenAIImagesRequest(BaseModel):
@@ -88,11 +112,17 @@ class OpenAIImagesRequest(BaseModel):
         return value
 
     def dimensions(self) -> tuple[int | None, int | None]:
-        """(width, height); None for the model's default (no size, or OpenAI's "auto")."""
+        """(height, width); None for the model's default (no size, or OpenAI's "auto")."""
         if not self.size or self.size == "auto":
             return None, None
-        height, width = parse_size(self.size)
-        return width, height
+        return parse_size(self.size)
+
+    def to_request(self) -> GenerationRequest:
+        from hotlora.engine.request import GenerationRequest  # here: importing schemas needs no torch
+
+        height, width = self.dimensions()
+        return GenerationRequest(self.prompt, specs(self.adapters), self.n, height=height, width=width,
+                                 seed=self.seed or 0)
 
 
 class PrefetchRequest(BaseModel):
@@ -100,16 +130,19 @@ class PrefetchRequest(BaseModel):
     refs: list[Ref] = Field(min_length=1, max_length=64)
 
 
-def specs(adapters) -> dict:
-    """``{slot: "ref" | {"ref", "scale"} | None}`` as the engine's spec dicts."""
+def specs(adapters) -> dict[str, Spec]:
+    """``{slot: "ref" | {"ref", "scale", "tokens"} | None}`` as the engine's AdapterSpecs (an empty
+    slot is left out); checked once, by ``Engine.check``."""
+    from hotlora.adapters.binding import AdapterSpec as Spec  # here: importing schemas needs no torch
+
     out = {}
     for slot, spec in (adapters or {}).items():
         if spec is None:
             continue
         if isinstance(spec, str):
-            out[slot] = {"ref": spec, "scale": None}
+            out[slot] = Spec(spec)
         elif isinstance(spec, AdapterSpec):
-            out[slot] = spec.model_dump()
+            out[slot] = Spec(spec.ref, spec.scale, None if spec.tokens is None else tuple(spec.tokens))
         else:
             raise InvalidRequest(f"[{slot}] adapter spec must be a reference string or {{ref, scale}}")
     return out

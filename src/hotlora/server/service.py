@@ -7,8 +7,10 @@ fetches holds no admission slot, only a place in its client's bounded share
 each client a share of its workers and puts requests before prefetches. A request's deadline
 (``timeout_s``) counts from its arrival and covers the fetch wait as well as the queue.
 
-The routes only translate their API's request into ``Service.generate`` and its result into their
-API's response.
+The routes only translate their API's request into one ``GenerationRequest`` (once) and the
+result into their API's response. The service keeps to admission, fetching (it owns the event
+loop, the client's share and the deadline), queueing and encoding: checking, validating and laying
+out are the engine's (``Engine.check`` before the fetch, ``Engine.prepare`` after), each once.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ import asyncio
 import logging
 import threading
 import time
+from typing import Mapping
 
 from fastapi import Request
 
+from hotlora.adapters.binding import AdapterSpec
+from hotlora.adapters.formats import Adapter
 from hotlora.adapters.references import redact_reference
 from hotlora.config import ServerConfig
+from hotlora.engine.request import GenerationRequest
 from hotlora.engine.worker import DeadlineExceeded, Job, NotAccepting, Overloaded, Worker
 from hotlora.errors import HotloraError
 from hotlora.server.access import Access
@@ -62,34 +68,28 @@ class Service:
         with self._lock:
             self._pending -= 1
 
-    async def generate(self, request: Request, *, prompt: str, adapters: dict, fmt: str, num_images: int = 1,
-                       timeout_s: float | None = None, progress=None, **params) -> dict:
-        """Validate, resolve, queue, wait (watching the client), encode. Returns images and timings."""
+    async def generate(self, request: Request, job: GenerationRequest, fmt: str) -> dict:
+        """Check, fetch, prepare, queue, wait (watching the client), encode. Returns images and
+        timings. ``job``: the route's translation of its body (``output_type`` "pil": encoded here)."""
         began = time.monotonic()
-        deadline = began + (timeout_s or self.config.request_timeout_s)  # the fetch wait counts too
+        deadline = began + (job.timeout_s or self.config.request_timeout_s)  # the fetch wait counts too
         principal = self.access.principal_of(request)
         client = self.access.client_of(request)
-        self.check_sources(principal, [spec["ref"] for spec in adapters.values() if spec])  # before any fetch
+        self.check_sources(principal, [spec.ref for spec in job.adapters.values()])  # before any fetch
         if not self.worker.ready:
             raise NotAccepting("the engine is not ready (starting, rebuilding or shutting down)")
         engine = self.worker.engine
         if engine is None:
             raise NotAccepting("the engine is rebuilding")
-        seed, negative = params.get("seed") or 0, params.get("negative_prompt")
-        # Parameters first: bad ones never wait for a download.
-        checked = engine.rules.check(prompt, num_images, params.get("num_inference_steps"),
-                                     params.get("guidance_scale"), params.get("height"), params.get("width"),
-                                     seed, "pil", negative)
+        checked = engine.check(job)  # parameters and specs first: bad ones never wait for a download
         fetch_began = time.monotonic()
         # Waiting on fetches holds a place in the client's own share, not an admission slot: one
         # client's slow sources cannot turn everyone else's cached requests away.
         with self._fetching.hold(client):
-            fetched = await self.fetch(engine.resolver, adapters, principal, client, deadline)
+            fetched = await self.fetch(engine.store, checked.specs, principal, client, deadline)
         self.admit()
         try:
-            prepared = await asyncio.to_thread(engine.prepare, prompt, adapters=fetched, num_images=num_images,
-                                               seed=seed, output_type="pil", negative_prompt=negative,
-                                               progress=progress, params=checked)
+            prepared = await asyncio.to_thread(engine.prepare, checked, fetched=fetched)
             fetch_ms = (time.monotonic() - fetch_began) * 1000
             job = Job(prepared, deadline=deadline)
             future = asyncio.wrap_future(self.worker.submit(job))
@@ -122,23 +122,22 @@ class Service:
         store = self.worker.store
         principal.check_references(refs, catalog_names=store.catalog if store is not None else ())
 
-    async def fetch(self, resolver, adapters: dict, principal: Principal, client: str = "local",
-                    deadline: float | None = None) -> dict:
-        """Fetch every slot's adapter concurrently on the store's own fetch pool, in the request
-        lane under ``client``'s share (a RAM-cached adapter returns at once, never behind someone's
-        slow download), waiting until ``deadline`` at most (504 then; the fetch goes on and its
-        result is cached); ``Engine.prepare`` validates them. Slots and scales are checked before
-        any download. Each adapter goes on under the caller's own reference: a content-addressed
-        hit carries the first fetcher's."""
-        store = resolver.store
+    async def fetch(self, store, specs: Mapping[str, AdapterSpec], principal: Principal, client: str = "local",
+                    deadline: float | None = None) -> dict[str, Adapter]:
+        """Fetch every slot's adapter (``specs``: checked by ``Engine.check``) concurrently on the
+        store's own fetch pool, in the request lane under ``client``'s share (a RAM-cached adapter
+        returns at once, never behind someone's slow download), waiting until ``deadline`` at most
+        (504 then; the fetch goes on and its result is cached); ``Engine.prepare`` validates them.
+        Each adapter goes on under the caller's own reference: a content-addressed hit carries the
+        first fetcher's. Slot -> adapter; slots left out (no store) are loaded by the engine."""
+        if store is None:
+            return {}
 
-        async def fetch(slot, source, scale, tokens):
-            if isinstance(source, str) and store is not None:
-                source = self.access.named(principal, await store.aget(source, client=client), source)
-            return slot, {"ref": source, "scale": scale, "tokens": tokens}
+        async def fetch(slot, ref):
+            return slot, self.access.named(principal, await store.aget(ref, client=client), ref)
 
-        specs = resolver.sources(adapters)
-        everything = asyncio.gather(*(fetch(slot, *spec) for slot, spec in specs.items()))
+        everything = asyncio.gather(*(fetch(slot, spec.ref) for slot, spec in specs.items()
+                                      if isinstance(spec.ref, str)))
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             return dict(await asyncio.wait_for(everything, timeout=left))

@@ -5,6 +5,10 @@ packed for one-copy swaps), ``banks`` (per-sample bank entries: several requests
 forward batch) and ``fused`` (no LoRA layers: the adapters merged into the weights in place,
 restored from a pristine copy). Each is a writer, not a branch in the engine: the engine holds
 one writer and only ever calls what ``AdapterWriter`` declares.
+
+Writers take ``{slot: Binding}`` made by ``Engine.prepare`` from specs ``Engine.check`` checked
+(slots included): they trust them and check nothing of the request again. "The same as last time"
+is ``Binding.key`` (``assignment_key`` for a whole assignment) in every writer.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Mapping, Protocol, Sequence
 
+from hotlora.adapters.binding import Binding, Bindings
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.config import EngineConfig
 from hotlora.engine.writers.slots import SwapReport
 
-Assignment = Mapping[str, "tuple[Adapter, float] | None"]  # slot -> adapter and scale
+Assignment = Bindings  # slot -> Binding (None or absent: empty); ``Binding.key`` says what changed
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +32,7 @@ class AdapterWriter(Protocol):
     ceiling: SlotCeiling  # what adapters must fit: modules, shapes, rank (checked before prepare)
     mixes_requests: bool  # whether one bind may carry several requests' different adapters
 
-    def prepare(self, resolved: Mapping[str, tuple[Adapter, float]]) -> None:
+    def prepare(self, resolved: Mapping[str, Binding]) -> None:
         """On the request's thread, after validation: any per-adapter work the swap should not pay
         (a layout copy). Never mutates the adapters."""
 
@@ -53,6 +58,51 @@ class AdapterWriter(Protocol):
         """Memory the writer holds on the device."""
 
 
+class TextWriter(Protocol):
+    """The text encoders' side of a request (engine/writers/text.py): text-encoder LoRA merged,
+    pivotal-tuning embeddings in reserved token rows, prompts mapped onto those rows. A second
+    protocol, not an ``AdapterWriter``: it binds once per request (not per chunk), and besides
+    weights it rewrites the request's prompts. The engine calls it only through these, one
+    method per phase."""
+
+    lora_encoders: tuple[str, ...]  # text encoders whose LoRA is merged; others' is skipped
+
+    def problems(self, adapter: Adapter) -> list[str]:
+        """Validation, with the rest of the adapter: what of its text parts cannot be served."""
+
+    def prepare(self, resolved: Mapping[str, Binding], *texts: str | None) -> None:
+        """On the request's thread: InvalidRequest for token names or prompts it cannot serve,
+        then any per-request planning the bind should not pay."""
+
+    def signature(self, resolved: Mapping[str, Binding]) -> tuple:
+        """What the text encoders hold for ``resolved``: equal signatures encode prompts alike."""
+
+    def bind(self, resolved: Mapping[str, Binding]) -> float:
+        """On the serving thread, before prompts are encoded: the state ``resolved`` needs.
+        Milliseconds spent (0 when it was already held)."""
+
+    def prompts(self, resolved: Mapping[str, Binding], prompt: str, negative: str | None = None) -> dict:
+        """The pipeline's prompt arguments for this request (its trainer tokens mapped)."""
+
+    def check_intact(self) -> None:
+        """SlotStateCorrupt if what the encoders read is no longer this writer's."""
+
+    def describe(self) -> dict:
+        """For /readyz: merged LoRA and reserved rows per text encoder."""
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the writer holds on the device."""
+
+
+def install_text_writer(config: EngineConfig, pipeline, family, slot_names) -> TextWriter:
+    """The text encoders' writer (LoRA merged in, embeddings in reserved rows), before any compile."""
+    from hotlora.engine.writers.text import TextEncoders
+
+    return TextEncoders(pipeline, family, slot_names, lora=config.text_encoder_lora, rows=config.embedding_rows,
+                        restore=config.fused_restore)
+
+
 def install_writer(config: EngineConfig, denoiser, family: str, served_models: Iterable[str]) -> AdapterWriter:
     """The writer ``config`` asks for, installed into ``denoiser`` (before compile)."""
     if config.adapter_mode == "fused":
@@ -76,4 +126,4 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
                     served_models=served_models, rank_buckets=config.rank_buckets)
 
 
-__all__ = ["AdapterWriter", "Assignment", "SwapReport", "install_writer"]
+__all__ = ["AdapterWriter", "Assignment", "SwapReport", "TextWriter", "install_text_writer", "install_writer"]

@@ -14,20 +14,19 @@ scale per sample. The LoRA math is the same as PEFT's: ``base(x) + scale * B @ A
 from __future__ import annotations
 
 import time
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 import torch
 from torch import nn
 
-from hotlora.adapters.formats import Adapter
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
-from hotlora.adapters.resolver import check_slots
+from hotlora.adapters.binding import Binding, Bindings
 from hotlora.engine.writers.slots import SwapReport, _Slot, ceiling_modules, write_padded
 from hotlora.errors import InvalidRequest, SlotStateCorrupt
 from hotlora.lru import LRU
 
-Assignment = Mapping[str, "tuple[Adapter, float] | None"]  # slot/kind -> adapter and scale
+Assignment = Bindings  # slot/kind -> adapter and scale
 
 
 class BankSelector(nn.Module):
@@ -115,7 +114,7 @@ class AdapterBank:
 
     # ------------------------------------------------------------------ the writer interface
 
-    def prepare(self, resolved: Mapping[str, tuple[Adapter, float]]) -> None:
+    def prepare(self, resolved: Bindings) -> None:
         """Nothing to lay out: bank entries are written module by module."""
 
     def bind(self, samples: Sequence[Assignment], repeat: int = 1) -> SwapReport:
@@ -141,33 +140,32 @@ class AdapterBank:
         report = SwapReport()
         if len(samples) * repeat > self.max_batch:  # before anything is written
             raise InvalidRequest(f"batch of {len(samples) * repeat} exceeds the bank's {self.max_batch}")
-        wanted: dict[tuple[str, float], Adapter] = {}
+        wanted: dict[tuple, Binding] = {}  # Binding.key -> binding: one entry per distinct binding
         for sample in samples:
-            check_slots(sample, self.slot_names)
             for slot, assigned in sample.items():
-                if assigned is not None and assigned[1] != 0.0:
-                    wanted[(assigned[0].sha256, float(assigned[1]))] = assigned[0]
+                if assigned is not None and assigned.writes:
+                    wanted[assigned.key] = assigned
         if len(wanted) > self.entries - 1:
             raise InvalidRequest(f"{len(wanted)} distinct adapters in one batch; the bank holds {self.entries - 1}")
         for key in wanted:
             self._resident.get(key)  # now among the most recently used
         taken = set(self._resident.values())
         free = [e for e in range(1, self.entries) if e not in taken]
-        for key, adapter in wanted.items():
+        for key, binding in wanted.items():
             if key in self._resident:
                 continue
             if free:
                 entry = free.pop()
             else:  # recycle the least recently used entry this batch does not need
                 _, entry = self._resident.pop_oldest(exclude=wanted)
-            write_padded(self._entries[entry], adapter, key[1], report)
+            write_padded(self._entries[entry], binding.adapter, float(binding.scale), report)
             self._resident.put(key, entry)
         index = torch.zeros(len(self.slot_names), len(samples), dtype=torch.long)
         for position, sample in enumerate(samples):
             for kind, slot in enumerate(self.slot_names):
                 assigned = sample.get(slot)
-                if assigned is not None and assigned[1] != 0.0:
-                    index[kind, position] = self._resident.get((assigned[0].sha256, float(assigned[1])))
+                if assigned is not None and assigned.writes:
+                    index[kind, position] = self._resident.get(assigned.key)
         index = index.repeat(1, repeat)
         self.selector.index.zero_()
         self.selector.index[:, : index.shape[1]].copy_(index)

@@ -43,7 +43,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import torch
 
 from hotlora.adapters.formats import Adapter, LoraWeights
-from hotlora.adapters.resolver import check_slots
+from hotlora.adapters.binding import Bindings, assignment_key
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
 from hotlora.engine.writers.slots import SwapReport, ceiling_modules
@@ -79,13 +79,6 @@ def conv_modules(denoiser: torch.nn.Module) -> dict[str, tuple[int, int, int, in
     (a LoRA's down conv would not have the layer's channel groups); Flux has no Conv2d at all."""
     return {name: tuple(m.weight.shape) for name, m in denoiser.named_modules()
             if isinstance(m, torch.nn.Conv2d) and m.groups == 1}
-
-
-def _signature(assignment: Mapping[str, tuple[Adapter, float] | None]) -> tuple:
-    """The weights an assignment produces: content and scale per slot; empty slots and scale 0
-    write nothing, so they are left out (``{}`` and ``{"style": (a, 0.0)}`` are the same state)."""
-    return tuple(sorted((slot, v[0].key, float(v[1])) for slot, v in assignment.items()
-                        if v is not None and float(v[1]) != 0.0))
 
 
 class FusedWriter:
@@ -144,16 +137,16 @@ class FusedWriter:
 
     # ------------------------------------------------------------------ the writer interface
 
-    def prepare(self, resolved: Mapping[str, tuple[Adapter, float]]) -> None:
+    def prepare(self, resolved: Bindings) -> None:
         """On the request's thread: stack the request's factors per layer shape (the swap then
         only runs GEMMs and copies)."""
-        signature = _signature(resolved)
+        signature = assignment_key(resolved)
         if signature and self._plans.get(signature) is None:
             self._plans.put(signature, self._plan(resolved))
 
-    def bind(self, samples: Sequence[Mapping[str, tuple[Adapter, float] | None]], repeat: int = 1) -> SwapReport:
+    def bind(self, samples: Sequence[Bindings], repeat: int = 1) -> SwapReport:
         """Before a chunk: the weights hold one adapter set, so every sample must carry the same."""
-        if len({_signature(s) for s in samples}) > 1:
+        if len({assignment_key(s) for s in samples}) > 1:
             raise InvalidRequest("fused mode merges one request's adapters into the weights; a forward batch "
                                  "cannot carry different adapters")
         return self.swap(samples[0] if samples else {})
@@ -188,14 +181,14 @@ class FusedWriter:
     # ------------------------------------------------------------------ the swap
 
     @torch.no_grad()
-    def _plan(self, assignment: Mapping[str, tuple[Adapter, float] | None]) -> _Plan:
+    def _plan(self, assignment: Bindings) -> _Plan:
         per_module: dict[str, list[tuple[torch.Tensor, torch.Tensor, float]]] = {}
         fused = {}
         for slot in sorted(assignment):
-            value = assignment[slot]
-            if value is None or float(value[1]) == 0.0:
+            binding = assignment[slot]
+            if binding is None or not binding.writes:
                 continue
-            adapter, scale = value
+            adapter, scale = binding
             weights = self.weights_of(adapter)
             for module, w in weights.items():
                 per_module.setdefault(module, []).append((w.up, w.down, w.scaling * float(scale)))
@@ -223,13 +216,12 @@ class FusedWriter:
         return _Plan(groups, frozenset(per_module), fused, nbytes)
 
     @torch.no_grad()
-    def swap(self, assignment: Mapping[str, tuple[Adapter, float] | None]) -> SwapReport:
+    def swap(self, assignment: Bindings) -> SwapReport:
         """Merge ``assignment`` (slot -> (adapter, scale)) into the weights; slots not named are
         empty. Callers validate first. The same adapters and scales as now: nothing is written."""
-        check_slots(assignment, self.slot_names)
         start = time.perf_counter()
         report = SwapReport()
-        signature = _signature(assignment)
+        signature = assignment_key(assignment)
         for slot, value in assignment.items():
             report.adapters[slot] = value[0].sha256 if value is not None else None
         with self._lock:

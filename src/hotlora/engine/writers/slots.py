@@ -35,8 +35,8 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
+from hotlora.adapters.binding import Binding, Bindings, assignment_key
 from hotlora.adapters.formats import Adapter
-from hotlora.adapters.resolver import check_slots
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
 from hotlora.engine.writers.packing import PackCache, PackedWeights, PackLayout
@@ -78,6 +78,7 @@ class _Slot:
     rank: dict[str, int]  # module -> rank of the current occupant (0 = empty)
     sha256: str | None = None
     scale: float | None = None
+    key: tuple | None = None  # the occupant's ``Binding.key``: equal keys need no write
     flat_down: torch.Tensor | None = None  # [R, sum(in)]: every module's down is a view of it
     flat_up: torch.Tensor | None = None  # [R, sum(out)]: every module's up is a transposed view of it
 
@@ -99,11 +100,6 @@ def ceiling_modules(denoiser: torch.nn.Module, target_modules: Iterable[str] | s
     if not chosen:
         raise ValueError("the slot ceiling selects no Linear layer of the denoiser")
     return {n: (linears[n].in_features, linears[n].out_features) for n in chosen}
-
-
-def signature(assignment: Mapping[str, tuple[Adapter, float] | None]) -> tuple:
-    """What makes two samples' adapters the same: content and scale per slot."""
-    return tuple(sorted((slot, None if v is None else (v[0].sha256, float(v[1]))) for slot, v in assignment.items()))
 
 
 class SlotBank:
@@ -227,15 +223,15 @@ class SlotBank:
 
     # ------------------------------------------------------------------ the writer interface
 
-    def prepare(self, resolved: Mapping[str, tuple[Adapter, float]]) -> None:
+    def prepare(self, resolved: Mapping[str, Binding]) -> None:
         """On the request's thread: lay the adapters out for a one-copy swap (side table)."""
         for adapter, _ in resolved.values():
             self.packs.prepare(adapter)
 
-    def bind(self, samples: Sequence[Mapping[str, tuple[Adapter, float] | None]], repeat: int = 1) -> SwapReport:
+    def bind(self, samples: Sequence[Bindings], repeat: int = 1) -> SwapReport:
         """Before a chunk: every sample's adapters in place. The slots hold one request's adapters,
         so every sample must carry the same; a repeated bind of what is in place copies nothing."""
-        if len({signature(s) for s in samples}) > 1:
+        if len({assignment_key(s) for s in samples}) > 1:
             raise InvalidRequest("this engine's slots hold one request's adapters at a time; "
                                  "build it with mixed=True to batch requests with different adapters")
         return self.swap(samples[0] if samples else {})
@@ -248,19 +244,18 @@ class SlotBank:
         self.use_bucket(state)
 
     @torch.no_grad()
-    def swap(self, assignments: Mapping[str, tuple[Adapter, float] | None]) -> SwapReport:
+    def swap(self, assignments: Bindings) -> SwapReport:
         """Write each slot's adapter (or zeros) in place. Callers validate first.
 
         Slots not named in ``assignments`` are emptied: a request gets exactly the adapters it
         names, never a previous request's.
         """
-        check_slots(assignments, self.slot_names)
         start = time.perf_counter()
         report = SwapReport()
         for name, slot in self._slots.items():
             assigned = assignments.get(name)
             adapter, scale = assigned if assigned is not None else (None, 0.0)
-            if adapter is not None and slot.sha256 == adapter.sha256 and slot.scale == scale:
+            if adapter is not None and slot.key == assigned.key:
                 report.adapters[name] = adapter.sha256
                 continue  # already in place: the cheapest swap is none
             packed = self.packs.get(adapter) if adapter is not None else None
@@ -269,6 +264,7 @@ class SlotBank:
             else:
                 write_padded(slot, adapter, float(scale), report)
             slot.sha256, slot.scale = (adapter.sha256, float(scale)) if adapter is not None else (None, None)
+            slot.key = assigned.key if adapter is not None else None
             report.adapters[name] = slot.sha256
         if len(self.rank_buckets) > 1:
             needed = self.rows_in_use()

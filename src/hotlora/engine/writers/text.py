@@ -31,13 +31,14 @@ from typing import Mapping, Sequence
 
 import torch
 
+from hotlora.adapters.binding import Binding
 from hotlora.adapters.families import PROMPT_ARGUMENT_OF, TOKENIZER_OF, Family
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.validate import problems_with
 from hotlora.engine.writers.fused import FusedWriter
 from hotlora.errors import InvalidRequest
 
-Resolved = Mapping[str, "tuple[Adapter, float]"]
+Resolved = Mapping[str, Binding]
 RESERVED = re.compile(r"<hotlora-", re.IGNORECASE)  # CLIP's tokenizer lowercases before matching added tokens
 
 
@@ -146,6 +147,14 @@ class TextEncoders:
                 problems.append(f"embedding token {reserved[0]!r:.80} uses the engine's reserved prefix <hotlora-")
         return problems
 
+    def prepare(self, resolved: Resolved, *texts: str | None) -> None:
+        """On the request's thread, once per request: its token names and prompts checked (below),
+        then each text encoder's merge planned (factors stacked), so that ``bind`` on the serving
+        thread only runs the GEMMs and copies."""
+        self.check(resolved, *texts)
+        for encoder, writer in self.lora.items():
+            writer.prepare(self._assignment(encoder, resolved))
+
     def check(self, resolved: Resolved, *texts: str | None) -> None:
         """Per request: token names unique across its slots, and no reserved token in its prompts."""
         owner: dict[str, str] = {}
@@ -160,21 +169,17 @@ class TextEncoders:
 
     # ------------------------------------------------------------------ binding and prompts
 
-    def prepare(self, resolved: Resolved) -> None:
-        """On the request's thread: each text encoder's merge planned (factors stacked), so that
-        ``bind`` on the serving thread only runs the GEMMs and copies."""
-        for encoder, writer in self.lora.items():
-            writer.prepare(self._assignment(encoder, resolved))
-
     @staticmethod
     def _assignment(encoder: str, resolved: Resolved) -> dict:
         """The slots whose adapters carry LoRA for ``encoder``."""
-        return {slot: (a, s) for slot, (a, s) in resolved.items() if a.text_modules.get(encoder)}
+        return {slot: b for slot, b in resolved.items() if b.adapter.text_modules.get(encoder)}
 
     def signature(self, resolved: Resolved) -> tuple:
-        """What the text encoders hold for ``resolved``: equal signatures encode prompts alike."""
-        return tuple(sorted((slot, adapter.key, float(scale) if adapter.text_modules else None)
-                            for slot, (adapter, scale) in resolved.items() if adapter.text_parts))
+        """What the text encoders hold for ``resolved``: equal signatures encode prompts alike.
+        Each slot's ``Binding.key``, but embeddings ignore the scale: an adapter with embeddings and
+        no text-encoder LoRA is the same state at any scale (its rows are copied unscaled)."""
+        return tuple(sorted((slot, b.key if b.adapter.text_modules else (b.adapter.key, None))
+                            for slot, b in resolved.items() if b.adapter.text_parts))
 
     def bind(self, resolved: Resolved) -> float:
         """Merge the request's text-encoder LoRA and copy its embeddings into its slots' rows;
@@ -218,6 +223,11 @@ class TextEncoders:
 
     # ------------------------------------------------------------------ state
 
+    @property
+    def lora_encoders(self) -> tuple[str, ...]:
+        """The text encoders whose LoRA is merged (an adapter's LoRA for others is skipped)."""
+        return tuple(self.lora)
+
     def check_intact(self) -> None:
         for writer in self.lora.values():
             writer.check_intact()
@@ -243,21 +253,3 @@ def _rewritten(text: str, mapping: Mapping[str, str], ignore_case: bool = False)
     pattern = re.compile("|".join(re.escape(t) for t in sorted(mapping, key=len, reverse=True)),
                          re.IGNORECASE if ignore_case else 0)
     return pattern.sub(lambda match: mapping[match.group(0).lower() if ignore_case else match.group(0)], text)
-
-
-def encode_prompts(pipeline, family: Family, kwargs: Mapping[str, list], cfg: bool) -> dict:
-    """The pipeline's own ``encode_prompt`` on one group of prompts (one text state): the embedding
-    arguments its ``__call__`` takes instead of prompts."""
-    device = pipeline.device
-    if family.name == "flux":
-        embeds, pooled, _ = pipeline.encode_prompt(prompt=kwargs["prompt"], prompt_2=kwargs.get("prompt_2"),
-                                                   device=device, num_images_per_prompt=1)
-        return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
-    embeds, negative, pooled, negative_pooled = pipeline.encode_prompt(
-        prompt=kwargs["prompt"], prompt_2=kwargs.get("prompt_2"), device=device, num_images_per_prompt=1,
-        do_classifier_free_guidance=cfg, negative_prompt=kwargs.get("negative_prompt"),
-        negative_prompt_2=kwargs.get("negative_prompt_2"))
-    out = {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
-    if cfg:
-        out.update(negative_prompt_embeds=negative, negative_pooled_prompt_embeds=negative_pooled)
-    return out

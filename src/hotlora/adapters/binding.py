@@ -1,0 +1,52 @@
+"""What a request asks of its slots, as typed values: ``AdapterSpec`` before anything is fetched,
+``Binding`` once its adapter is loaded and checked.
+
+They live in ``adapters`` (not ``engine``) because the resolver, which is below the engine, makes
+them; ``engine.request`` re-exports them. ``Binding.key`` is the one answer to "is this the same
+assignment as last time": every writer (slots, banks, fused, the text encoders) asks it, so two
+writers never disagree about what changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple
+
+from hotlora.adapters.formats import Adapter
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """One slot's adapter as a request names it: a reference (or a path, state dict, Adapter),
+    a scale (None: the catalog entry's default, else 1.0) and optional pivotal-tuning token names."""
+
+    ref: Any
+    scale: float | None = None
+    tokens: tuple[str, ...] | None = None
+
+
+class Binding(NamedTuple):
+    """One slot's checked adapter and scale. A tuple, so ``adapter, scale = binding`` reads it."""
+
+    adapter: Adapter
+    scale: float
+
+    @property
+    def key(self) -> tuple:
+        """What this binding writes: the adapter's identity (weights, alphas, embeddings and their
+        token names) and its scale. Equal keys write equal tensors."""
+        return (self.adapter.key, float(self.scale))
+
+    @property
+    def writes(self) -> bool:
+        """Scale 0 writes nothing: the slot then holds what an empty one holds."""
+        return float(self.scale) != 0.0
+
+
+Bindings = Mapping[str, "Binding | None"]  # slot -> binding (None, or absent: the slot is empty)
+
+
+def assignment_key(bindings: Bindings) -> tuple:
+    """What a whole assignment writes: each slot's ``Binding.key``; empty slots and scale 0 write
+    nothing, so they are left out (``{}`` and ``{"style": Binding(a, 0.0)}`` are the same state)."""
+    return tuple(sorted((slot, b.key) for slot, b in bindings.items() if b is not None and b.writes))
