@@ -240,7 +240,7 @@ def test_bfloat16_fused_weights_equal_diffusers_fuse_lora(tiny_models, tmp_path,
     base = {name: engine.denoiser.get_submodule(name).weight.detach().float().clone() for name in layers}
     loaded = {"identity": Binding(engine.load_adapter(str(one)), 0.7), "style": Binding(engine.load_adapter(str(two)), 1.2)}
     engine.writer.swap(loaded)
-    pipeline = DiffusionPipeline.from_pretrained(str(model_dir), torch_dtype=torch.bfloat16, local_files_only=True)
+    pipeline = DiffusionPipeline.from_pretrained(str(model_dir), dtype=torch.bfloat16, local_files_only=True)
     pipeline.load_lora_weights(str(one), adapter_name="one")
     pipeline.load_lora_weights(str(two), adapter_name="two")
     pipeline.set_adapters(["one", "two"], [0.7, 1.2])

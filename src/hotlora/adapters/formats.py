@@ -13,7 +13,7 @@ re-deriving alphas, is what makes a hot-swapped slot equal to a fresh ``load_lor
 Not trusted: the config's ``rank_pattern`` / ``alpha_pattern`` keys come from the file, and PEFT
 runs them as regexes (``get_pattern_key``), where ``((\w+)+)+Q`` blocks the process with the GIL
 held. Only keys that are module names are accepted, and they are matched by plain string
-comparison that gives what PEFT's regex gives for such keys (``_Patterns``). Each module's rank is
+comparison that gives what PEFT's regex gives for such keys (``lora_config.Patterns``). Each module's rank is
 its tensors' rank; a config that declares another one is refused, as ``load_lora_weights`` fails
 on it. ``target_modules`` is never used: the modules are the ones the weights name.
 
@@ -25,7 +25,6 @@ another format and fails on with a ``KeyError``.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ import torch
 
 from hotlora.adapters.embeddings import Embeddings, parse_embeddings
 from hotlora.adapters.families import Family, pipeline_class
+from hotlora.adapters.lora_config import MAX_NAME_CHARS, LoraWeights, module_weights  # LoraWeights: re-exported
 from hotlora.adapters.reading import ReadLimits, declared_base_model, hash_state_dict, read_files
 from hotlora.errors import AdapterFormatError
 
@@ -50,32 +50,12 @@ PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
 MODULE_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
-# A rank_pattern / alpha_pattern key hotlora matches: a module name or suffix, optionally anchored
-# with ``^`` (diffusers writes those, PEFT #2419) and ``$`` (hotlora's export does). No other regex.
-PATTERN_KEY = re.compile(r"\^?[A-Za-z0-9_.]+\$?")
-MAX_NAME_CHARS = 256
-MAX_PATTERN_KEYS = 4096
-# Pattern lookups cost modules x keys; far above a full-size SDXL LoRA's ~1000 x ~1000.
-MAX_PATTERN_PAIRS = 4_000_000
 # T5 LoRA keys (sd-scripts' ``lora_te3_``, ComfyUI's ``text_encoders.t5xxl.``) that diffusers' Flux
 # converters drop without a trace; listed with the skipped keys so the caller learns they are not served.
 DROPPED_T5 = ("lora_te3_", "text_encoders.t5xxl.")
 # kohya SDXL keys in SGM (Stability's original) block numbering; SDXL has 9 input, 3 middle, 9 output.
 SGM_BLOCKS = ("input_blocks", "middle_block", "output_blocks")
 MAX_SGM_BLOCKS = 64  # real SDXL files use about a dozen; diffusers' mapping is quadratic in them
-
-
-@dataclass(frozen=True)
-class LoraWeights:
-    """One module's low-rank update: ``delta W = scaling * up @ down``."""
-
-    down: torch.Tensor  # A: [rank, in_features]
-    up: torch.Tensor  # B: [out_features, rank]
-    scaling: float  # alpha / rank as PEFT computes it (alpha / sqrt(rank) for rsLoRA)
-
-    @property
-    def rank(self) -> int:
-        return self.down.shape[0]
 
 
 @dataclass
@@ -239,7 +219,7 @@ def _weights_by_config(ours: dict, network_alphas, metadata, rank: dict, label: 
         raise AdapterFormatError(f"{label}: cannot derive a LoRA config ({type(exc).__name__}: {exc})") from exc
     if config.use_dora:
         raise AdapterFormatError(f"{label}: DoRA adapters cannot be hot-swapped")
-    return _module_weights(pairs, config, declared_ranks=metadata is not None, label=label)
+    return module_weights(pairs, config, declared_ranks=metadata is not None, label=label)
 
 
 # The text-encoder layers diffusers reads LoRA ranks for (``_load_lora_into_text_encoder``).
@@ -299,102 +279,6 @@ def _lora_pairs(ours: dict, label: str) -> dict[str, tuple[torch.Tensor, torch.T
     if scalars:
         raise AdapterFormatError(f"{label}: LoRA weights of rank 0 or without a rank dimension in {', '.join(scalars[:8])}")
     return pairs
-
-
-def _module_weights(pairs, config, *, declared_ranks: bool, label: str) -> dict[str, LoraWeights]:
-    """Each module's weights and ``alpha / r`` scaling, as PEFT would set them from ``config``.
-
-    The rank is the tensors' own (A's rows). With metadata the config also declares one; when it
-    differs, ``load_lora_weights`` fails on a size mismatch, so the file is refused here.
-    Without metadata the config's ranks were derived from these same tensors.
-    """
-    alphas = _Patterns(config.alpha_pattern, "alpha_pattern", label, len(pairs))
-    ranks = _Patterns(config.rank_pattern, "rank_pattern", label, len(pairs)) if declared_ranks else None
-    rslora = bool(config.use_rslora)
-    modules = {}
-    for module, (down, up) in pairs.items():
-        r = down.shape[0]
-        if ranks is not None:
-            declared = ranks.get(module, config.r)
-            if isinstance(declared, bool) or not isinstance(declared, int) or declared != r:
-                raise AdapterFormatError(
-                    f"{label}: metadata declares rank {_shown(declared)} for {module}, its weights have rank {r}"
-                )
-        alpha = _checked_number(alphas.get(module, config.lora_alpha), f"lora_alpha of {module}", label)
-        try:  # as PEFT computes it, tensor alphas (kohya files without metadata) included
-            scaling = float(alpha / math.sqrt(r) if rslora else alpha / r)
-        except (OverflowError, ValueError, RuntimeError) as exc:
-            raise AdapterFormatError(f"{label}: alpha / rank of {module} is not a number ({exc})") from exc
-        modules[module] = LoraWeights(down=down, up=up, scaling=scaling)
-    return modules
-
-
-class _Patterns:
-    r"""A ``rank_pattern`` / ``alpha_pattern`` lookup that gives what PEFT's ``get_pattern_key`` gives,
-    for keys that are module names, without running a regex from the file.
-
-    PEFT matches ``re.match(rf"(.*\.)?({key})$", module)`` and takes the first key that matches.
-    For a key of letters, digits, ``_`` and ``.`` (a wildcard there), optionally ``^``/``$``-anchored,
-    that regex can only match the last ``len(body)`` characters of the module, starting at the
-    module's start or right after a ``.`` (``^`` allows only the start), so it is one
-    fixed-position comparison. Any other key is refused: a regex there can take forever.
-    """
-
-    def __init__(self, patterns, field_name: str, label: str, modules: int):
-        if patterns is None:
-            patterns = {}
-        if not isinstance(patterns, Mapping):
-            raise AdapterFormatError(f"{label}: {field_name} is a {type(patterns).__name__}, not a mapping")
-        if len(patterns) > MAX_PATTERN_KEYS or len(patterns) * modules > MAX_PATTERN_PAIRS:
-            raise AdapterFormatError(
-                f"{label}: {field_name} has {len(patterns)} keys for {modules} modules; hotlora matches at most "
-                f"{MAX_PATTERN_KEYS} keys and {MAX_PATTERN_PAIRS} key-module pairs"
-            )
-        self._entries = []
-        for key, value in patterns.items():
-            if not isinstance(key, str) or len(key) > MAX_NAME_CHARS or not PATTERN_KEY.fullmatch(key):
-                raise AdapterFormatError(
-                    f"{label}: {field_name} key {_shown(key)} is not a module name (letters, digits, _ and ., "
-                    f"optionally ^...$): regex patterns are not run"
-                )
-            body = key.removeprefix("^").removesuffix("$")
-            # The body holds no quantifier: its own regex matches in time linear in its length.
-            self._entries.append((key.startswith("^"), body, re.compile(re.escape(body).replace(r"\.", ".")), value))
-
-    def get(self, module: str, default):
-        for anchored, body, literal, value in self._entries:
-            start = len(module) - len(body)
-            if start < 0 or (start > 0 and (anchored or module[start - 1] != ".")):
-                continue
-            if literal.fullmatch(module, start):
-                return value
-        return default
-
-
-def _checked_number(value, what: str, label: str):
-    """A config's alpha: a finite real number, or a one-element tensor (diffusers passes kohya
-    alphas as tensors); returned as is, so the scaling is computed with PEFT's own types."""
-    if isinstance(value, torch.Tensor):
-        ok = value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool
-        try:
-            number = value.detach().reshape(()).double().item() if ok else None
-        except RuntimeError:  # a dtype with no conversion to double
-            ok = False
-    else:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        try:
-            number = float(value) if ok else None
-        except OverflowError:
-            ok = False
-    if not ok or not math.isfinite(number):
-        raise AdapterFormatError(f"{label}: {what} is {_shown(value)}, not a finite number")
-    return value
-
-
-def _shown(value) -> str:
-    """A value from the file, cut short for a message."""
-    text = repr(value) if not isinstance(value, torch.Tensor) else f"a tensor of shape {tuple(value.shape)}"
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _diffusers_state_dict(raw, metadata, family: Family, label, denoiser_config):

@@ -49,7 +49,7 @@ def load_pipeline(model: str | os.PathLike, *, dtype: torch.dtype, device: str):
     local = os.path.isdir(model)
     log.info("loading %s (%s) as %s on %s", model, "local directory" if local else "hub id", dtype, device)
     try:
-        pipeline = DiffusionPipeline.from_pretrained(model, torch_dtype=dtype, local_files_only=local or None)
+        pipeline = DiffusionPipeline.from_pretrained(model, dtype=dtype, local_files_only=local or None)
     except Exception as exc:  # diffusers and huggingface_hub raise many types; the message is what matters
         raise ModelLoadError(f"cannot load model {model!r}: {type(exc).__name__}: {exc}") from exc
     family = family_of_pipeline(pipeline)
