@@ -23,6 +23,7 @@ __all__ = [  # the tiny models' helpers, re-exported, and this module's own
     "random_lora", "save_diffusers_lora", "save_kohya_sdxl_lora", "save_peft_lora", "save_tiny_model",
     "write_sample_adapters", "xlabs_flux_lora", "sd_scripts_sdxl_lora", "sd_scripts_metadata",
     "save_kohya_flux_lora_file", "ai_toolkit_flux_lora", "plain_diffusers_reference", "random_conv_lora",
+    "controlled_lora",
 ]
 
 
@@ -222,3 +223,21 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
     return pipeline(prompt=prompt, num_images_per_prompt=num_images, generator=generators,
                     num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, height=height,
                     width=width, output_type=output_type).images
+
+
+def controlled_lora(denoiser: torch.nn.Module, magnitude: float, rank: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A LoRA on every Linear of ``denoiser`` (PEFT key form, for ``save_diffusers_lora`` with
+    ``alpha = rank``) whose delta's RMS is ``magnitude`` times each layer's weight RMS: how strong
+    an adapter is, as the precision contract measures it (a trained identity LoRA is ~0.1-1%)."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for name, module in denoiser.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        weight = module.weight.detach().float()
+        down = torch.randn(rank, weight.shape[1], generator=g)
+        up = torch.randn(weight.shape[0], rank, generator=g)
+        factor = magnitude * weight.pow(2).mean().sqrt() / (up @ down).pow(2).mean().sqrt()
+        sd[f"{name}.lora_A.weight"] = down
+        sd[f"{name}.lora_B.weight"] = up * factor
+    return sd

@@ -32,8 +32,11 @@ class RunningServer:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
+                ready = httpx.get(f"{self.url}/readyz", timeout=5)
+                if ready.status_code == 200:
                     return self
+                if ready.json().get("failed"):  # the engine will not come: fail now, not in 10 minutes
+                    raise RuntimeError(f"server did not start: {ready.json()['failed']}")
             except httpx.TransportError:
                 pass
             time.sleep(0.2)

@@ -87,6 +87,7 @@ SPECIAL = {  # (text, typed) where the sample from the type would not do
     "compile_cache_dir": ("/cc", "/cc"),
     "local_roots": (f"/a{os.pathsep}/b", (Path("/a"), Path("/b"))),
     "cache_dir": ("/c", Path("/c")),
+    "fused_min_kept": ("0.5", 0.5),  # a fraction: default + 0.5 would leave 0..1
 }
 STORE = [f.name for f in fields(StoreConfig)]
 SETTINGS = [(ServerConfig, f) for f in fields(ServerConfig)] + [(StoreConfig, f) for f in fields(StoreConfig)]

@@ -283,8 +283,9 @@ class Engine:
         timings.swap_ms = swap.ms
         images = self._finish(images, request.output_type)
         timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
-        return GenerationResult(images, request.seeds, timings, swap,
-                                _served(request.adapters, self.text.lora_encoders), self.recompiles, request.size, request.snapped_from)
+        served = _served(request.adapters, self.text.lora_encoders, swap.fused)
+        return GenerationResult(images, request.seeds, timings, swap, served, self.recompiles, request.size,
+                                request.snapped_from)
 
     def _run_together(self, requests: list[PreparedRequest]) -> list:
         total = sum(r.num_images for r in requests)
@@ -327,9 +328,10 @@ class Engine:
                 continue
             timings = replace(request.timings, swap_ms=swap.ms, generate_ms=[generate_ms])
             timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
+            served = _served(request.adapters, self.text.lora_encoders)
             results.append(GenerationResult(self._finish(images[bounds[i]:bounds[i + 1]], first.output_type),
-                                            request.seeds, timings, swap,
-                                            _served(request.adapters, self.text.lora_encoders), self.recompiles, request.size, request.snapped_from))
+                                            request.seeds, timings, swap, served, self.recompiles, request.size,
+                                            request.snapped_from))
         return results
 
     def _batch_factor(self, params: CallParams) -> int:
@@ -385,10 +387,13 @@ class Engine:
         return images
 
 
-def _served(resolved: Resolved, text_encoders=()) -> dict:
-    """What a response reports about each slot's adapter."""
+def _served(resolved: Resolved, text_encoders=(), fused: Mapping[str, dict] | None = None) -> dict:
+    """What a response reports about each slot's adapter; in fused mode also ``fused_kept``, the
+    fraction of the request's weight delta the merged weights carry (``FusedWriter._kept``)."""
+    fused = fused or {}
     return {slot: {"sha256": a.sha256, "layout": a.layout, "rank": a.rank, "scale": scale, "name": a.name,
                    "text_encoders": sorted(te for te in a.text_modules if te in text_encoders),
                    "embedding_tokens": list(a.embeddings.tokens) if a.embeddings is not None else [],
-                   "skipped": guard.skipped(a, text_encoders)}
+                   "skipped": guard.skipped(a, text_encoders),
+                   **({"fused_kept": fused[slot]["kept"]} if "kept" in fused.get(slot, {}) else {})}
             for slot, (a, scale) in resolved.items()}

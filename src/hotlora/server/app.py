@@ -55,6 +55,7 @@ def _lifespan(worker: Worker, config: ServerConfig, start_worker: bool):
         if start_worker:
             # Listen at once (healthz answers, readyz says "not yet") while the engine warms up.
             app.state.starting = asyncio.create_task(asyncio.to_thread(worker.start))
+            app.state.starting.add_done_callback(lambda task: _report_start(task, worker))
         yield
         log.info("shutting down: draining the queue")
         drained = await asyncio.to_thread(worker.stop, config.drain_timeout_s)
@@ -63,3 +64,13 @@ def _lifespan(worker: Worker, config: ServerConfig, start_worker: bool):
         log.info("shutdown %s", "complete, queue drained" if drained else "timed out; waiting requests were answered 503")
 
     return lifespan
+
+
+def _report_start(task: asyncio.Task, worker: Worker) -> None:
+    """A start-up that failed is said at once (the log, and /readyz's ``failed``), not left as a
+    task exception nobody retrieves while /readyz answers "not yet" forever."""
+    if task.cancelled() or task.exception() is None:
+        return
+    exc = task.exception()
+    log.error("the engine failed to start: %s: %s", type(exc).__name__, exc, exc_info=exc)
+    worker.failed = f"start-up failed: {type(exc).__name__}: {exc}"

@@ -7,6 +7,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 STAGES = ("queue", "fetch", "swap", "generate", "encode", "total")
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Fused mode's kept fraction: fine near 1, where fused_min_kept (0.98 by default) draws its line.
+KEPT_BUCKETS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 1.0)
 
 
 class Metrics:
@@ -17,6 +19,9 @@ class Metrics:
         self.stage = Histogram("hotlora_stage_seconds", "Time per request stage", ["stage"], buckets=BUCKETS,
                                registry=self.registry)
         self.swap = Histogram("hotlora_swap_seconds", "Time to swap the slots", buckets=BUCKETS, registry=self.registry)
+        self.fused_kept = Histogram("hotlora_fused_kept_fraction", "Fused mode: the fraction of each request's "
+                                    "weight delta the merged weights carry", buckets=KEPT_BUCKETS,
+                                    registry=self.registry)
         self.dropped = Counter("hotlora_dropped", "Requests dropped before they started: client gone",
                                registry=self.registry)
         self.registry.register(_Live(worker))
@@ -25,7 +30,10 @@ class Metrics:
         if name == "dropped":
             self.dropped.inc()
 
-    def observe(self, timings: dict) -> None:
+    def observe(self, timings: dict, adapters: dict | None = None) -> None:
+        kept = [entry["fused_kept"] for entry in (adapters or {}).values() if entry and "fused_kept" in entry]
+        if kept:  # one value per request: its slots are merged together
+            self.fused_kept.observe(min(kept))
         for stage in STAGES:
             value = timings.get(f"{stage}_ms")
             if value is not None:

@@ -113,7 +113,7 @@ class Service:
             "encode_ms": round((time.monotonic() - encode_began) * 1000, 3),
         }
         timings["total_ms"] = round((time.monotonic() - began) * 1000, 3)
-        self.metrics.observe(timings)
+        self.metrics.observe(timings, result.adapters)
         return {"images": images, "seeds": result.seeds, "adapters": result.adapters, "timings": timings,
                 "recompiles": result.recompiles, "size": result.size, "snapped_from": result.snapped_from}
 

@@ -132,6 +132,11 @@ class EngineConfig:
                                          "request; fused: adapters merged into the weights, restored from a "
                                          "pristine copy (any rank, conv LoRA; one adapter set per batch)",
                                 choices=ADAPTER_MODES)
+    # docs/benchmarks.md ("What fused mode keeps") has the figures behind the default.
+    fused_min_kept: float = setting(0.98, "fused mode: the least fraction of a request's intended weight "
+                                          "delta the merged weights must carry (a bf16 merge drops delta "
+                                          "elements under half a step of their weight); below it the request "
+                                          "is refused. 0: never refused (the loss is still reported)")
     fused_restore: str = setting("auto", "where the pristine weights (fused mode, text encoders) are kept: device, "
                                          "host (pinned when CUDA), or auto (the device when they fit)",
                                  choices=FUSED_RESTORE)
@@ -160,6 +165,8 @@ class EngineConfig:
             raise ValueError("rank buckets apply to the slots of single-request packs, not to mixed batches")
         if self.adapter_mode not in ADAPTER_MODES:
             raise ValueError(f"adapter_mode must be one of {', '.join(ADAPTER_MODES)}, got {self.adapter_mode!r}")
+        if not 0.0 <= self.fused_min_kept <= 1.0:
+            raise ValueError(f"fused_min_kept must be in 0..1, got {self.fused_min_kept!r}")
         if self.fused_restore not in FUSED_RESTORE:
             raise ValueError(f"fused_restore must be one of {', '.join(FUSED_RESTORE)}, got {self.fused_restore!r}")
         if not (isinstance(self.embedding_rows, int) and 0 <= self.embedding_rows <= 64):
@@ -172,7 +179,7 @@ class EngineConfig:
     # The sizes enter resolved (``sizes=``, the default one resolved from the model), like the dtype.
     FINGERPRINT_EXCLUDES = frozenset({"limits", "compile_cache_dir", "device", "dtype", "height", "width",
                                       "sizes", "size_policy", "attention_backend", "text_encoder_lora",
-                                      "embedding_rows"})  # the text encoders run eagerly
+                                      "embedding_rows", "fused_min_kept"})  # the text encoders run eagerly
 
     def fingerprint(self, model: str | None, family: str, **resolved) -> str:
         """The compile-cache key: the model, the family, every option the graphs depend on, and the

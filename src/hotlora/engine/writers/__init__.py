@@ -114,7 +114,7 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
                         "SDXL), and the pristine copy covers all of them", config.target_modules)
 
         return FusedWriter(denoiser, family, config.slots, config.target_rank, served_models,
-                           restore=config.fused_restore)
+                           restore=config.fused_restore, min_kept=config.fused_min_kept)
     if config.mixed:
         from hotlora.engine.writers.banks import AdapterBank
 

@@ -47,7 +47,7 @@ from hotlora.adapters.binding import Bindings, assignment_key
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
 from hotlora.engine.writers.slots import SwapReport, ceiling_modules
-from hotlora.errors import InvalidRequest, SlotStateCorrupt
+from hotlora.errors import AdapterRejected, InvalidRequest, SlotStateCorrupt
 from hotlora.lru import LRU
 
 RESTORE_CHOICES = ("auto", "device", "host")
@@ -70,8 +70,9 @@ class _Plan:
 
     groups: list[_Group]
     modules: frozenset[str]
-    fused: dict[str, dict] = field(default_factory=dict)  # slot -> {"modules", "rank"}
+    fused: dict[str, dict] = field(default_factory=dict)  # slot -> {"modules", "rank", "kept"}
     nbytes: int = 0
+    kept: float = 1.0  # the fraction of the intended delta the merged weights carry (``FusedWriter._kept``)
 
 
 def conv_modules(denoiser: torch.nn.Module) -> dict[str, tuple[int, int, int, int]]:
@@ -90,10 +91,14 @@ class FusedWriter:
 
     def __init__(self, denoiser: torch.nn.Module, family: str, slot_names: Iterable[str], target_rank: int,
                  served_models: Iterable[str] = (), restore: str = "auto",
-                 weights_of: Callable[[Adapter], Mapping[str, LoraWeights]] | None = None):
+                 weights_of: Callable[[Adapter], Mapping[str, LoraWeights]] | None = None,
+                 min_kept: float | None = 0.0):
         # What of an adapter this writer merges: the denoiser's modules, or (the text encoders'
         # writers) one text encoder's.
         self.weights_of = weights_of or (lambda adapter: adapter.modules)
+        # Below it a request is refused before anything is written. None: not measured (the text
+        # encoders' writers, which merge in every adapter mode).
+        self.min_kept = min_kept
         self.slot_names = tuple(slot_names)
         if len(set(self.slot_names)) != len(self.slot_names):
             raise ValueError(f"slot names must be unique, got {self.slot_names}")
@@ -139,10 +144,25 @@ class FusedWriter:
 
     def prepare(self, resolved: Bindings) -> None:
         """On the request's thread: stack the request's factors per layer shape (the swap then
-        only runs GEMMs and copies)."""
+        only runs GEMMs and copies) and measure what the merge keeps; a request whose merged
+        weights would carry less than ``min_kept`` of its delta is refused here, before the
+        weights are touched."""
         signature = assignment_key(resolved)
-        if signature and self._plans.get(signature) is None:
-            self._plans.put(signature, self._plan(resolved))
+        if not signature:
+            return
+        plan = self._plans.get(signature)
+        if plan is None:
+            plan = self._plan(resolved)
+            self._plans.put(signature, plan)
+        if self.min_kept is not None and plan.kept < self.min_kept:
+            dtype = next(iter(self._params.values())).dtype
+            names = ", ".join(f"{slot}={b.adapter.name} (scale {b.scale:g})" for slot, b in sorted(resolved.items())
+                              if b is not None and b.writes)
+            raise AdapterRejected(names, [
+                f"merged into the {str(dtype).removeprefix('torch.')} weights, it would keep {plan.kept:.1%} of its "
+                f"weight delta (fused_min_kept {self.min_kept:.0%}): delta elements under half a "
+                f"{str(dtype).removeprefix('torch.')} step of their weight vanish in the merge. Serve it with "
+                "adapter_mode=slots (unfused, nothing lost), or lower fused_min_kept to accept the loss"])
 
     def bind(self, samples: Sequence[Bindings], repeat: int = 1) -> SwapReport:
         """Before a chunk: the weights hold one adapter set, so every sample must carry the same."""
@@ -213,7 +233,34 @@ class FusedWriter:
                     row += r
             groups.append(_Group(modules, up, down, shape))
             nbytes += up.nbytes + down.nbytes
-        return _Plan(groups, frozenset(per_module), fused, nbytes)
+        kept = self._kept(groups) if self.min_kept is not None else 1.0
+        for info in fused.values():
+            if self.min_kept is not None:
+                info["kept"] = round(kept, 6)  # the request's merge as a whole: its slots share each layer
+        return _Plan(groups, frozenset(per_module), fused, nbytes, kept)
+
+    @torch.no_grad()
+    def _kept(self, groups: list[_Group]) -> float:
+        """What fraction of the intended delta ``D`` the merged weights will carry, over every layer
+        the request touches: ``<cast(W0 + D) - W0, D> / |D|^2``. In float32 the merge keeps all of
+        it (1.0 up to float32 rounding); in bf16 every element of ``D`` under half a bf16 step of
+        its weight rounds away, and a weak adapter loses much of its effect (docs/benchmarks.md).
+        The same GEMMs and the same cast as the merge itself, on the request's thread, once per
+        plan (a request whose adapters and scales are cached costs nothing)."""
+        carried = total = 0.0
+        for group in groups:
+            dtype = self._params[group.modules[0]].dtype
+            out_features, in_features = group.up.shape[1], group.down.shape[2]
+            step = max(1, self.SCRATCH_BYTES // (4 * out_features * in_features))
+            for lo in range(0, len(group.modules), step):
+                names = group.modules[lo:lo + step]
+                delta = torch.bmm(group.up[lo:lo + step], group.down[lo:lo + step])
+                base = torch.stack([self._pristine[m].to(self.device).reshape(out_features, in_features)
+                                    for m in names]).float()
+                merged = (base + delta).to(dtype).float() - base
+                carried += float((merged * delta).sum(dtype=torch.float64))
+                total += float((delta * delta).sum(dtype=torch.float64))
+        return carried / total if total > 0 else 1.0
 
     @torch.no_grad()
     def swap(self, assignment: Bindings) -> SwapReport:

@@ -114,7 +114,7 @@ class TextEncoders:
         present = {te: getattr(pipeline, te, None) for te in family.text_encoders}
         present = {te: module for te, module in present.items() if module is not None}
         self.lora = {te: FusedWriter(_lora_root(present[te]), family.name, slot_names, 0, restore=restore,
-                                     weights_of=_text_weights(te))
+                                     weights_of=_text_weights(te), min_kept=None)
                      for te in family.lora_text_encoders if lora and te in present}
         self.rows = {te: ReservedRows(getattr(pipeline, TOKENIZER_OF[te]), module, slot_names, rows)
                      for te, module in present.items()
