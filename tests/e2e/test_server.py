@@ -77,8 +77,8 @@ def test_every_endpoint(served):
     body = response.json()
     assert len(body["images"]) == 2 and body["seeds"] == [5, 6] and body["recompiles"] == 0
     assert body["adapters"]["style"]["layout"] == "kohya" and len(body["adapters"]["identity"]["sha256"]) == 64
-    assert set(body["timings"]) == {"queue_ms", "fetch_ms", "swap_ms", "text_encoders_ms", "generate_ms", "encode_ms",
-                                    "total_ms"}
+    assert set(body["timings"]) == {"queue_ms", "fetch_ms", "prepare_ms", "swap_ms", "text_encoders_ms", "generate_ms",
+                                    "encode_ms", "total_ms"}
     assert "generate;dur=" in response.headers["server-timing"]
     assert pixels(response).shape[0] == 2
 

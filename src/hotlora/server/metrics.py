@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-STAGES = ("queue", "fetch", "swap", "generate", "encode", "total")
+STAGES = ("queue", "fetch", "prepare", "swap", "generate", "encode", "total")
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Fused mode's kept fraction: fine near 1, where fused_min_kept (0.98 by default) draws its line.
 KEPT_BUCKETS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 1.0)

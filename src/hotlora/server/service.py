@@ -87,10 +87,12 @@ class Service:
         # client's slow sources cannot turn everyone else's cached requests away.
         with self._fetching.hold(client):
             fetched = await self.fetch(engine.store, checked.specs, principal, client, deadline)
+        fetch_ms = (time.monotonic() - fetch_began) * 1000
         self.admit()
         try:
+            prepare_began = time.monotonic()
             prepared = await asyncio.to_thread(engine.prepare, checked, fetched=fetched)
-            fetch_ms = (time.monotonic() - fetch_began) * 1000
+            prepare_ms = (time.monotonic() - prepare_began) * 1000  # validation and layout, apart from the fetch
             job = Job(prepared, deadline=deadline)
             future = asyncio.wrap_future(self.worker.submit(job))
             while True:
@@ -107,6 +109,7 @@ class Service:
         timings = {
             "queue_ms": round((job.started - job.enqueued) * 1000, 3),
             "fetch_ms": round(fetch_ms, 3),
+            "prepare_ms": round(prepare_ms, 3),
             "swap_ms": round(result.timings.swap_ms, 3),
             "text_encoders_ms": round(result.swap.text_ms, 3),  # text-encoder LoRA and embeddings, apart
             "generate_ms": round(sum(result.timings.generate_ms), 3),
