@@ -132,3 +132,12 @@ def test_float8_is_refused_off_cuda(tiny_models):
     with pytest.raises(ValueError, match="float8.*CUDA"):
         Engine(pipeline, family_of_pipeline(pipeline), base_quantization="float8", compile=False)
     assert type(pipeline.transformer.proj_out.weight) is torch.nn.Parameter  # untouched
+
+
+def test_an_already_quantized_denoiser_is_not_quantized_again(tiny_models):
+    from hotlora.adapters.families import family_of_pipeline
+
+    pipeline = fresh_pipeline(tiny_models["flux"])
+    int8_base(pipeline)
+    with pytest.raises(ValueError, match="already quantized"):
+        Engine(pipeline, family_of_pipeline(pipeline), base_quantization="int8_weight_only", compile=False)

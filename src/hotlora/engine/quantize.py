@@ -57,6 +57,11 @@ def quantize_denoiser(denoiser: torch.nn.Module, method: str) -> str | None:
     if method == "none":
         return None
     quantize_, config = _torchao_config(method)
+    done = [(n, type(m.weight).__name__) for n, m in denoiser.named_modules() if isinstance(m, torch.nn.Linear)
+            and type(m.weight) not in (torch.Tensor, torch.nn.Parameter)]
+    if done:  # quantizing twice would quantize the quantization error again (or fail inside torchao)
+        raise ValueError(f"the denoiser is already quantized ({done[0][0]}: {done[0][1]}); build the engine "
+                         "with base_quantization='none' to serve it as it is")
     before = weight_bytes(denoiser)
     # quantize_'s default filter: nn.Linear modules only (Conv2d stays in the serving dtype).
     quantize_(denoiser, config)
