@@ -87,16 +87,17 @@ def test_compiled_int8_base_serves_adapters_in_turn_without_recompiling(family, 
     assert engine.recompiles == 0
 
 
-def test_mixed_batch_on_an_int8_base(tiny_models, tmp_path):
+def test_compiled_mixed_batch_on_an_int8_base(tiny_models, tmp_path):
     """The banks wrap the quantized Linear like any other: two requests, different adapters, one
-    forward batch, each equal to its own quantized reference (eager: the mixed compile is tested
-    in test_mixed.py; this is about the base layer the banks call)."""
+    compiled forward batch, no recompile, each equal to its own quantized reference."""
     model_dir = tiny_models["flux"]
-    engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=2, compile=False, mixed=True,
+    engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=2, compile=True, mixed=True,
                                     base_quantization="int8_weight_only")
     first, second = adapters_for(engine, "flux", tmp_path)
-    results = generate_batch(engine, [PackRequest(PROMPT, first, seed=3), PackRequest(PROMPT, second, seed=4)],
-                             num_inference_steps=STEPS, output_type="latent")
+    with recompiles_are_errors():
+        results = generate_batch(engine, [PackRequest(PROMPT, first, seed=3), PackRequest(PROMPT, second, seed=4)],
+                                 num_inference_steps=STEPS, output_type="latent")
+    assert engine.recompiles == 0
     for result, adapters, seed in zip(results, (first, second), (3, 4)):
         theirs = reference(engine, model_dir, adapters, num_images=1, seed=seed)
         assert distance(result.images, theirs) <= TOLERANCE
@@ -115,11 +116,14 @@ def test_describe_reports_the_quantization_and_the_weight_bytes(tiny_models):
     assert plain["base_quantization"] == "none" and plain["denoiser_bytes"] == full
 
 
-def test_fused_mode_on_a_quantized_base_is_refused():
+def test_fused_mode_on_a_quantized_base_is_refused_and_the_quantization_is_fingerprinted():
     with pytest.raises(ValueError, match="fused mode .* base_quantization"):
         EngineConfig(adapter_mode="fused", base_quantization="int8_weight_only")
     with pytest.raises(ValueError, match="base_quantization must be one of"):
         EngineConfig(base_quantization="int4")
+    # It changes the compiled graphs: a quantized engine never loads a float engine's compile artifacts.
+    assert (EngineConfig(base_quantization="int8_weight_only").fingerprint("m", "flux")
+            != EngineConfig().fingerprint("m", "flux"))
 
 
 def test_float8_is_refused_off_cuda(tiny_models):
