@@ -122,14 +122,14 @@ def recompiles_are_errors():
         torch._dynamo.config.error_on_recompile = previous
 
 
-def engine_reference(engine, model_dir, adapters, *, prompt, steps, num_images, seed=0, embeddings=()):
+def engine_reference(engine, model_dir, adapters, *, prompt, steps, num_images, seed=0, embeddings=(), prepare=None):
     """Plain diffusers' result for what ``engine`` was asked: its guidance and size."""
     from hotlora.testing import plain_diffusers_reference
 
     return plain_diffusers_reference(
         model_dir, adapters, prompt=prompt, num_images=num_images, num_inference_steps=steps,
         guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=seed,
-        embeddings=embeddings,
+        embeddings=embeddings, prepare=prepare,
     )
 
 

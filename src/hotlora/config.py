@@ -17,8 +17,8 @@ This module is the public face: import settings from here.
 """
 
 from hotlora.settings.engine import (
-    ADAPTER_MODES, FUSED_RESTORE, SIZE_POLICIES, EngineConfig, RequestLimits, StepCache, format_size, parse_size,
-    parse_sizes,
+    ADAPTER_MODES, BASE_QUANTIZATIONS, FUSED_RESTORE, SIZE_POLICIES, EngineConfig, RequestLimits, StepCache,
+    format_size, parse_size, parse_sizes,
 )
 from hotlora.settings.fields import ENV_PREFIX, SettingsError, layered
 from hotlora.settings.files import MODEL_DEFAULTS_FILE, ModelDefaultsError, read_config_file, read_model_defaults
@@ -28,7 +28,7 @@ from hotlora.settings.store import GiB, MiB, StoreConfig
 _layered = layered  # the name it had
 
 __all__ = [
-    "ADAPTER_MODES", "ENV_PREFIX", "FUSED_RESTORE", "GiB", "MODEL_DEFAULTS_FILE", "MiB", "ModelDefaultsError",
+    "ADAPTER_MODES", "BASE_QUANTIZATIONS", "ENV_PREFIX", "FUSED_RESTORE", "GiB", "MODEL_DEFAULTS_FILE", "MiB", "ModelDefaultsError",
     "SIZE_POLICIES", "EngineConfig", "RequestLimits", "ServerConfig", "SettingsError", "StepCache", "StoreConfig",
     "format_size", "parse_size", "parse_sizes", "read_config_file", "read_model_defaults",
 ]

@@ -189,20 +189,23 @@ def save_pivotal_lora(path: Path, family: str, denoiser_sd: Mapping[str, torch.T
 
 def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: int, num_inference_steps: int,
                               guidance_scale: float, height: int, width: int, seed: int, output_type="latent",
-                              embeddings=()):
+                              embeddings=(), prepare=None):
     """What a fresh, plain diffusers pipeline gives: ``load_lora_weights`` per adapter, then
     ``set_adapters`` with the scales, one batch, image i seeded ``seed + i``. The correctness
     contract compares the warm engine against exactly this.
 
     ``embeddings``: (file tensors keyed clip_l / clip_g / t5, token names) pairs, each loaded
     with ``load_textual_inversion`` into the text encoder its key names, in order, as the
-    advanced training scripts' model cards show."""
+    advanced training scripts' model cards show. ``prepare(pipeline)``: called once before any
+    adapter is loaded (e.g. torchao's ``quantize_`` on the denoiser)."""
     from diffusers import DiffusionPipeline
 
     from hotlora.adapters.families import TOKENIZER_OF, family_of_pipeline
 
     pipeline = DiffusionPipeline.from_pretrained(str(model_dir), local_files_only=True)
     pipeline.set_progress_bar_config(disable=True)
+    if prepare is not None:
+        prepare(pipeline)
     names, weights = [], []
     for slot, (source, scale) in adapters.items():
         if source is None:

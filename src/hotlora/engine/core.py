@@ -36,6 +36,7 @@ from hotlora.engine.runner import Timings, image_generators, run_pack, step_call
 from hotlora.engine.stepcache import apply_step_cache
 from hotlora.engine.warmup import chunk_key, measure_chunks, warm_up
 from hotlora.engine.prompts import batch_prompts
+from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
 from hotlora.engine.writers import AdapterWriter, SwapReport, TextWriter, install_text_writer, install_writer
 from hotlora.errors import EngineError, HotloraError, InvalidRequest
 
@@ -71,9 +72,7 @@ class Engine:
     def __init__(self, pipeline, family: Family, config: EngineConfig | None = None, *, model: str | None = None,
                  defaults: Mapping | None = None, store=None, **options):
         self.config = config = replace(config or EngineConfig(), **options)
-        self.pipeline = pipeline
-        self.family = family
-        self.model = model
+        self.pipeline, self.family, self.model = pipeline, family, model
         self.batch_size = config.batch_limit  # compiled for batches up to this; packs chunk by ``chunk_for``
         self.chunks: dict[str, dict] = {}  # batch_size="auto": the measured choice per size and CFG mode
         self.limits = config.limits
@@ -84,6 +83,8 @@ class Engine:
         self.height, self.width = sizes[0]  # the default size
         served = [model, Path(model).name if model else None, self.defaults.get("model_id"),
                   *self.defaults.get("base_model_aliases", [])]
+        self.quantization = quantize_denoiser(self.denoiser, config.base_quantization)  # before LoRA and compile
+        self.denoiser_bytes = weight_bytes(self.denoiser)  # the base weights, as stored
         self.writer: AdapterWriter = install_writer(config, self.denoiser, family.name, served)
         # The text encoders' side (LoRA merged in, embeddings in reserved rows), before any compile.
         self.text: TextWriter = install_text_writer(config, pipeline, family, self.writer.slot_names)
@@ -92,14 +93,11 @@ class Engine:
                                         denoiser_config=unet_config, max_scale=self.limits.max_scale,
                                         serving_dtype=self.denoiser.dtype, text_problems=self.text.problems)
         self._lock = threading.Lock()  # one pack at a time: the writer's tensors are shared state
-        self._recompiles = 0
-        self.compile_mode = None
-        self.warmup_s = 0.0
-        self.compile_artifacts_loaded = False
+        self._recompiles, self.compile_mode = 0, None
+        self.warmup_s, self.compile_artifacts_loaded = 0.0, False
         self.attention_backend = set_attention_backend(self.denoiser, config.attention_backend)
         self.step_cache = config.step_cache
-        # A compiled engine serves only the sizes it warmed up at; an eager one any multiple, unless
-        # it was given a size set.
+        # A compiled engine serves only the sizes it warmed up at; an eager one any multiple, or its sizes.
         self.rules = RequestRules(family.name, self.defaults, self.limits, sizes, size_multiple,
                                   sizes_only=config.compile or bool(config.sizes), size_policy=config.size_policy)
         self.dynamic_sizes = DYNAMIC_SIZES[family.name] if len(sizes) > 1 else None
@@ -158,6 +156,7 @@ class Engine:
         ``options`` are ``EngineConfig`` fields; ``store`` an AdapterStore, or a StoreConfig to build one."""
         config = replace(config or EngineConfig(), **options)
         device = config.device or default_device()
+        check_quantization(config.base_quantization, device)  # before loading: float8 needs CUDA
         dtype = resolve_dtype(config.dtype, device)
         pipeline, family = load_pipeline(model, dtype=dtype, device=device)
         if isinstance(store, StoreConfig):
@@ -204,6 +203,7 @@ class Engine:
             "compile": self.compile_mode, "warmup_s": round(self.warmup_s, 2), "recompiles": self.recompiles,
             "mixed": self.writer.mixes_requests, "attention_backend": self.attention_backend,
             "step_cache": self.step_cache.backend if self.step_cache else None,
+            "base_quantization": self.quantization or "none", "denoiser_bytes": self.denoiser_bytes,
             "slot_bytes": writer["slot_bytes"], "rank_buckets": writer.get("rank_buckets", []),
             "writer": writer["writer"], "sizes": list(self.rules.size_names()),  # WIDTHxHEIGHT, default first
             # fused mode: where the pristine weights live, their bytes, one adapter set per forward batch

@@ -15,6 +15,7 @@ SIZE_POLICIES = ("refuse", "nearest")
 ADAPTER_MODES = ("slots", "fused")
 FUSED_RESTORE = ("auto", "device", "host")
 STEP_CACHE_BACKENDS = ("dbcache", "taylorseer", "fbcache")  # engine.stepcache checks the name again
+BASE_QUANTIZATIONS = ("none", "int8_weight_only", "float8")  # engine/quantize.py applies them
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -140,6 +141,13 @@ class EngineConfig:
     fused_restore: str = setting("auto", "where the pristine weights (fused mode, text encoders) are kept: device, "
                                          "host (pinned when CUDA), or auto (the device when they fit)",
                                  choices=FUSED_RESTORE)
+    # Changes the compiled graphs (quantized matmuls): part of the compile fingerprint.
+    base_quantization: str = setting("none", "quantize the base denoiser's Linear weights once at start-up "
+                                             "(torchao, the hotlora[quant] extra): int8_weight_only (CPU or "
+                                             "CUDA) or float8 (row-wise FP8, CUDA only); the adapters stay "
+                                             "unfused LoRA branches in the serving dtype. Slots and mixed "
+                                             "batches; not fused mode",
+                                     choices=BASE_QUANTIZATIONS)
     text_encoder_lora: bool = setting(True, "merge adapters' text-encoder LoRA per request (no: skipped, and "
                                             "responses say so)")
     embedding_rows: int = setting(4, "token rows reserved per slot for pivotal-tuning embeddings "
@@ -171,6 +179,13 @@ class EngineConfig:
             raise ValueError(f"fused_restore must be one of {', '.join(FUSED_RESTORE)}, got {self.fused_restore!r}")
         if not (isinstance(self.embedding_rows, int) and 0 <= self.embedding_rows <= 64):
             raise ValueError(f"embedding_rows must be an integer in 0..64, got {self.embedding_rows!r}")
+        if self.base_quantization not in BASE_QUANTIZATIONS:
+            raise ValueError(f"base_quantization must be one of {', '.join(BASE_QUANTIZATIONS)}, "
+                             f"got {self.base_quantization!r}")
+        if self.adapter_mode == "fused" and self.base_quantization != "none":
+            raise ValueError(f"fused mode merges adapters into the base weights, which base_quantization="
+                             f"{self.base_quantization!r} stores quantized (a merge would requantize them on every "
+                             "request and lose the adapter's delta): use adapter_mode='slots' with a quantized base")
         if self.adapter_mode == "fused" and (self.mixed or self.rank_buckets):
             raise ValueError("fused mode holds one adapter set per forward batch in the weights themselves: "
                              "it has no mixed batches and no rank buckets")
@@ -193,5 +208,5 @@ class EngineConfig:
         return self.max_batch_size if self.batch_size == "auto" else self.batch_size
 
 
-__all__ = ["ADAPTER_MODES", "FUSED_RESTORE", "SIZE_POLICIES", "STEP_CACHE_BACKENDS", "EngineConfig",
-           "RequestLimits", "StepCache", "format_size", "parse_size", "parse_sizes"]
+__all__ = ["ADAPTER_MODES", "BASE_QUANTIZATIONS", "FUSED_RESTORE", "SIZE_POLICIES", "STEP_CACHE_BACKENDS",
+           "EngineConfig", "RequestLimits", "StepCache", "format_size", "parse_size", "parse_sizes"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -156,7 +157,11 @@ class SlotBank:
         # alpha == r: PEFT's scaling is the constant 1.0 whatever rows a bucket runs; each slot's
         # weight and alpha/r go into B.
         config = LoraConfig(r=total, lora_alpha=total, target_modules=f"^(?:{exact})$", lora_dropout=0.0)
-        denoiser.add_adapter(config, adapter_name=PEFT_ADAPTER)
+        with warnings.catch_warnings():
+            # A torchao-quantized base (base_quantization): PEFT warns that its LoRA layer cannot
+            # merge; the slots never merge (fused mode is refused with a quantized base).
+            warnings.filterwarnings("ignore", "TorchaoLoraLinear was instantiated without", UserWarning)
+            denoiser.add_adapter(config, adapter_name=PEFT_ADAPTER)
         denoiser.set_adapters([PEFT_ADAPTER], [1.0])  # once, before compile
         first = denoiser.get_submodule(next(iter(modules))).lora_A[PEFT_ADAPTER].weight
         all_down = torch.zeros(total, self.layout.down_width, dtype=first.dtype, device=first.device)
