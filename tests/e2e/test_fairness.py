@@ -167,7 +167,9 @@ def test_requests_waiting_on_slow_sources_hold_no_admission_slot(fair):
         assert response.status_code == 200, response.text
         assert took < SLACK_S, took
         answers = [future.result(timeout=120).status_code for future in slow]
-    assert set(answers) <= {502, 504}, answers  # each ended at its deadline: nothing hangs
+    # Each ended by its deadline, nothing hangs: cut mid-download (502), the request's own timeout
+    # (504), or its deadline spent waiting for a worker behind the others (429, retry later).
+    assert set(answers) <= {429, 502, 504}, answers
 
 
 def test_timeout_s_covers_the_fetch_wait(fair):

@@ -137,8 +137,12 @@ def test_a_slow_drip_source_is_cut_at_the_deadline_and_cached_requests_never_wai
         answers = [f.result(timeout=60) for f in dripping]
     assert quick.status_code == 200
     assert quick_s < DEADLINE_S  # did not wait for any download (figures: docs/robustness.md)
+    # One client (one peer, no keys) holds half the fetch workers: its downloads that ran were cut at
+    # the deadline (502); the rest spent that deadline queued behind them and were told to retry (429).
     for answer in answers:
-        assert answer.status_code == 502 and "did not finish within" in answer.json()["error"], answer.text
+        cut = answer.status_code == 502 and "did not finish within" in answer.json()["error"]
+        assert cut or (answer.status_code == 429 and "fetch worker" in answer.json()["error"]), answer.text
+    assert any(answer.status_code == 502 for answer in answers)
 
 
 fuzzed_headers = st.one_of(

@@ -105,7 +105,7 @@ def test_playground_generates_a_pack_with_two_adapters(server, browser, tmp_path
     assert all(browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img)
                for img in images)
     stages = [row.get_attribute("data-stage") for row in browser.find_elements(By.CSS_SELECTOR, "#timings > div")]
-    assert stages == ["queue", "fetch", "swap", "generate", "encode"]
+    assert stages == ["queue", "fetch", "prepare", "swap", "generate", "encode"]
     assert browser.find_element(By.ID, "error").text == ""
     wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "dd[data-key='recompiles since warm-up']").text == "0")
     browser.save_screenshot(str(tmp_path / "playground.png"))

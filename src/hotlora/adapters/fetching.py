@@ -15,7 +15,8 @@ is written by hand:
   request does not wait behind its own prefetches (when keys are off, every caller behind one
   address is one client);
 - every job carries a ``Deadline`` started when it was submitted: time queued counts, and a job
-  whose deadline passed in the queue fails without taking a worker;
+  whose deadline passed in the queue fails without taking a worker (``FetchersBusy``, 429: the
+  source was never asked, the server was busy);
 - a request for a job still queued as a prefetch promotes it to the request lane.
 """
 
@@ -29,11 +30,19 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from hotlora.adapters.remote import Deadline
+from hotlora.errors import RequestError
 
 log = logging.getLogger(__name__)
 
 REQUEST, PREFETCH = "request", "prefetch"
 LANES = (REQUEST, PREFETCH)
+
+
+class FetchersBusy(RequestError):
+    """A fetch that spent its whole deadline waiting for a worker: retry later."""
+
+    status_code = 429
+    retry_after_s = 5
 
 
 @dataclass(eq=False)
@@ -115,7 +124,9 @@ class FetchScheduler:
     def _wake(self) -> None:
         """Called holding the lock: an idle worker takes the new work, else a new one starts."""
         if self._idle:
-            self._cond.notify()
+            # All of them: a notified thread counts as idle until it runs, so a single notify
+            # could go to one already woken and the new work would wait for the next finish.
+            self._cond.notify_all()
         elif len(self._threads) < self.workers:
             thread = threading.Thread(target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True)
             self._threads.append(thread)

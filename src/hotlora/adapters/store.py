@@ -35,7 +35,7 @@ import torch
 from hotlora import __version__
 from hotlora.adapters import formats
 from hotlora.adapters.catalog import CatalogEntry, load_catalog
-from hotlora.adapters.fetching import PREFETCH, REQUEST, FetchJob, FetchScheduler
+from hotlora.adapters.fetching import PREFETCH, REQUEST, FetchersBusy, FetchJob, FetchScheduler
 from hotlora.adapters.diskcache import DiskCache, TierStats, owner_tag, sweep_orphans
 from hotlora.adapters.families import Family
 from hotlora.adapters.formats import Adapter, LoraWeights, ReadLimits, load_adapter
@@ -268,7 +268,9 @@ class AdapterStore:
             if new:
                 job = self._jobs[name] = self.fetch_pool.submit(
                     lambda deadline: self.get(ref, deadline), client=client, lane=lane,
-                    deadline=Deadline.of(self.config), expired=lambda deadline: deadline.error(reference))
+                    deadline=Deadline.of(self.config), expired=lambda deadline: FetchersBusy(
+                        f"{reference.display}: waited {deadline.seconds:g} s for a fetch worker (the server is "
+                        "busy fetching other adapters); retry later"))
         if new:
             # Outside the lock: a job already done runs its callback here, and the callback locks.
             job.future.add_done_callback(lambda _: self._job_done(name, job))
