@@ -47,8 +47,9 @@ class Service:
         self.config = config
         self.access = Access(config)
         self.metrics = Metrics(worker)
-        # Requests being resolved count against the bound too: a flood of cold adapters must
-        # not pile up unbounded fetches in front of the queue.
+        # Requests past their fetch (preparing, queued, running) count against this bound; those
+        # still waiting on fetches are bounded per client instead (``_fetching``), so one client's
+        # slow sources cannot take the slots everyone else's cached requests need.
         self.max_pending = 2 * config.max_queue
         self._pending = 0
         self._lock = threading.Lock()
