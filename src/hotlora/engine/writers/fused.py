@@ -250,17 +250,19 @@ class FusedWriter:
         carried = total = 0.0
         for group in groups:
             dtype = self._params[group.modules[0]].dtype
-            out_features, in_features = group.up.shape[1], group.down.shape[2]
-            step = max(1, self.SCRATCH_BYTES // (4 * out_features * in_features))
-            for lo in range(0, len(group.modules), step):
-                names = group.modules[lo:lo + step]
-                delta = torch.bmm(group.up[lo:lo + step], group.down[lo:lo + step])
-                base = torch.stack([self._pristine[m].to(self.device).reshape(out_features, in_features)
-                                    for m in names]).float()
+            for names, delta in self._deltas(group):
+                base = torch.stack([self._pristine[m].to(self.device).reshape(delta.shape[1:]) for m in names]).float()
                 merged = (base + delta).to(dtype).float() - base
                 carried += float((merged * delta).sum(dtype=torch.float64))
                 total += float((delta * delta).sum(dtype=torch.float64))
         return carried / total if total > 0 else 1.0
+
+    def _deltas(self, group: _Group):
+        """The group's float32 deltas ``[n, out, in]``, ``SCRATCH_BYTES`` at a time, with their layers."""
+        out_features, in_features = group.up.shape[1], group.down.shape[2]
+        step = max(1, self.SCRATCH_BYTES // (4 * out_features * in_features))
+        for lo in range(0, len(group.modules), step):
+            yield group.modules[lo:lo + step], torch.bmm(group.up[lo:lo + step], group.down[lo:lo + step])
 
     @torch.no_grad()
     def swap(self, assignment: Bindings) -> SwapReport:
@@ -297,11 +299,8 @@ class FusedWriter:
             torch._foreach_copy_([params[m] for m in fused], [pristine[m] for m in fused], non_blocking=True)
         source = params if self.restore == "host" else pristine
         for group in plan.groups:
-            out_features, in_features = group.up.shape[1], group.down.shape[2]
-            step = max(1, self.SCRATCH_BYTES // (4 * out_features * in_features))
-            for lo in range(0, len(group.modules), step):
-                names = group.modules[lo:lo + step]
-                deltas = [d.view(group.shape) for d in torch.bmm(group.up[lo:lo + step], group.down[lo:lo + step])]
+            for names, delta in self._deltas(group):
+                deltas = [d.view(group.shape) for d in delta]
                 torch._foreach_add_(deltas, [source[m] for m in names])  # W0 + delta, in float32
                 torch._foreach_copy_([params[m] for m in names], deltas)  # cast once
         report.modules_written += len(plan.modules)
