@@ -153,3 +153,19 @@ def generate_batch(engine, requests: Sequence[PackRequest], *, progress=None, **
     if progress is not None and prepared:
         prepared[0] = replace(prepared[0], progress=progress)
     return engine.run(prepared)
+
+
+def drip(wfile, data: bytes, interval_s: float, stop) -> None:
+    """Write ``data`` one byte per ``interval_s`` (a slow source every per-read timeout lets
+    through); ends when ``stop`` is set or the client hangs up. Bounded by ``len(data)``."""
+    import time
+
+    for byte in data:
+        if stop.is_set():
+            return
+        try:
+            wfile.write(bytes([byte]))
+            wfile.flush()
+        except OSError:
+            return
+        time.sleep(interval_s)

@@ -12,7 +12,7 @@ from hotlora.config import ServerConfig, StoreConfig
 from hotlora.server.app import create_app
 from hotlora.server.run import build_worker
 
-from ..helpers import free_port
+from ..helpers import drip, free_port
 
 READY_TIMEOUT_S = 600
 
@@ -83,15 +83,7 @@ class DripHandler(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("content-length", str(self.BYTES))
         self.end_headers()
-        for _ in range(self.BYTES):  # bounded, and ends as soon as the client hangs up
-            if self.server.stopping.is_set():
-                return
-            try:
-                self.wfile.write(b"\0")
-                self.wfile.flush()
-            except OSError:
-                return
-            time.sleep(self.DRIP_S)
+        drip(self.wfile, b"\0" * self.BYTES, self.DRIP_S, self.server.stopping)  # bounded; ends on hang-up
 
     def log_message(self, *args):
         pass

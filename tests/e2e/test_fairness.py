@@ -19,7 +19,7 @@ import torch
 
 from hotlora.testing import random_lora, save_diffusers_lora
 
-from ..helpers import generate
+from ..helpers import drip, generate
 
 STEPS = 2
 DEADLINE_S = 6.0  # the store's whole-fetch deadline, as the independent harness runs it
@@ -69,15 +69,7 @@ class Sources(http.server.BaseHTTPRequestHandler):
             self.end_headers()
 
     def _drip(self, data: bytes) -> None:
-        for byte in data:  # bounded, and ends as soon as the client hangs up
-            if self.server.stopping.is_set():
-                return
-            try:
-                self.wfile.write(bytes([byte]))
-                self.wfile.flush()
-            except OSError:
-                return
-            time.sleep(0.5)
+        drip(self.wfile, data, 0.5, self.server.stopping)
 
     def log_message(self, *args):
         pass

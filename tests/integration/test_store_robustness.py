@@ -29,7 +29,7 @@ from hotlora.adapters.store import AdapterStore, RamCache
 from hotlora.config import StoreConfig
 from hotlora.errors import SourceUnavailable
 
-from ..helpers import write_lora
+from ..helpers import drip, write_lora
 
 FLUX = family_named("flux")
 
@@ -105,15 +105,7 @@ class Drip(http.server.BaseHTTPRequestHandler):
     body = b"x" * 200
 
     def _drip(self, data: bytes):
-        for byte in data[:100]:  # bounded: 20 s at most even if nobody hangs up
-            if self.stop.is_set():
-                return
-            try:
-                self.wfile.write(bytes([byte]))
-                self.wfile.flush()
-            except OSError:
-                return
-            time.sleep(0.2)
+        drip(self.wfile, data[:100], 0.2, self.stop)  # bounded: 20 s at most even if nobody hangs up
 
     def do_GET(self):
         self.send_response(200)
