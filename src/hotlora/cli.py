@@ -7,7 +7,6 @@ import json
 import logging
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 from hotlora.errors import HotloraError, RequestError
@@ -109,8 +108,7 @@ def serve_settings(args) -> tuple:
     from hotlora.config import ServerConfig, StoreConfig
     from hotlora.settings.flags import given
 
-    server_names = [f.name for f in fields(ServerConfig)]
-    store_names = [f.name for f in fields(StoreConfig)]
+    server_names, store_names = list(ServerConfig.model_fields), list(StoreConfig.model_fields)
     return ServerConfig.load(args.config, store_flags=given(args, store_names), **given(args, server_names))
 
 
@@ -173,7 +171,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     from hotlora.settings.flags import add_flags
     from hotlora.settings.server import ENGINE_SETTINGS
 
-    own = [f.name for f in fields(ServerConfig) if f.name not in ENGINE_SETTINGS]
+    own = [name for name in ServerConfig.model_fields if name not in ENGINE_SETTINGS]
     add_flags(parser, ServerConfig, "server settings ([server] in --config)", only=own)
     add_flags(parser, ServerConfig, "engine settings ([server] in --config)", only=ENGINE_SETTINGS)
     add_flags(parser, StoreConfig, "adapter store settings ([store] in --config)")

@@ -49,12 +49,12 @@ def root(tmp_path):
 
 
 def make_store(tmp_path, roots, **overrides):
-    extra = {k: overrides.pop(k) for k in list(overrides) if not hasattr(StoreConfig, k)}
+    extra = {k: overrides.pop(k) for k in list(overrides) if k not in StoreConfig.model_fields}
     overrides.setdefault("allowed_hosts", ("127.0.0.1",))  # the local test servers: internal, so listed
     config = StoreConfig(cache_dir=tmp_path / "cache", local_roots=tuple(roots), allow_http=True, backoff_s=0.01,
                          **overrides)
     for name, value in extra.items():  # settings StoreConfig may not declare yet: the store reads them by getattr
-        setattr(config, name, value)
+        object.__setattr__(config, name, value)  # past pydantic, which refuses undeclared names
     return AdapterStore(config, FLUX)
 
 

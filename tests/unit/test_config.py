@@ -66,17 +66,17 @@ def test_model_defaults_are_read_in_one_place(tmp_path):
         read_model_defaults(tmp_path)
 
 
-# Every field, from each layer, through the function `hotlora serve` uses (no engine is started).
+# Every field, from each layer, through the functions `hotlora serve` uses, to the object that
+# consumes it: the EngineConfig the engine is built with, the store's config, the worker, the server.
 
 import os  # noqa: E402
-from dataclasses import fields  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import yaml  # noqa: E402
 
 from hotlora.cli import build_parser, serve_settings  # noqa: E402
-from hotlora.config import StoreConfig  # noqa: E402
-from hotlora.settings.fields import bare, hints  # noqa: E402
+from hotlora.config import SettingsError, StoreConfig  # noqa: E402
+from hotlora.settings.fields import bare, declared, default_of  # noqa: E402
 from hotlora.settings.server import ENGINE_SETTINGS  # noqa: E402
 
 SPECIAL = {  # (text, typed) where the sample from the type would not do
@@ -89,17 +89,19 @@ SPECIAL = {  # (text, typed) where the sample from the type would not do
     "cache_dir": ("/c", Path("/c")),
     "fused_min_kept": ("0.5", 0.5),  # a fraction: default + 0.5 would leave 0..1
 }
-STORE = [f.name for f in fields(StoreConfig)]
-SETTINGS = [(ServerConfig, f) for f in fields(ServerConfig)] + [(StoreConfig, f) for f in fields(StoreConfig)]
+STORE = list(StoreConfig.model_fields)
+SETTINGS = ([(ServerConfig, name, info) for name, info in ServerConfig.model_fields.items()]
+            + [(StoreConfig, name, info) for name, info in StoreConfig.model_fields.items()])
 NEEDS = {"step_cache_threshold", "step_cache_warmup_steps", "step_cache_compute_blocks"}  # only with a backend
+WORKER = {"max_queue", "max_batch_delay_s", "max_rebuild_attempts"}  # the worker's own bounds
 
 
-def sample(cls, f):
-    if f.name in SPECIAL:
-        return SPECIAL[f.name]
-    kind, default = bare(hints(cls)[f.name]), f.default
-    if f.metadata["choices"]:
-        pick = next(c for c in f.metadata["choices"] if c != default)
+def sample(name, info):
+    if name in SPECIAL:
+        return SPECIAL[name]
+    kind, default = bare(info.annotation), default_of(info)
+    if declared(info).choices:
+        pick = next(c for c in declared(info).choices if c != default)
         return pick, pick
     if kind is bool:
         return str(not default).lower(), not default
@@ -111,22 +113,45 @@ def sample(cls, f):
         return "4,8", (4, 8)
     if kind == tuple[str, ...]:
         return "p,q", ("p", "q")
-    assert kind is str, f"no sample for {f.name}: {kind}"
-    return f"x-{f.name}", f"x-{f.name}"
+    assert kind is str, f"no sample for {name}: {kind}"
+    return f"x-{name}", f"x-{name}"
 
 
-def landed(server, store, name):
-    """Where a setting ends up: the store, the engine config (nested groups included), the server."""
+class Built(Exception):
+    """Raised by the stand-in for Engine.from_pretrained with the config the engine would be built with."""
+
+
+def engine_built_by(server, store, monkeypatch) -> tuple:
+    """(the worker, the EngineConfig): `hotlora serve`'s own wiring (server/run.py), with the model load
+    replaced by a capture."""
+    from hotlora import Engine
+    from hotlora.server.run import build_worker
+
+    def capture(model, config=None, **options):
+        raise Built(model, config, options)
+
+    monkeypatch.setattr(Engine, "from_pretrained", capture)
+    worker = build_worker(server, store)
+    with pytest.raises(Built) as built:
+        worker._factory()  # what the worker calls to build (and rebuild) its engine
+    model, config, options = built.value.args
+    assert model == server.model and options == {}
+    return worker, config
+
+
+def landed(server, store, name, monkeypatch):
+    """Where a setting ends up: the store, the engine's config (nested groups included), the worker,
+    the server."""
     if name in STORE:
         return getattr(store, name)
     if name not in ENGINE_SETTINGS:
-        return getattr(server, name)
-    engine = server.engine_config()
+        return getattr(engine_built_by(server, store, monkeypatch)[0] if name in WORKER else server, name)
+    engine = engine_built_by(server, store, monkeypatch)[1]
     if name == "step_cache":
         return engine.step_cache.backend
     if name.startswith("step_cache_"):
         return getattr(engine.step_cache, name.removeprefix("step_cache_"))
-    if name in {f.name for f in fields(RequestLimits)}:
+    if name in RequestLimits.model_fields:
         return getattr(engine.limits, name)
     return getattr(engine, name)
 
@@ -149,35 +174,49 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
-@pytest.mark.parametrize("cls, f", SETTINGS, ids=[f.name for _, f in SETTINGS])
-def test_every_setting_reaches_its_config_from_env_file_and_flag(cls, f, clean_env, tmp_path):
-    text, typed = sample(cls, f)
-    assert typed != f.default, f"the sample for {f.name} must differ from its default"
-    extra = {"step_cache": "dbcache"} if f.name in NEEDS else {}
+@pytest.mark.parametrize("cls, name, info", SETTINGS, ids=[name for _, name, _ in SETTINGS])
+def test_every_setting_reaches_its_consumer_from_env_file_and_flag(cls, name, info, clean_env, tmp_path):
+    text, typed = sample(name, info)
+    assert typed != default_of(info), f"the sample for {name} must differ from its default"
+    extra = {"step_cache": "dbcache"} if name in NEEDS else {}
     section = "store" if cls is StoreConfig else "server"
 
-    for name, value in {**extra, f.name: text}.items():
-        clean_env.setenv("HOTLORA_" + name.upper(), value)
-    assert landed(*settings_from([]), f.name) == typed, "from HOTLORA_*"
-    for name in (*extra, f.name):
-        clean_env.delenv("HOTLORA_" + name.upper())
+    for key, value in {**extra, name: text}.items():
+        clean_env.setenv("HOTLORA_" + key.upper(), value)
+    assert landed(*settings_from([]), name, clean_env) == typed, "from HOTLORA_*"
+    for key in (*extra, name):
+        clean_env.delenv("HOTLORA_" + key.upper())
 
     as_yaml = plain(typed)
-    config_file = tmp_path / "serve.yaml"
-    config_file.write_text(yaml.safe_dump({section: {f.name: as_yaml}, "server": {**extra}}
-                                          if section == "store" else {section: {**extra, f.name: as_yaml}}))
-    assert landed(*settings_from(["--config", str(config_file)]), f.name) == typed, "from the config file"
+    for suffix, dump in ((".yaml", yaml.safe_dump), (".toml", _toml)):
+        config_file = tmp_path / ("serve" + suffix)
+        config_file.write_text(dump({section: {name: as_yaml}, "server": {**extra}}
+                                    if section == "store" else {section: {**extra, name: as_yaml}}))
+        assert landed(*settings_from(["--config", str(config_file)]), name, clean_env) == typed, f"from {suffix}"
 
-    flag = "--" + f.name.replace("_", "-")
+    flag = "--" + name.replace("_", "-")
     argv = ([flag if typed else "--no-" + flag[2:]] if isinstance(typed, bool) else [flag, text])
-    argv += [a for name, v in extra.items() for a in ("--" + name.replace("_", "-"), v)]
-    assert landed(*settings_from(argv), f.name) == typed, "from the flag"
+    argv += [a for key, v in extra.items() for a in ("--" + key.replace("_", "-"), v)]
+    assert landed(*settings_from(argv), name, clean_env) == typed, "from the flag"
+
+
+def _toml(tables: dict) -> str:
+    """The few value types the samples hold, as TOML (tomllib reads; it does not write)."""
+    def value(v):
+        if isinstance(v, bool):
+            return str(v).lower()
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(v)  # a JSON string, integer or float is a TOML one
+    return "".join(f"[{table}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in body.items())
+                   for table, body in tables.items())
 
 
 def test_serve_help_lists_every_setting_and_the_old_flags_still_parse(clean_env):
     text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
-    for _, f in SETTINGS:
-        assert "--" + f.name.replace("_", "-") in text, f.name
+    for _, name, info in SETTINGS:
+        assert "--" + name.replace("_", "-") in text, name
+        assert info.description and info.description.split()[0] in text, f"{name}: its description is its help"
     server, store = settings_from(["--no-compile", "--mixed", "--adapter-root", "/a", "--adapter-root", "/b",
                                    "--slots", "a,b", "--sizes", "64x32", "--no-text-encoder-lora", "--port", "9"])
     assert (server.compile, server.mixed, server.slots, server.sizes, server.text_encoder_lora, server.port) == \
@@ -196,5 +235,31 @@ def test_flag_over_env_over_file_for_engine_options(clean_env, tmp_path):
 
 def test_bad_text_is_refused_with_the_setting_named(clean_env):
     clean_env.setenv("HOTLORA_PORT", "eighty")
-    with pytest.raises(ValueError, match="port must be an integer"):
+    with pytest.raises(SettingsError, match="port must be an integer"):
         settings_from([])
+    clean_env.delenv("HOTLORA_PORT")
+    clean_env.setenv("HOTLORA_SIZES", "64x")
+    with pytest.raises(SettingsError, match="WIDTHxHEIGHT"):
+        settings_from([])
+
+
+def test_settings_built_in_code_read_nothing_from_outside(clean_env):
+    """A library user's EngineConfig (and a StoreConfig or ServerConfig built in code) holds its
+    arguments over its defaults: the environment reaches only what `hotlora serve` layers."""
+    clean_env.setenv("HOTLORA_TARGET_RANK", "48")
+    clean_env.setenv("HOTLORA_RAM_BUDGET_BYTES", "7")
+    assert EngineConfig().target_rank == 16 and ServerConfig().target_rank == 16
+    assert StoreConfig().ram_budget_bytes == StoreConfig.default("ram_budget_bytes")
+    assert ServerConfig.load()[0].target_rank == 48 and StoreConfig.from_env().ram_budget_bytes == 7
+
+
+def test_engine_config_is_frozen_and_replace_validates():
+    config = EngineConfig(target_rank=8)
+    with pytest.raises(ValueError):
+        config.target_rank = 4
+    assert config.replace(batch_size="2").batch_size == 2 and config.replace() is config
+    with pytest.raises(SettingsError, match="unknown setting 'batch_sise'"):
+        config.replace(batch_sise=2)
+    with pytest.raises(SettingsError, match="rank buckets"):
+        config.replace(mixed=True, rank_buckets=(4,))
+    assert StepCache("fbcache", 0.3) == StepCache(backend="fbcache", threshold=0.3) and not StepCache("fbcache").fullgraph

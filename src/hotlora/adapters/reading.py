@@ -36,9 +36,9 @@ DENOISER_DIRS = ("transformer", "unet")  # the pipeline subfolders of the denois
 class ReadLimits:
     """What a file must respect before its contents are parsed."""
 
-    max_bytes: int = StoreConfig.max_adapter_bytes
-    max_header_bytes: int = StoreConfig.max_header_bytes
-    allow_pickle: bool = StoreConfig.allow_pickle  # .bin/.pt, read with torch.load(weights_only=True)
+    max_bytes: int = StoreConfig.default("max_adapter_bytes")
+    max_header_bytes: int = StoreConfig.default("max_header_bytes")
+    allow_pickle: bool = StoreConfig.default("allow_pickle")  # .bin/.pt, read with torch.load(weights_only=True)
     # Every file read must lie inside one of these once symlinks are followed (the store passes
     # the source's: local roots, the download folder, the Hub repository folder). Empty: a path
     # the caller chose itself (the library API, the operator's CLI), read as given.

@@ -76,7 +76,7 @@ class RamCache:
     entry's overhead besides its tensors (``cost``). Pinned entries (catalog) are never evicted;
     they count against both limits, and when they alone exceed them, they are all that is kept."""
 
-    def __init__(self, budget_bytes: int, max_entries: int = StoreConfig.ram_max_entries):
+    def __init__(self, budget_bytes: int, max_entries: int = StoreConfig.default("ram_max_entries")):
         self.budget = budget_bytes
         self.max_entries = max_entries
         self._lru: LRU[str, Adapter] = LRU(max_entries=max_entries, max_cost=budget_bytes, cost=self.cost)

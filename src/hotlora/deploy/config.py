@@ -20,7 +20,7 @@ With no ``[ray.models]`` table, the one model of ``[server]`` / ``--model`` is s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from hotlora.config import MiB, ModelDefaultsError, ServerConfig, StoreConfig, read_config_file, read_model_defaults
@@ -137,7 +137,7 @@ class RayServeConfig:
         data.setdefault("port", server.port)
         # The replicas' apps judge access (keys required off loopback) by the address clients reach:
         # the ingress's, not the [server] default.
-        server = replace(server, host=data["host"])
+        server = server.replace(host=data["host"])
         models = {name: _model_deployment(name, dict(spec), server, store) for name, spec in models_data.items()}
         return cls(models=models, **data)
 
@@ -153,8 +153,8 @@ def _model_deployment(name: str, spec: dict, server: ServerConfig, store: StoreC
         raise DeployConfigError(f"unknown settings {sorted(unknown)} for model {name!r}; known: {sorted(known)}")
     if "aliases" in spec:
         spec["aliases"] = tuple(spec["aliases"])
-    return ModelDeployment(name=name, server=replace(server, **server_overrides),
-                           store=replace(store, **store_overrides), **spec)
+    return ModelDeployment(name=name, server=server.replace(**server_overrides),
+                           store=store.replace(**store_overrides), **spec)
 
 
 def _model_defaults(model: str) -> dict:

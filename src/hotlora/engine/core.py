@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -71,7 +71,7 @@ class Engine:
 
     def __init__(self, pipeline, family: Family, config: EngineConfig | None = None, *, model: str | None = None,
                  defaults: Mapping | None = None, store=None, **options):
-        self.config = config = replace(config or EngineConfig(), **options)
+        self.config = config = (config or EngineConfig()).replace(**options)
         self.pipeline, self.family, self.model = pipeline, family, model
         self.batch_size = config.batch_limit  # compiled for batches up to this; packs chunk by ``chunk_for``
         self.chunks: dict[str, dict] = {}  # batch_size="auto": the measured choice per size and CFG mode
@@ -154,7 +154,7 @@ class Engine:
                         **options) -> "Engine":
         """Load ``model`` (a local directory or a hub id) and make it warm: writer, compile, warm-up.
         ``options`` are ``EngineConfig`` fields; ``store`` an AdapterStore, or a StoreConfig to build one."""
-        config = replace(config or EngineConfig(), **options)
+        config = (config or EngineConfig()).replace(**options)
         device = config.device or default_device()
         check_quantization(config.base_quantization, device)  # before loading: float8 needs CUDA
         dtype = resolve_dtype(config.dtype, device)
@@ -209,7 +209,7 @@ class Engine:
             # fused mode: where the pristine weights live, their bytes, one adapter set per forward batch
             **{k: writer[k] for k in ("restore", "pristine_bytes", "one_adapter_set_per_batch") if k in writer},
             "text_encoders": self.text.describe(), "text_encoder_bytes": self.text.nbytes,
-            "limits": {f.name: getattr(self.limits, f.name) for f in fields(self.limits)},
+            "limits": self.limits.model_dump(),
         }
 
     def load_adapter(self, source, name: str | None = None) -> Adapter:

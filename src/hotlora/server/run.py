@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 from hotlora.config import ServerConfig, StoreConfig
@@ -24,9 +23,9 @@ def prepare_tiny_model(config: ServerConfig, store_config: StoreConfig) -> tuple
         log.info("no --model given: building the tiny offline Flux model in %s", tiny)
         save_tiny_model(tiny, "flux")
     log.info("serving the built-in tiny model %s (sample adapters in %s)", tiny, tiny / "adapters")
-    store_config = replace(store_config, local_roots=(*store_config.local_roots, tiny / "adapters"),
-                           catalog=store_config.catalog or str(tiny / "adapters" / "catalog.toml"))
-    return replace(config, model=str(tiny)), store_config
+    store_config = store_config.replace(local_roots=(*store_config.local_roots, tiny / "adapters"),
+                                        catalog=store_config.catalog or str(tiny / "adapters" / "catalog.toml"))
+    return config.replace(model=str(tiny)), store_config
 
 
 class StoreOwner:

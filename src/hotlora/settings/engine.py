@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
-from hotlora.settings.fields import normalize, setting
+from pydantic import model_validator
+from pydantic_settings import SettingsConfigDict
+
+from hotlora.settings.base import Group, Settings
+from hotlora.settings.fields import setting
 
 SIZE_POLICIES = ("refuse", "nearest")
 ADAPTER_MODES = ("slots", "fused")
@@ -54,8 +57,7 @@ def format_size(height: int, width: int) -> str:
     return f"{width}x{height}"
 
 
-@dataclass(frozen=True)
-class RequestLimits:
+class RequestLimits(Group):
     """What one request may ask of the engine, checked before any weight is touched."""
 
     max_images: int = setting(64, "images one request may ask for (422 beyond)")
@@ -70,12 +72,8 @@ class RequestLimits:
     max_pixels: int = setting(2048 * 2048, "height x width of a size the engine was not configured with "
                                            "(an eager engine without sizes)")
 
-    def __post_init__(self):
-        normalize(self)
 
-
-@dataclass(frozen=True)
-class StepCache:
+class StepCache(Group):
     """Step-cache settings (applied by ``hotlora.engine.stepcache``)."""
 
     backend: str = setting("dbcache", "skip predictable denoiser steps: dbcache (cache-dit DBCache), taylorseer "
@@ -85,26 +83,36 @@ class StepCache:
     warmup_steps: int = setting(4, "steps always computed before any may be skipped")
     compute_blocks: int = setting(1, "leading blocks always computed to measure the change (cache-dit Fn)")
 
-    def __post_init__(self):
-        normalize(self)
-
     @property
     def fullgraph(self) -> bool:
         return self.backend != "fbcache"
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """Every option of the warm engine, with its default, once."""
+def _batch_size(value):
+    """``"3"`` (text from a flag, a variable or a file) is the integer 3; ``"auto"`` stays a word."""
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+
+
+def _tuple_of_list(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+class EngineConfig(Settings):
+    """Every option of the warm engine, with its default, once. Frozen: ``replace(**changes)`` makes
+    a changed copy (``Engine.from_pretrained(model, config, **changes)`` does)."""
+
+    model_config = SettingsConfigDict(frozen=True)
 
     slots: tuple[str, ...] = setting(("identity", "style"), "slot names, comma-separated")
     target_rank: int = setting(16, "the slots' rank: adapters up to it are served, zero-padded")
     # The slots' and banks' ceiling only: fused mode ignores it (any Linear, and Conv2d on SDXL,
     # is fusable; its pristine copy covers all of them) and logs a warning when it is set.
     target_modules: Any = setting(None, "the LoRA ceiling: every Linear of the denoiser (default), "
-                                        "names/suffixes (Python), or one regex (full match; flags, env, files)")
+                                        "names/suffixes (Python), or one regex (full match; flags, env, files)",
+                                  parse=_tuple_of_list)
     batch_size: int | str = setting("auto", "auto: compiled for batches up to max_batch_size, each pack run in "
-                                            "the chunk size measured fastest per image at warm-up; or an integer")
+                                            "the chunk size measured fastest per image at warm-up; or an integer",
+                                    parse=_batch_size)
     max_batch_size: int = setting(6, "the largest batch compiled for with batch_size auto")
     compile: bool = setting(True, "torch.compile the denoiser (--no-compile: eager)")
     dtype: Any = setting(None, "bf16 on CUDA, float32 on CPU by default; a torch dtype name "
@@ -154,21 +162,15 @@ class EngineConfig:
                                      "(0: such adapters are refused)")
     limits: RequestLimits = setting(help="request limits", factory=RequestLimits)
 
-    def __post_init__(self):
-        normalize(self)
-        if isinstance(self.batch_size, str) and self.batch_size.strip().isdigit():
-            object.__setattr__(self, "batch_size", int(self.batch_size))
+    @model_validator(mode="after")
+    def _refuse_impossible(self) -> "EngineConfig":
+        """Each option's own rules and the combinations no engine can serve, refused at start-up."""
         if self.batch_size != "auto" and not (isinstance(self.batch_size, int) and self.batch_size >= 1):
             raise ValueError(f"batch_size must be 'auto' or an integer >= 1, got {self.batch_size!r}")
         if self.max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
-        object.__setattr__(self, "slots", tuple(self.slots))
-        object.__setattr__(self, "rank_buckets", tuple(self.rank_buckets))
-        object.__setattr__(self, "sizes", parse_sizes(self.sizes))
         if self.size_policy not in SIZE_POLICIES:
             raise ValueError(f"size_policy must be one of {', '.join(SIZE_POLICIES)}, got {self.size_policy!r}")
-        if isinstance(self.target_modules, list):
-            object.__setattr__(self, "target_modules", tuple(self.target_modules))
         if self.mixed and self.rank_buckets:
             raise ValueError("rank buckets apply to the slots of single-request packs, not to mixed batches")
         if self.adapter_mode not in ADAPTER_MODES:
@@ -189,17 +191,18 @@ class EngineConfig:
         if self.adapter_mode == "fused" and (self.mixed or self.rank_buckets):
             raise ValueError("fused mode holds one adapter set per forward batch in the weights themselves: "
                              "it has no mixed batches and no rank buckets")
+        return self
 
     # What the compiled graphs depend on; request limits, the device and the cache folder do not.
     # The sizes enter resolved (``sizes=``, the default one resolved from the model), like the dtype.
-    FINGERPRINT_EXCLUDES = frozenset({"limits", "compile_cache_dir", "device", "dtype", "height", "width",
-                                      "sizes", "size_policy", "attention_backend", "text_encoder_lora",
-                                      "embedding_rows", "fused_min_kept"})  # the text encoders run eagerly
+    FINGERPRINT_EXCLUDES: ClassVar[frozenset] = frozenset({
+        "limits", "compile_cache_dir", "device", "dtype", "height", "width", "sizes", "size_policy",
+        "attention_backend", "text_encoder_lora", "embedding_rows", "fused_min_kept"})  # text encoders run eagerly
 
     def fingerprint(self, model: str | None, family: str, **resolved) -> str:
         """The compile-cache key: the model, the family, every option the graphs depend on, and the
         values resolved at load time (``resolved``: sizes, attention backend, dtype)."""
-        options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.FINGERPRINT_EXCLUDES}
+        options = {n: getattr(self, n) for n in type(self).model_fields if n not in self.FINGERPRINT_EXCLUDES}
         return json.dumps({"model": model, "family": family, **options, **resolved}, sort_keys=True, default=repr)
 
     @property

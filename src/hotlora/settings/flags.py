@@ -1,13 +1,17 @@
 """Command-line flags generated from settings fields: ``--field-name`` for every field, its help
-from the field's ``help``, booleans as ``--x`` / ``--no-x``, tuples repeatable or comma-separated.
-Every flag defaults to None (not given), so the layers below it (env, file, defaults) show through."""
+from the field's description, booleans as ``--x`` / ``--no-x``, tuples repeatable or comma-separated.
+Every flag defaults to None (not given), so the layers below it (env, file, defaults) show through.
+
+Written with argparse, not pydantic-settings' ``CliSettingsSource``: that source reads lists as JSON
+or repeated flags and has no per-field parser, so the documented spellings (``--sizes 64x32,32x32``,
+paths ``os.pathsep``-separated, ``--adapter-root`` repeated) would change; the parsed flags enter
+the layering as the highest source (``Settings.layered``'s keyword arguments)."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, fields
 
-from hotlora.settings.fields import ENV_PREFIX, hints, is_bool, is_tuple, separator
+from hotlora.settings.fields import ENV_PREFIX, declared, default_of, is_bool, is_tuple, separator
 
 # Spellings kept from before the flags were generated.
 ALIASES = {"local_roots": ("--adapter-root",)}
@@ -17,8 +21,8 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _default(f) -> str:
-    value = f.default if f.default is not MISSING else f.default_factory()
+def _default(info) -> str:
+    value = default_of(info)
     if isinstance(value, tuple):
         value = ",".join(map(str, value)) or "none"
     return str(value)
@@ -29,23 +33,23 @@ def add_flags(parser: argparse.ArgumentParser, cls, title: str, only=None) -> li
     dests, which are the field names."""
     group = parser.add_argument_group(title)
     names = []
-    for f in fields(cls):
-        if only is not None and f.name not in only:
+    for name, info in cls.model_fields.items():
+        if only is not None and name not in only:
             continue
-        kind = hints(cls)[f.name]
-        text = f.metadata.get("help", "")
+        kind, choices = info.annotation, declared(info).choices
+        text = info.description or ""
         said = "default" in text  # the help says what the default means better than its value
-        text += f" ({'' if said else f'default: {_default(f)}; '}env {ENV_PREFIX}{f.name.upper()})"
-        options = {"dest": f.name, "default": None, "help": text.replace("%", "%%")}
+        text += f" ({'' if said else f'default: {_default(info)}; '}env {ENV_PREFIX}{name.upper()})"
+        options = {"dest": name, "default": None, "help": text.replace("%", "%%")}
         if is_bool(kind):
             options["action"] = argparse.BooleanOptionalAction
         elif is_tuple(kind):
             sep = "," if separator(kind) == "," else "os.pathsep"
-            options.update(action="append", metavar=f"{f.name.upper()}[{sep}...]")
-        if f.metadata.get("choices"):
-            options["choices"] = f.metadata["choices"]
-        group.add_argument(flag(f.name), *ALIASES.get(f.name, ()), **options)
-        names.append(f.name)
+            options.update(action="append", metavar=f"{name.upper()}[{sep}...]")
+        if choices:
+            options["choices"] = choices
+        group.add_argument(flag(name), *ALIASES.get(name, ()), **options)
+        names.append(name)
     return names
 
 

@@ -7,12 +7,13 @@ file key and a flag at once."""
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from pathlib import Path
 
+from pydantic import create_model, field_validator, model_validator
+
+from hotlora.settings.base import Settings
 from hotlora.settings.engine import EngineConfig, RequestLimits, StepCache
-from hotlora.settings.fields import hints, layered, normalize, setting
-from hotlora.settings.files import read_config_file
+from hotlora.settings.fields import declared, setting
 from hotlora.settings.store import MiB, StoreConfig
 
 # The nested engine groups and the prefix of their flattened names.
@@ -22,34 +23,39 @@ NESTED = {"limits": (RequestLimits, ""), "step_cache": (StepCache, "step_cache_"
 SERVER_DEFAULTS = {"compile_cache_dir": ".cache/hotlora/compile"}
 
 
-def _forwarded(f, name: str, kind, default=MISSING):
-    default = f.default if default is MISSING else default
-    return name, kind, field(default=SERVER_DEFAULTS.get(name, default), metadata=f.metadata)
+_ITS_OWN = object()
 
 
-def engine_fields() -> list[tuple]:
-    """``(server name, type, field)`` for every engine option, in ``EngineConfig``'s order."""
+def _forwarded(info, name: str, kind=None, default=_ITS_OWN) -> tuple[str, tuple]:
+    """``(server name, (type, field))``: the engine field's type, help, choices and parse, the
+    server's default where it has its own."""
+    default = info.default if default is _ITS_OWN else default
+    meta = declared(info)
+    field = setting(SERVER_DEFAULTS.get(name, default), info.description or "", choices=meta.choices, parse=meta.parse)
+    return name, (kind or info.annotation, field)
+
+
+def engine_fields() -> list[tuple[str, tuple]]:
+    """``(server name, (type, field))`` for every engine option, in ``EngineConfig``'s order."""
     out = []
-    for f in fields(EngineConfig):
-        if f.name not in NESTED:
-            out.append(_forwarded(f, f.name, hints(EngineConfig)[f.name]))
+    for name, info in EngineConfig.model_fields.items():
+        if name not in NESTED:
+            out.append(_forwarded(info, name))
             continue
-        group, prefix = NESTED[f.name]
-        for g in fields(group):
-            if group is StepCache and g.name == "backend":  # the switch: no backend, no step cache
-                out.append(_forwarded(g, "step_cache", hints(group)[g.name] | None, default=None))
+        group, prefix = NESTED[name]
+        for inner, g in group.model_fields.items():
+            if group is StepCache and inner == "backend":  # the switch: no backend, no step cache
+                out.append(_forwarded(g, "step_cache", g.annotation | None, default=None))
             else:
-                out.append(_forwarded(g, prefix + g.name, hints(group)[g.name]))
+                out.append(_forwarded(g, prefix + inner))
     return out
 
 
-# A base class made from those fields (make_dataclass: the fields are data, not copied source).
-EngineSettings = make_dataclass("EngineSettings", engine_fields())
-EngineSettings.__module__ = __name__
-ENGINE_SETTINGS = tuple(name for name, _, _ in engine_fields())
+# A base class made from those fields (pydantic's create_model: the fields are data, not copied source).
+EngineSettings = create_model("EngineSettings", __base__=Settings, __module__=__name__, **dict(engine_fields()))
+ENGINE_SETTINGS = tuple(name for name, _ in engine_fields())
 
 
-@dataclass
 class ServerConfig(EngineSettings):
     """``hotlora serve``: defaults < config file ``[server]`` < ``HOTLORA_*`` env < command-line flags.
     The engine's options are inherited from ``EngineSettings`` (above); these are the server's own."""
@@ -85,32 +91,37 @@ class ServerConfig(EngineSettings):
 
     def engine_config(self) -> EngineConfig:
         """The engine's options, regrouped as ``EngineConfig`` nests them."""
-        options = {f.name: getattr(self, f.name) for f in fields(EngineConfig) if f.name not in NESTED}
-        limits = RequestLimits(**{g.name: getattr(self, g.name) for g in fields(RequestLimits)})
+        options = {name: getattr(self, name) for name in EngineConfig.model_fields if name not in NESTED}
+        limits = RequestLimits(**{name: getattr(self, name) for name in RequestLimits.model_fields})
         step_cache = None
         if self.step_cache:
-            step_cache = StepCache(self.step_cache, **{g.name: getattr(self, "step_cache_" + g.name)
-                                                       for g in fields(StepCache) if g.name != "backend"})
+            step_cache = StepCache(self.step_cache, **{name: getattr(self, "step_cache_" + name)
+                                                       for name in StepCache.model_fields if name != "backend"})
         return EngineConfig(**options, limits=limits, step_cache=step_cache)
 
     @classmethod
     def load(cls, config_file: str | Path | None = None, store_flags: dict | None = None,
              **flags) -> tuple["ServerConfig", StoreConfig]:
-        """Both settings of ``hotlora serve``, layered: a None flag was not given."""
-        file_data = read_config_file(config_file) if config_file else {}
-        server = cls(**layered(cls, file_data.get("server"), flags))
-        store = StoreConfig.from_env(file_data.get("store"),
-                                     **{k: v for k, v in (store_flags or {}).items() if v is not None})
-        return server, store
+        """Both settings of ``hotlora serve``, each layered (``Settings.layered``): flags >
+        ``HOTLORA_*`` > the file's ``[server]`` / ``[store]`` table > defaults; a None flag was not given."""
+        server = cls.layered(config_file, "server", **flags)
+        return server, StoreConfig.load(config_file, **(store_flags or {}))
 
-    def __post_init__(self):
-        if isinstance(self.auth, bool):  # `auth = false` in a TOML file
-            self.auth = "on" if self.auth else "off"
-        normalize(self)
-        self.allowed_host_headers = tuple(p for p in self.allowed_host_headers if p)
-        self.cors_origins = tuple(p for p in self.cors_origins if p)
+    @field_validator("auth", mode="before")
+    @classmethod
+    def _auth_words(cls, value):
+        if isinstance(value, bool):  # `auth = false` in a TOML file
+            return "on" if value else "off"
+        return value
+
+    @field_validator("allowed_host_headers", "cors_origins")
+    @classmethod
+    def _no_empty(cls, value):
+        return tuple(p for p in value if p)
+
+    @model_validator(mode="after")
+    def _refuse_impossible(self) -> "ServerConfig":
         if self.auth not in ("auto", "on", "off"):
             raise ValueError(f"auth must be auto, on or off, got {self.auth!r}")
-        engine = self.engine_config()  # an impossible engine is refused now, not when the model loads
-        for name in ("slots", "rank_buckets", "sizes", "batch_size"):  # as the engine normalised them
-            setattr(self, name, getattr(engine, name))
+        self.engine_config()  # an impossible engine is refused now, not when the model loads
+        return self

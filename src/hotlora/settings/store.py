@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from hotlora.settings.fields import layered, normalize, setting
+from pydantic import field_validator
+
+from hotlora.settings.base import Settings
+from hotlora.settings.fields import setting
 
 GiB = 1024**3
 MiB = 1024**2
 
 
-@dataclass
-class StoreConfig:
+class StoreConfig(Settings):
     """How the adapter store fetches, checks and caches adapters."""
 
     cache_dir: Path = setting(Path(".cache/hotlora"), "adapter cache directory")
@@ -62,14 +63,31 @@ class StoreConfig:
 
     @classmethod
     def from_env(cls, file_values: dict | None = None, **overrides) -> "StoreConfig":
-        """Defaults, then a config file's ``[store]`` table, then ``HOTLORA_*`` variables
-        (e.g. HOTLORA_RAM_BUDGET_BYTES), then ``overrides``."""
-        return cls(**layered(cls, file_values, overrides))
+        """Defaults, then a config file's ``[store]`` table (``file_values``), then ``HOTLORA_*``
+        variables (e.g. HOTLORA_RAM_BUDGET_BYTES), then ``overrides`` (None: not given)."""
+        return cls.layered(file_values=file_values, **overrides)
 
-    def __post_init__(self):
-        normalize(self)
-        self.cache_dir = Path(self.cache_dir)
-        self.local_roots = tuple(Path(p) for p in self.local_roots if str(p))
-        self.allowed_hosts = tuple(h.strip().lower() for h in self.allowed_hosts)
-        self.allowed_s3 = tuple(e.strip().strip("/") for e in self.allowed_s3 if e.strip().strip("/"))
-        self.allowed_hub_repos = tuple(e.strip() for e in self.allowed_hub_repos)
+    @classmethod
+    def load(cls, config_file=None, **flags) -> "StoreConfig":
+        """``hotlora serve``'s store settings: flags > ``HOTLORA_*`` > ``[store]`` of ``config_file``."""
+        return cls.layered(config_file, "store", **flags)
+
+    @field_validator("local_roots")
+    @classmethod
+    def _roots(cls, value):
+        return tuple(Path(p) for p in value if str(p))
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value):
+        return tuple(h.strip().lower() for h in value)
+
+    @field_validator("allowed_s3")
+    @classmethod
+    def _buckets(cls, value):
+        return tuple(e.strip().strip("/") for e in value if e.strip().strip("/"))
+
+    @field_validator("allowed_hub_repos")
+    @classmethod
+    def _repos(cls, value):
+        return tuple(e.strip() for e in value)
