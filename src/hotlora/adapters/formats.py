@@ -139,8 +139,6 @@ def detect_layout(keys) -> str:
 
 
 def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, denoiser_config) -> Adapter:
-    from diffusers.utils.state_dict_utils import convert_unet_state_dict_to_peft
-
     bad = [k for k, v in raw.items() if not isinstance(v, torch.Tensor)]
     if bad:
         raise AdapterFormatError(f"{label}: entries that are not tensors: {', '.join(sorted(bad)[:5])}")
@@ -177,20 +175,7 @@ def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, deno
         )
     if skipped:
         log.warning("%s: skipping %d keys no served model part takes (%s)", label, len(skipped), skipped[0][:80])
-    if metadata is not None:
-        metadata = {k.removeprefix(f"{prefix}."): v for k, v in metadata.items() if k.startswith(f"{prefix}.")}
-    if network_alphas:
-        network_alphas = {
-            k.removeprefix(f"{prefix}."): v for k, v in network_alphas.items() if k.startswith(f"{prefix}.")
-        }
-    if ours and "lora_A" not in next(iter(ours)):
-        ours = convert_unet_state_dict_to_peft(ours)
-    modules = {}
-    if ours:
-        # The same rank dict and config construction as diffusers' load_lora_adapter.
-        rank = {f"^{k}": v.shape[1] for k, v in ours.items() if "lora_B" in k and v.ndim > 1}
-        modules = _weights_by_config(ours, network_alphas, metadata, rank, label, is_unet=True)
-
+    modules = _denoiser_modules(ours, network_alphas, metadata, prefix, label)
     return Adapter(
         name=label,
         family=family.name,
@@ -201,6 +186,26 @@ def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, deno
         skipped_keys=skipped,
         text_modules=text_modules,
     )
+
+
+def _denoiser_modules(ours: dict, network_alphas, metadata, prefix: str, label: str) -> dict:
+    """The denoiser's share of a converted state dict (``ours``, keys without ``prefix``) as module
+    weights, with its alphas and LoRA config taken from the whole file's."""
+    from diffusers.utils.state_dict_utils import convert_unet_state_dict_to_peft
+
+    if not ours:
+        return {}
+    if metadata is not None:
+        metadata = {k.removeprefix(f"{prefix}."): v for k, v in metadata.items() if k.startswith(f"{prefix}.")}
+    if network_alphas:
+        network_alphas = {
+            k.removeprefix(f"{prefix}."): v for k, v in network_alphas.items() if k.startswith(f"{prefix}.")
+        }
+    if "lora_A" not in next(iter(ours)):
+        ours = convert_unet_state_dict_to_peft(ours)
+    # The same rank dict and config construction as diffusers' load_lora_adapter.
+    rank = {f"^{k}": v.shape[1] for k, v in ours.items() if "lora_B" in k and v.ndim > 1}
+    return _weights_by_config(ours, network_alphas, metadata, rank, label, is_unet=True)
 
 
 def _weights_by_config(ours: dict, network_alphas, metadata, rank: dict, label: str, *,
