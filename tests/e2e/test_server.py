@@ -267,14 +267,18 @@ def test_pivotal_tuning_adapters_over_http(served, tiny_models):
 
 
 def test_a_request_is_checked_once_along_its_corridor(served, monkeypatch):
-    """One HTTP request with two adapters: slots are checked exactly once (``Engine.check``), not
-    again by the fetch, the resolver's bind or the writer's swap; each adapter is validated once."""
+    """One HTTP request with two adapters: its parameters and slots are checked exactly once
+    (``Engine.check``), not again by the fetch, the resolver's bind or the writer's swap; each
+    adapter is validated once."""
     import hotlora.adapters.resolver as resolver_module
+    from hotlora.engine.request import RequestRules
 
     server, root = served
     calls = []
     real = resolver_module.check_slots
     monkeypatch.setattr(resolver_module, "check_slots", lambda *a, **k: (calls.append(a), real(*a, **k))[1])
+    params, check = [], RequestRules.check
+    monkeypatch.setattr(RequestRules, "check", lambda self, *a, **k: (params.append(a), check(self, *a, **k))[1])
     engine = server.worker.engine
     validated = []
     problems = engine.resolver._problems
@@ -283,4 +287,4 @@ def test_a_request_is_checked_once_along_its_corridor(served, monkeypatch):
     response = generate(server.url, (str(root / "user-4"), 0.8), (str(root / "user-5"), 0.6), n=1, seed=3)
     assert response.status_code == 200, response.text
     assert len(calls) == 1 and set(calls[0][0]) == {"identity", "style"}
-    assert len(validated) == 2
+    assert len(params) == 1 and len(validated) == 2

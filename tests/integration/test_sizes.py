@@ -233,7 +233,7 @@ def test_adapter_memory_is_shared_across_sizes(flux, bucketed, sdxl):
     for model_dir, engine in (flux, bucketed, sdxl):
         assert len(engine.served_sizes) > 1
         denoiser = type(engine.denoiser).from_pretrained(model_dir / engine.family.denoiser)
-        single = install_writer(replace(engine.config, sizes=()), denoiser, engine.family.name, [])
+        single = install_writer(engine.config.replace(sizes=()), denoiser, engine.family.name, [])
         assert engine.writer.nbytes == single.nbytes > 0
         assert engine.describe()["slot_bytes"] == single.describe()["slot_bytes"]
 

@@ -23,10 +23,21 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_settings import (
-    BaseSettings, InitSettingsSource, SettingsConfigDict, TomlConfigSettingsSource, YamlConfigSettingsSource,
+    BaseSettings,
+    InitSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+    YamlConfigSettingsSource,
 )
 
-from hotlora.settings.fields import ENV_PREFIX, SettingsError, bare, default_of, from_text, spelled
+from hotlora.settings.fields import (
+    ENV_PREFIX,
+    SettingsError,
+    bare,
+    default_of,
+    from_text,
+    spelled,
+)
 from hotlora.settings.files import read_config_file
 
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import argparse
 
-from hotlora.settings.fields import ENV_PREFIX, declared, default_of, is_bool, is_tuple, separator
+from hotlora.settings.fields import (
+    ENV_PREFIX,
+    declared,
+    default_of,
+    is_bool,
+    is_tuple,
+    separator,
+)
 
 # Spellings kept from before the flags were generated.
 ALIASES = {"local_roots": ("--adapter-root",)}

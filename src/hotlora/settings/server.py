@@ -29,9 +29,12 @@ _ITS_OWN = object()
 def _forwarded(info, name: str, kind=None, default=_ITS_OWN) -> tuple[str, tuple]:
     """``(server name, (type, field))``: the engine field's type, help, choices and parse, the
     server's default where it has its own."""
-    default = info.default if default is _ITS_OWN else default
-    meta = declared(info)
-    field = setting(SERVER_DEFAULTS.get(name, default), info.description or "", choices=meta.choices, parse=meta.parse)
+    meta, text = declared(info), info.description or ""
+    if name in SERVER_DEFAULTS or default is not _ITS_OWN or info.default_factory is None:
+        default = SERVER_DEFAULTS.get(name, info.default if default is _ITS_OWN else default)
+        field = setting(default, text, choices=meta.choices, parse=meta.parse)
+    else:
+        field = setting(help=text, choices=meta.choices, parse=meta.parse, factory=info.default_factory)
     return name, (kind or info.annotation, field)
 
 
