@@ -94,8 +94,9 @@ class Tracing:
         if self._factory is not None and logging.getLogRecordFactory() is self._factory:
             logging.setLogRecordFactory(self._factory.previous)
         self._factory = None
-        if self.provider is not None:
-            self.provider.shutdown()
+        provider, self.provider, self.tracer = self.provider, None, None  # once; later requests: untraced
+        if provider is not None:
+            provider.shutdown()
 
     def _install_log_ids(self) -> None:
         self._factory = _RecordWithTraceIds(logging.getLogRecordFactory())
