@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hotlora.testing import random_lora, save_diffusers_lora
 
-from ..helpers import TARGET_RANK, generate, pixels
+from ..helpers import generate, pixels
 
 REPO = Path(__file__).resolve().parents[2]
 OBSERVABILITY = REPO / "deploy" / "observability"
