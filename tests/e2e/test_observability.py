@@ -4,7 +4,8 @@ tests are about what the server reports, and an eager engine starts in seconds).
 The server exports its spans over OTLP/HTTP to a receiver in this module (a small HTTP server that
 decodes the protobuf ``ExportTraceServiceRequest`` with opentelemetry-proto), and, through a second
 span processor, to the SDK's ``InMemorySpanExporter``. /metrics is scraped after requests with many
-distinct adapters: names follow Prometheus' conventions and the series do not grow with the adapters.
+distinct adapters: names follow Prometheus' conventions (and its own linter, ``promtool check
+metrics``) and the series do not grow with the adapters.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import logging
 import os
 import re
+import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -32,6 +35,7 @@ OBSERVABILITY = REPO / "deploy" / "observability"
 STAGE_SPANS = {"admission", "fetch", "validate", "queue_wait", "swap", "denoise", "decode", "encode"}
 ADAPTERS = 16  # distinct adapters, served in two rounds of 8
 LABELS = {"api", "outcome", "stage", "tier", "le"}  # every label /metrics may carry: all bounded
+PROMTOOL = shutil.which("promtool") or "promtool"  # Debian's prometheus package; `make test` installs it
 
 
 class OtlpReceiver(http.server.BaseHTTPRequestHandler):
@@ -197,6 +201,8 @@ def test_metrics_follow_the_conventions_and_do_not_grow_with_adapters(observed):
     assert len(label_values) < 40, sorted(label_values)  # route templates, outcomes, stages, tiers
 
     text = httpx.get(f"{server.url}/metrics").text
+    linted = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert linted.returncode == 0, linted.stdout + linted.stderr  # Prometheus' own naming linter: no problem
     assert 'hotlora_requests_total{api="/v1/generate",outcome="ok"}' in text
     assert 'hotlora_requests_total{api="/v1/generate",outcome="client_error"}' in text  # the absent adapter
     values = {s.name + json.dumps(s.labels, sort_keys=True): s.value

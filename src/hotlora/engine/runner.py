@@ -105,8 +105,8 @@ def split_chunk(timings: Timings, trace: Trace, began: float, ended: float, cloc
     boundary = clock.last_step_ended
     if boundary is not None:
         timings.decode_ms.append((ended - boundary) * 1000)
-    if trace.recording:  # spans are wall clock: this chunk's perf_counter readings, shifted
-        offset = time.time_ns() - int(time.perf_counter() * 1e9)
+    if trace.recording:  # spans are wall clock: this chunk's perf_counter readings, shifted (``ended`` is now)
+        offset = time.time_ns() - int(ended * 1e9)
         middle = boundary if boundary is not None else ended
         trace.record("denoise", offset + int(began * 1e9), offset + int(middle * 1e9), images=size)
         if boundary is not None:
