@@ -11,6 +11,8 @@ export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 
 # The playground's browser test drives Debian's Chromium (no browser download: there is no internet).
 BROWSER := /usr/bin/chromium /usr/bin/chromedriver
+# The alert rules and dashboard queries are checked by Prometheus' own promtool (Debian's prometheus).
+PROMTOOL := /usr/bin/promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install test serve clean
@@ -28,7 +30,11 @@ $(BROWSER):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver
 
-test: install $(BROWSER)
+$(PROMTOOL):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus
+
+test: install $(BROWSER) $(PROMTOOL)
 	$(PY) -m pytest -q -ra --durations=25
 
 # The HTTP server on the built-in tiny model (built on first use), on 127.0.0.1:8000.

@@ -112,7 +112,7 @@ def test_hostile_inputs_are_clear_fast_4xx_with_no_rebuild_or_recompile(hostile)
     # The engine never noticed: same images, nothing rebuilt, nothing compiled.
     assert np.array_equal(pixels(generate(server.url, trained, n=2, seed=4, num_inference_steps=STEPS)), expected)
     assert metric(server.url, "hotlora_engine_rebuilds_total") == 0
-    assert metric(server.url, "hotlora_recompiles") == 0
+    assert metric(server.url, "hotlora_recompiles_total") == 0
 
 
 def test_adapters_saved_by_diffusers_training_scripts_are_served(hostile):
@@ -274,7 +274,7 @@ def test_overload_soak(hostile, tiny_models):
     assert statuses["good"].get("200", 0) > 0
     assert peak[0] - baseline < 2 * 1024**3, figures  # bounded: the RAM tier and the queue are capped
     assert metric(server.url, "hotlora_engine_rebuilds_total") == 0
-    assert metric(server.url, "hotlora_recompiles") == 0
+    assert metric(server.url, "hotlora_recompiles_total") == 0
     alone = {}
     for record in records:  # every good image equals that request alone
         if record["response"] is not None:

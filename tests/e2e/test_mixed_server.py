@@ -23,5 +23,5 @@ def test_many_users_share_batches_and_each_gets_its_own_result(tiny_models, tmp_
     for i, response in enumerate(together):
         assert np.abs(pixels(response).astype(int) - alone[i].astype(int)).max() <= 1, f"user {i} differs"
     assert metric(server.url, "hotlora_mixed_batches_total") > 0  # requests really shared forward passes
-    assert metric(server.url, "hotlora_recompiles") == 0
+    assert metric(server.url, "hotlora_recompiles_total") == 0
     assert httpx.get(f"{server.url}/readyz").json()["engine"]["recompiles"] == 0

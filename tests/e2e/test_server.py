@@ -101,8 +101,8 @@ def test_every_endpoint(served):
     assert url_format.status_code == 422 and "b64_json" in url_format.json()["error"]["message"]
 
     text = httpx.get(f"{url}/metrics").text
-    for name in ("hotlora_requests_total", "hotlora_stage_seconds_bucket", "hotlora_swap_seconds_count",
-                 "hotlora_recompiles", "hotlora_cache_hits_total", "hotlora_queue_depth", "hotlora_engine_rebuilds_total"):
+    for name in ("hotlora_requests_total", "hotlora_stage_seconds_bucket", "hotlora_queue_wait_seconds_count",
+                 "hotlora_recompiles_total", "hotlora_cache_hits_total", "hotlora_queue_depth", "hotlora_engine_rebuilds_total"):
         assert name in text, name
 
 
@@ -124,7 +124,7 @@ def test_twenty_concurrent_requests_each_equal_their_single_request_result(serve
         assert np.abs(pixels(response).astype(int) - alone[i].astype(int)).max() <= 1, f"request {i} differs"
     distinct = {alone[i].tobytes() for i in range(len(work))}
     assert len(distinct) == len(work), "different adapters should give different images"
-    assert metric(server.url, "hotlora_recompiles") == 0
+    assert metric(server.url, "hotlora_recompiles_total") == 0
 
 
 BAD = [
@@ -170,7 +170,7 @@ def test_bad_inputs_fail_fast_and_good_ones_stay_exact(served):
                          json={"prompt": "x", "adapters": {"identity": str(root / "foreign.safetensors")}}).json()
     assert "declares base model 'stabilityai/sdxl-turbo'" in foreign["error"]
     assert metric(server.url, "hotlora_engine_rebuilds_total") == 0
-    assert metric(server.url, "hotlora_recompiles") == 0
+    assert metric(server.url, "hotlora_recompiles_total") == 0
 
 
 def _rooted(body, root):
@@ -215,10 +215,10 @@ def test_queue_overflow_client_drop_and_draining_shutdown(tiny_models, tmp_path,
             quitter.result()
         assert first.result().status_code == 200
     for _ in range(50):
-        if metric(server.url, "hotlora_dropped_total") == 1:
+        if metric(server.url, "hotlora_requests_dropped_total") == 1:
             break
         time.sleep(0.1)
-    assert metric(server.url, "hotlora_dropped_total") == 1
+    assert metric(server.url, "hotlora_requests_dropped_total") == 1
 
     # Shutdown stops taking work and finishes what is in flight.
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -263,7 +263,7 @@ def test_pivotal_tuning_adapters_over_http(served, tiny_models):
     assert plain.status_code == 422 and "no pivotal-tuning embeddings" in plain.json()["error"]
     reserved = ask("a photo of <hotlora-0-0>", {"ref": str(folder)})
     assert reserved.status_code == 422 and "reserved" in reserved.json()["error"]
-    assert metric(server.url, "hotlora_recompiles") == 0
+    assert metric(server.url, "hotlora_recompiles_total") == 0
 
 
 def test_a_request_is_checked_once_along_its_corridor(served, monkeypatch):

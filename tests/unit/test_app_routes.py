@@ -25,7 +25,8 @@ class IdleWorker:
 
     def __init__(self, ready=True):
         self.engine = self.resolver = self.store = self.failed = None
-        self.depth = self.rebuilds = self.batches = 0
+        self.depth = self.rebuilds = self.batches = self.retired_recompiles = 0
+        self.max_queue = 16
         self._ready = ready
         self.on_event = None
         self.faults = 0

@@ -31,7 +31,8 @@ class Idle:
     def __init__(self, engine=None, store=None):
         self.engine, self.store, self.failed = engine, store, None
         self.ready = engine is not None
-        self.depth = self.rebuilds = self.batches = 0
+        self.depth = self.rebuilds = self.batches = self.retired_recompiles = 0
+        self.max_queue = 16
         self.on_event = None
 
 
@@ -258,7 +259,8 @@ def test_post_root_reads_json_only_when_labelled_and_raw_prompts_only_when_unfor
 
 def test_readyz_names_the_model_by_its_id(tmp_path):
     def engine(model, defaults):
-        return SimpleNamespace(describe=lambda: {"model": model, "family": "flux"}, defaults=defaults, recompiles=0)
+        return SimpleNamespace(describe=lambda: {"model": model, "family": "flux"}, defaults=defaults, recompiles=0,
+                               active_adapters=0)
 
     assert public_model(engine(str(tmp_path), {"model_id": "hotlora/tiny-flux"}))["model"] == "hotlora/tiny-flux"
     assert public_model(engine(str(tmp_path), {}))["model"] == tmp_path.name

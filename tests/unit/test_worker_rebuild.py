@@ -21,6 +21,7 @@ class FaultyEngine:
     store = None
     writer = SimpleNamespace(mixes_requests=False)
     batch_size = 1
+    recompiles = 0
 
     def describe(self):
         return {"fake": True}

@@ -148,6 +148,7 @@ class AdapterStore:
         self.ram = RamCache(config.ram_budget_bytes, config.ram_max_entries)
         self.disk = DiskCache(Path(config.cache_dir) / "adapters", config.disk_budget_bytes)
         self.remote = RemoteStats()
+        self.on_fetch: Callable[[float], None] | None = None  # metrics: seconds per source fetch + conversion
         # Per-fetch work directories, named <host>+<pid>+...: replicas sharing the cache directory
         # remove only what crashed processes (or anyone, long ago) left behind.
         self._work = Path(config.cache_dir) / "downloads"
@@ -330,7 +331,7 @@ class AdapterStore:
         except OSError as exc:  # a full or read-only cache disk: the request gets an answer, not a crash
             raise SourceUnavailable(f"{reference.display}: no room to download ({exc.strerror or 'I/O error'})") from None
         try:
-            began = time.perf_counter()
+            began = fetch_began = time.perf_counter()
             try:
                 fetched: Fetched = source.fetch(reference, workdir, deadline)
             except FileNotFoundError:
@@ -348,7 +349,7 @@ class AdapterStore:
             key = self._key(fetched.identity)
             cached = self._from_tiers(key, pin) if key != checked else None  # once: one miss per miss
             if cached is not None:
-                return cached
+                return self._fetched(cached, fetch_began)
             began = time.perf_counter()
             adapter = load_adapter(fetched.path, self.family, name=reference.display,
                                    denoiser_config=self.denoiser_config,
@@ -359,9 +360,17 @@ class AdapterStore:
             self.ram.put(key, adapter, pin=pin)
             log.info("adapter %s: %s layout, rank %d, %d modules, %d bytes (sha256 %s)", reference.display,
                      adapter.layout, adapter.rank, len(adapter.modules), adapter.nbytes, adapter.sha256[:12])
-            return adapter
+            return self._fetched(adapter, fetch_began)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
+
+    def _fetched(self, adapter: Adapter, began: float) -> Adapter:
+        if self.on_fetch is not None:
+            try:
+                self.on_fetch(time.perf_counter() - began)
+            except Exception:  # a metrics hook must not fail a fetch
+                log.exception("on_fetch hook failed")
+        return adapter
 
     def _single_flight(self, key: str, load: Callable[[], Adapter]) -> Adapter:
         with self._lock:

@@ -32,13 +32,16 @@ from hotlora.engine.pipeline import (
 from hotlora.engine.request import (
     CallParams, CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Resolved, UnservedShape,
 )
-from hotlora.engine.runner import Timings, image_generators, run_pack, step_callback, synchronize
+from hotlora.engine.runner import (
+    DenoiseClock, Timings, fan_out, image_generators, run_pack, split_chunk, synchronize,
+)
 from hotlora.engine.stepcache import apply_step_cache
 from hotlora.engine.warmup import chunk_key, measure_chunks, warm_up
 from hotlora.engine.prompts import batch_prompts
 from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
 from hotlora.engine.writers import AdapterWriter, SwapReport, TextWriter, install_text_writer, install_writer
 from hotlora.errors import EngineError, HotloraError, InvalidRequest
+from hotlora.tracing import together
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,7 @@ class Engine:
                                         serving_dtype=self.denoiser.dtype, text_problems=self.text.problems)
         self._lock = threading.Lock()  # one pack at a time: the writer's tensors are shared state
         self._recompiles, self.compile_mode = 0, None
+        self.active_adapters = 0  # distinct adapters bound by the last forward batch (a gauge for metrics)
         self.warmup_s, self.compile_artifacts_loaded = 0.0, False
         self.attention_backend = set_attention_backend(self.denoiser, config.attention_backend)
         self.step_cache = config.step_cache
@@ -242,12 +246,13 @@ class Engine:
             raise TypeError(f"options {', '.join(options)} go with a prompt, not with a request")
         checked = request if isinstance(request, CheckedRequest) else self.check(request)
         r = checked.request
-        resolved = self.resolver.bind(checked.specs, fetched)
-        self.text.prepare(resolved, r.prompt, r.negative_prompt)  # checks first: raises before any planning
-        self.writer.prepare(resolved)
+        with r.trace.span("validate", adapters=len(checked.specs)):
+            resolved = self.resolver.bind(checked.specs, fetched)
+            self.text.prepare(resolved, r.prompt, r.negative_prompt)  # checks first: raises before any planning
+            self.writer.prepare(resolved)
         timings = Timings(resolve_ms=(time.perf_counter() - began) * 1000)
         return PreparedRequest(r.prompt, checked.params, resolved, r.num_images, r.seed, r.output_type,
-                               r.negative_prompt, r.progress, timings)
+                               r.negative_prompt, r.progress, timings, r.trace)
 
     def run(self, work: PreparedRequest | Sequence[PreparedRequest]):
         """One prepared request (its pack in chunks of the compiled batch size) -> GenerationResult;
@@ -262,28 +267,31 @@ class Engine:
         return self.run(self.prepare(prompt, **kwargs))
 
     def _run_pack(self, request: PreparedRequest) -> GenerationResult:
-        began, timings = time.perf_counter(), request.timings
+        began, timings, trace = time.perf_counter(), request.timings, request.trace
         repeat = self._batch_factor(request.params)
         swap = SwapReport()
 
         def bind(size: int) -> None:  # every chunk: the writer's samples are this request's
-            swap.add(self.writer.bind([request.adapters] * size, repeat))
+            with trace.span("swap", images=size):
+                swap.add(self.writer.bind([request.adapters] * size, repeat))
 
         call = request.params.pipeline_kwargs()
         call.update(self.text.prompts(request.adapters, request.prompt, request.negative_prompt))
         prompt = call.pop("prompt")
+        self.active_adapters = len({binding.adapter.sha256 for binding in request.adapters.values()})
         with self._engine_section():
-            swap.text_ms += self.text.bind(request.adapters)
+            with trace.span("swap", target="text_encoders"):
+                swap.text_ms += self.text.bind(request.adapters)
             images = run_pack(self.pipeline, prompt=prompt, num_images=request.num_images,
                               batch_size=self.chunk_for(request.params), seed=request.seed, call_kwargs=call,
                               timings=timings,
                               output_type="pt" if request.output_type == "pil" else request.output_type,
-                              progress=request.progress, before_chunk=bind)
+                              progress=request.progress, before_chunk=bind, trace=trace)
             guard.check_finite(images, request.adapters, self.pipeline)
         timings.swap_ms = swap.ms
         images = self._finish(images, request.output_type)
         timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
-        served = _served(request.adapters, self.text.lora_encoders, swap.fused)
+        served = guard.served(request.adapters, self.text.lora_encoders, swap.fused)
         return GenerationResult(images, request.seeds, timings, swap, served, self.recompiles, request.size,
                                 request.snapped_from)
 
@@ -296,24 +304,23 @@ class Engine:
         began, first = time.perf_counter(), requests[0]
         samples = [r.adapters for r in requests for _ in range(r.num_images)]
         call = first.params.pipeline_kwargs()
-        listeners = [r.progress for r in requests if r.progress is not None]
-        if listeners:
-            def progress(done: int, steps: int) -> None:
-                for listener in listeners:
-                    listener(done, steps)
-
-            call["callback_on_step_end"] = step_callback(progress, 0, call["num_inference_steps"])
+        steps = call["num_inference_steps"]
+        clock = DenoiseClock(self.pipeline.device, steps, fan_out([r.progress for r in requests]), 0, steps)
+        trace, batch = together([r.trace for r in requests]), Timings()
         bounds = [sum(r.num_images for r in requests[:i]) for i in range(len(requests) + 1)]
+        self.active_adapters = len({b.adapter.sha256 for r in requests for b in r.adapters.values()})
         with self._engine_section():
-            swap = self.writer.bind(samples, repeat=self._batch_factor(first.params))
-            call.update(batch_prompts(self.text, self.pipeline, self.family, requests,
-                                      self.uses_cfg(first.params.guidance_scale), swap))
+            with trace.span("swap", images=total, requests=len(requests)):
+                swap = self.writer.bind(samples, repeat=self._batch_factor(first.params))
+                call.update(batch_prompts(self.text, self.pipeline, self.family, requests,
+                                          self.uses_cfg(first.params.guidance_scale), swap))
             step_began = time.perf_counter()
             images = self.pipeline(num_images_per_prompt=1,
                                    generator=[g for r in requests for g in image_generators(r.seed, 0, r.num_images)],
-                                   output_type="pt" if first.output_type == "pil" else first.output_type, **call).images
+                                   output_type="pt" if first.output_type == "pil" else first.output_type,
+                                   callback_on_step_end=clock, **call).images
             synchronize(self.pipeline.device)
-            generate_ms = (time.perf_counter() - step_began) * 1000
+            split_chunk(batch, trace, step_began, time.perf_counter(), clock, total)
             # Samples are independent: a request whose adapters overflowed fails alone.
             refused = {}
             for i, request in enumerate(requests):
@@ -326,9 +333,10 @@ class Engine:
             if i in refused:
                 results.append(refused[i])
                 continue
-            timings = replace(request.timings, swap_ms=swap.ms, generate_ms=[generate_ms])
+            timings = replace(request.timings, swap_ms=swap.ms, generate_ms=batch.generate_ms,
+                              decode_ms=batch.decode_ms, chunks=batch.chunks)
             timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
-            served = _served(request.adapters, self.text.lora_encoders)
+            served = guard.served(request.adapters, self.text.lora_encoders)
             results.append(GenerationResult(self._finish(images[bounds[i]:bounds[i + 1]], first.output_type),
                                             request.seeds, timings, swap, served, self.recompiles, request.size,
                                             request.snapped_from))
@@ -386,14 +394,3 @@ class Engine:
             images = self.pipeline.image_processor.numpy_to_pil(self.pipeline.image_processor.pt_to_numpy(images))
         return images
 
-
-def _served(resolved: Resolved, text_encoders=(), fused: Mapping[str, dict] | None = None) -> dict:
-    """What a response reports about each slot's adapter; in fused mode also ``fused_kept``, the
-    fraction of the request's weight delta the merged weights carry (``FusedWriter._kept``)."""
-    fused = fused or {}
-    return {slot: {"sha256": a.sha256, "layout": a.layout, "rank": a.rank, "scale": scale, "name": a.name,
-                   "text_encoders": sorted(te for te in a.text_modules if te in text_encoders),
-                   "embedding_tokens": list(a.embeddings.tokens) if a.embeddings is not None else [],
-                   "skipped": guard.skipped(a, text_encoders),
-                   **({"fused_kept": fused[slot]["kept"]} if "kept" in fused.get(slot, {}) else {})}
-            for slot, (a, scale) in resolved.items()}

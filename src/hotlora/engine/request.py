@@ -20,6 +20,7 @@ from hotlora.adapters.binding import AdapterSpec, Binding, Bindings, assignment_
 from hotlora.config import RequestLimits, format_size
 from hotlora.engine.runner import Timings
 from hotlora.errors import InvalidRequest, RequestTooLarge
+from hotlora.tracing import NO_TRACE, Trace
 
 OUTPUT_TYPES = ("pil", "latent", "pt", "np")
 MAX_PROMPT_CHARS = 10_000  # prompts are truncated to the text encoders' length anyway
@@ -81,7 +82,8 @@ class GenerationRequest:
 
     ``adapters``: slot -> AdapterSpec (the routes); the Python API may also give any form the
     resolver reads (a source, ``(source, scale)``, ``{"ref": ..}``), parsed by ``Engine.check``.
-    ``timeout_s``: the server's deadline for the request (None: the server's default)."""
+    ``timeout_s``: the server's deadline for the request (None: the server's default).
+    ``trace``: where the engine's spans for this request go (``hotlora.tracing``; default: nowhere)."""
 
     prompt: str
     adapters: Mapping[str, AdapterSpec] = field(default_factory=dict)
@@ -95,6 +97,7 @@ class GenerationRequest:
     output_type: str = "pil"
     timeout_s: float | None = None
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
+    trace: Trace = field(default=NO_TRACE, compare=False)
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class PreparedRequest:
     negative_prompt: str | None = None
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
     timings: Timings = field(default_factory=Timings, compare=False)
+    trace: Trace = field(default=NO_TRACE, compare=False)
 
     @property
     def seeds(self) -> list[int]:

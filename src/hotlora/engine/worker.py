@@ -83,6 +83,7 @@ class Worker:
         self.max_batch_delay_s = max_batch_delay_s
         self.engine: Engine | None = None
         self.rebuilds = 0
+        self.retired_recompiles = 0  # graphs compiled by requests on engines since thrown away (rebuilds)
         self.max_rebuild_attempts = max_rebuild_attempts
         self.rebuild_backoff_s = rebuild_backoff_s
         self.max_rebuild_backoff_s = max_rebuild_backoff_s
@@ -239,11 +240,18 @@ class Worker:
             self._fail(jobs, EngineError(f"{type(exc).__name__}: {exc}"))
             self._rebuild(exc)
         else:
+            self._count_forward_batches(results, len(jobs))
             for job, result in zip(jobs, results):
                 if isinstance(result, BaseException):  # this request alone failed (its adapters overflowed)
                     job.future.set_exception(result)
                 else:
                     job.future.set_result(result)
+
+    def _count_forward_batches(self, results: list, requests: int) -> None:
+        """One ``forward_batch`` event per forward pass (a pack's chunks; a mixed batch is one)."""
+        served = next((r for r in results if isinstance(r, GenerationResult)), None)
+        for images in served.timings.chunks if served is not None else ():
+            self._emit("forward_batch", {"images": images, "requests": requests})
 
     @staticmethod
     def _fail(jobs: list[Job], exc: BaseException) -> None:
@@ -292,6 +300,7 @@ class Worker:
         log.error("engine fault (%s): rebuilding", cause)
         self._emit("rebuild_started", {})
         began = time.perf_counter()
+        self.retired_recompiles += self.engine.recompiles if self.engine is not None else 0
         self.engine = None
         delay = self.rebuild_backoff_s
         for attempt in range(1, self.max_rebuild_attempts + 1):

@@ -27,17 +27,20 @@ from hotlora.server.routes_json import json_routes
 from hotlora.server.routes_openai import openai_routes
 from hotlora.server.routes_playground import playground_routes
 from hotlora.server.service import Service
+from hotlora.server.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
 
-def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = True) -> FastAPI:
+def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = True,
+               tracing: Tracing | None = None) -> FastAPI:
     """The app over ``worker``; with ``start_worker`` the lifespan builds and warms its engine (in
-    the background: /healthz answers at once, /readyz once warm) and drains it at shutdown."""
-    service = Service(worker, config)  # reads the API keys: raises AuthConfigError before anything starts
+    the background: /healthz answers at once, /readyz once warm) and drains it at shutdown.
+    ``tracing``: where spans go (default: ``config.otlp_endpoint``'s collector, or nowhere)."""
+    service = Service(worker, config, tracing)  # reads the API keys: raises AuthConfigError before anything starts
     redact_url_logs()  # httpx logs every adapter download's URL, presigned signature included
     worker.on_event = service.metrics.on_event
-    app = FastAPI(title="hotlora", version=__version__, lifespan=_lifespan(worker, config, start_worker))
+    app = FastAPI(title="hotlora", version=__version__, lifespan=_lifespan(service, start_worker))
     app.state.service = service
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, refuse=error_response)
     browser_guards(app, config, service.access.enabled, refuse=error_response)  # Host, CORS, Origin
@@ -49,7 +52,9 @@ def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = Tru
     return app
 
 
-def _lifespan(worker: Worker, config: ServerConfig, start_worker: bool):
+def _lifespan(service: Service, start_worker: bool):
+    worker, config = service.worker, service.config
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if start_worker:
@@ -61,6 +66,7 @@ def _lifespan(worker: Worker, config: ServerConfig, start_worker: bool):
         drained = await asyncio.to_thread(worker.stop, config.drain_timeout_s)
         if worker.store is not None:
             worker.store.close()  # the fetch pool's threads
+        service.tracing.shutdown()  # the spans still buffered go out
         log.info("shutdown %s", "complete, queue drained" if drained else "timed out; waiting requests were answered 503")
 
     return lifespan

@@ -14,6 +14,7 @@ so the routes still notice a client that goes away.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -37,7 +38,8 @@ def outcome(status: int) -> str:
 
 
 class CountRequests:
-    """``hotlora_requests{api, outcome}``: one count per POST, labelled with the matched route's path."""
+    """``hotlora_requests_total{api, outcome}`` and ``hotlora_request_duration_seconds{api, outcome}``:
+    each POST, labelled with the matched route's template (never the path a caller typed: bounded)."""
 
     def __init__(self, inner, *, metrics):
         self.inner = inner
@@ -46,7 +48,7 @@ class CountRequests:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.inner(scope, receive, send)
-        status = {}
+        status, began = {}, time.monotonic()
 
         async def watch(message):
             if message["type"] == "http.response.start":
@@ -57,7 +59,8 @@ class CountRequests:
             await self.inner(scope, receive, watch)
         finally:
             route = scope.get("route")
-            self.metrics.requests.labels(route.path if route else "unmatched", outcome(status.get("code", 500))).inc()
+            self.metrics.observe_request(route.path if route else "unmatched", outcome(status.get("code", 500)),
+                                         time.monotonic() - began)
 
 
 

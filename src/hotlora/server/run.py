@@ -35,6 +35,7 @@ class StoreOwner:
     def __init__(self, config: StoreConfig):
         self.config = config
         self.store = None
+        self.on_fetch = None  # the store's hook: seconds of each source fetch (metrics)
 
     def attach(self, engine) -> None:
         if self.store is None:
@@ -42,6 +43,7 @@ class StoreOwner:
 
             unet_config = engine.denoiser.config if engine.family.name == "sdxl" else None
             self.store = AdapterStore(self.config, engine.family, denoiser_config=unet_config)
+            self.store.on_fetch = self.on_fetch
             if self.store.catalog:
                 log.info("pre-fetching %d catalog adapters", len(self.store.catalog))
                 failures = self.store.precache_catalog()
@@ -64,8 +66,11 @@ def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
         stores.attach(engine)
         return engine
 
-    return Worker(make_engine, max_queue=config.max_queue, max_batch_delay_s=config.max_batch_delay_s,
-                  max_rebuild_attempts=config.max_rebuild_attempts)
+    worker = Worker(make_engine, max_queue=config.max_queue, max_batch_delay_s=config.max_batch_delay_s,
+                    max_rebuild_attempts=config.max_rebuild_attempts)
+    # A cold fetch is a worker event (its on_event feeds the metrics) like the engine's own.
+    stores.on_fetch = lambda seconds: worker.on_event("adapter_fetched", {"seconds": seconds})
+    return worker
 
 
 def serve(config: ServerConfig, store_config: StoreConfig) -> None:

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Mapping
 
 from fastapi import Request
@@ -34,6 +35,8 @@ from hotlora.server.access import Access
 from hotlora.server.auth import Principal
 from hotlora.server.images import encode
 from hotlora.server.metrics import Metrics
+from hotlora.server.tracing import Tracing
+from hotlora.tracing import Trace, wall_ns
 
 log = logging.getLogger(__name__)
 POLL_S = 0.1  # how often a waiting request checks that its client is still there
@@ -42,11 +45,12 @@ POLL_S = 0.1  # how often a waiting request checks that its client is still ther
 class Service:
     """What the routes share: the worker, the resolver, admission control, metrics."""
 
-    def __init__(self, worker: Worker, config: ServerConfig):
+    def __init__(self, worker: Worker, config: ServerConfig, tracing: Tracing | None = None):
         self.worker = worker
         self.config = config
         self.access = Access(config)
-        self.metrics = Metrics(worker)
+        self.metrics = Metrics(worker, self)
+        self.tracing = tracing or Tracing.from_endpoint(config.otlp_endpoint)
         # Requests past their fetch (preparing, queued, running) count against this bound; those
         # still waiting on fetches are bounded per client instead (``_fetching``), so one client's
         # slow sources cannot take the slots everyone else's cached requests need.
@@ -69,46 +73,63 @@ class Service:
         with self._lock:
             self._pending -= 1
 
+    @property
+    def pending(self) -> int:
+        """Requests admitted (past their fetch): preparing, queued or running."""
+        return self._pending
+
     async def generate(self, request: Request, job: GenerationRequest, fmt: str) -> dict:
         """Check, fetch, prepare, queue, wait (watching the client), encode. Returns images and
-        timings. ``job``: the route's translation of its body (``output_type`` "pil": encoded here)."""
+        timings. ``job``: the route's translation of its body (``output_type`` "pil": encoded here).
+        One trace per call when tracing is on (``server/tracing.py``)."""
+        route = request.scope.get("route")
+        with self.tracing.request(request.headers, request.method, route.path if route else request.url.path) as trace:
+            return await self._generate(request, replace(job, trace=trace), fmt, trace)
+
+    async def _generate(self, request: Request, job: GenerationRequest, fmt: str, trace: Trace) -> dict:
         began = time.monotonic()
         deadline = began + (job.timeout_s or self.config.request_timeout_s)  # the fetch wait counts too
         principal = self.access.principal_of(request)
         client = self.access.client_of(request)
-        self.check_sources(principal, [spec.ref for spec in job.adapters.values()])  # before any fetch
-        if not self.worker.ready:
-            raise NotAccepting("the engine is not ready (starting, rebuilding or shutting down)")
-        engine = self.worker.engine
-        if engine is None:
-            raise NotAccepting("the engine is rebuilding")
-        checked = engine.check(job)  # parameters and specs first: bad ones never wait for a download
+        with trace.span("admission"):
+            self.check_sources(principal, [spec.ref for spec in job.adapters.values()])  # before any fetch
+            if not self.worker.ready:
+                raise NotAccepting("the engine is not ready (starting, rebuilding or shutting down)")
+            engine = self.worker.engine
+            if engine is None:
+                raise NotAccepting("the engine is rebuilding")
+            checked = engine.check(job)  # parameters and specs first: bad ones never wait for a download
         fetch_began = time.monotonic()
         # Waiting on fetches holds a place in the client's own share, not an admission slot: one
         # client's slow sources cannot turn everyone else's cached requests away.
-        with self._fetching.hold(client):
+        with self._fetching.hold(client), trace.span("fetch", adapters=len(checked.specs)):
             fetched = await self.fetch(engine.store, checked.specs, principal, client, deadline)
         fetch_ms = (time.monotonic() - fetch_began) * 1000
         self.admit()
+        trace.event("admitted")
+        queued = None
         try:
             prepare_began = time.monotonic()
             prepared = await asyncio.to_thread(engine.prepare, checked, fetched=fetched)
             prepare_ms = (time.monotonic() - prepare_began) * 1000  # validation and layout, apart from the fetch
-            job = Job(prepared, deadline=deadline)
-            future = asyncio.wrap_future(self.worker.submit(job))
+            queued = Job(prepared, deadline=deadline)
+            future = asyncio.wrap_future(self.worker.submit(queued))
             while True:
                 done, _ = await asyncio.wait({future}, timeout=POLL_S)
                 if done:
                     break
                 if await request.is_disconnected():
-                    job.cancelled.set()
+                    queued.cancelled.set()
             result = future.result()
         finally:
             self.release()
+            if queued is not None and queued.started is not None:  # queued here, started on the worker
+                trace.record("queue_wait", wall_ns(queued.enqueued), wall_ns(queued.started))
         encode_began = time.monotonic()
-        images = await asyncio.to_thread(lambda: [encode(img, fmt) for img in result.images])
+        with trace.span("encode", images=len(result.images), format=fmt):
+            images = await asyncio.to_thread(lambda: [encode(img, fmt) for img in result.images])
         timings = {
-            "queue_ms": round((job.started - job.enqueued) * 1000, 3),
+            "queue_ms": round((queued.started - queued.enqueued) * 1000, 3),
             "fetch_ms": round(fetch_ms, 3),
             "prepare_ms": round(prepare_ms, 3),
             "swap_ms": round(result.timings.swap_ms, 3),
@@ -117,7 +138,10 @@ class Service:
             "encode_ms": round((time.monotonic() - encode_began) * 1000, 3),
         }
         timings["total_ms"] = round((time.monotonic() - began) * 1000, 3)
-        self.metrics.observe(timings, result.adapters)
+        decode = result.timings.decode_ms
+        self.metrics.observe({**timings, "decode_ms": sum(decode) if decode else None}, result.adapters)
+        log.info("generated %d images in %.0f ms (queue %.0f ms, generate %.0f ms)", len(images),
+                 timings["total_ms"], timings["queue_ms"], timings["generate_ms"])
         return {"images": images, "seeds": result.seeds, "adapters": result.adapters, "timings": timings,
                 "recompiles": result.recompiles, "size": result.size, "snapped_from": result.snapped_from}
 

@@ -91,6 +91,9 @@ class ServerConfig(EngineSettings):
                                                         "while keys are not required on loopback, else any)")
     cors_origins: tuple[str, ...] = setting((), "browser origins other than the server's own allowed to call "
                                                 "it (CORS; default none)")
+    # server/tracing.py; needs the `otel` extra. Off: nothing of OpenTelemetry is imported.
+    otlp_endpoint: str | None = setting(None, "OpenTelemetry collector's OTLP/HTTP address (e.g. "
+                                              "http://collector:4318): one trace per generation; default off")
 
     def engine_config(self) -> EngineConfig:
         """The engine's options, regrouped as ``EngineConfig`` nests them."""
