@@ -33,6 +33,7 @@ from hotlora.engine.request import (
     CallParams, CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Resolved, UnservedShape,
 )
 from hotlora.engine.runner import Timings, image_generators, run_pack, step_callback, synchronize
+from hotlora.engine.served import served_adapters as _served
 from hotlora.engine.stepcache import apply_step_cache
 from hotlora.engine.warmup import chunk_key, measure_chunks, warm_up
 from hotlora.engine.prompts import batch_prompts
@@ -206,8 +207,10 @@ class Engine:
             "base_quantization": self.quantization or "none", "denoiser_bytes": self.denoiser_bytes,
             "slot_bytes": writer["slot_bytes"], "rank_buckets": writer.get("rank_buckets", []),
             "writer": writer["writer"], "sizes": list(self.rules.size_names()),  # WIDTHxHEIGHT, default first
-            # fused mode: where the pristine weights live, their bytes, one adapter set per forward batch
-            **{k: writer[k] for k in ("restore", "pristine_bytes", "one_adapter_set_per_batch") if k in writer},
+            # fused and auto mode: where the pristine weights live, their bytes, one adapter set per
+            # forward batch; auto mode: its floor and the forward batches each path served
+            **{k: writer[k] for k in ("restore", "pristine_bytes", "one_adapter_set_per_batch", "fused_min_kept",
+                                      "batches") if k in writer},
             "text_encoders": self.text.describe(), "text_encoder_bytes": self.text.nbytes,
             "limits": {f.name: getattr(self.limits, f.name) for f in fields(self.limits)},
         }
@@ -283,7 +286,7 @@ class Engine:
         timings.swap_ms = swap.ms
         images = self._finish(images, request.output_type)
         timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
-        served = _served(request.adapters, self.text.lora_encoders, swap.fused)
+        served = _served(request.adapters, self.text.lora_encoders, swap.fused, self._path)
         return GenerationResult(images, request.seeds, timings, swap, served, self.recompiles, request.size,
                                 request.snapped_from)
 
@@ -328,11 +331,16 @@ class Engine:
                 continue
             timings = replace(request.timings, swap_ms=swap.ms, generate_ms=[generate_ms])
             timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
-            served = _served(request.adapters, self.text.lora_encoders)
+            served = _served(request.adapters, self.text.lora_encoders, swap.fused, self._path)
             results.append(GenerationResult(self._finish(images[bounds[i]:bounds[i + 1]], first.output_type),
                                             request.seeds, timings, swap, served, self.recompiles, request.size,
                                             request.snapped_from))
         return results
+
+    @property
+    def _path(self) -> str:
+        """How this engine applies adapters when its writer does not say per request (auto mode's does)."""
+        return "fused" if self.config.adapter_mode == "fused" else "slots"
 
     def _batch_factor(self, params: CallParams) -> int:
         """SDXL runs classifier-free guidance as one doubled batch [uncond..., cond...]."""
@@ -386,14 +394,3 @@ class Engine:
             images = self.pipeline.image_processor.numpy_to_pil(self.pipeline.image_processor.pt_to_numpy(images))
         return images
 
-
-def _served(resolved: Resolved, text_encoders=(), fused: Mapping[str, dict] | None = None) -> dict:
-    """What a response reports about each slot's adapter; in fused mode also ``fused_kept``, the
-    fraction of the request's weight delta the merged weights carry (``FusedWriter._kept``)."""
-    fused = fused or {}
-    return {slot: {"sha256": a.sha256, "layout": a.layout, "rank": a.rank, "scale": scale, "name": a.name,
-                   "text_encoders": sorted(te for te in a.text_modules if te in text_encoders),
-                   "embedding_tokens": list(a.embeddings.tokens) if a.embeddings is not None else [],
-                   "skipped": guard.skipped(a, text_encoders),
-                   **({"fused_kept": fused[slot]["kept"]} if "kept" in fused.get(slot, {}) else {})}
-            for slot, (a, scale) in resolved.items()}

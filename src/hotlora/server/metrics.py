@@ -22,6 +22,9 @@ class Metrics:
         self.fused_kept = Histogram("hotlora_fused_kept_fraction", "Fused mode: the fraction of each request's "
                                     "weight delta the merged weights carry", buckets=KEPT_BUCKETS,
                                     registry=self.registry)
+        # Bounded label: "fused" (merged into the weights) or "slots" (unfused branches, slots or banks).
+        self.adapter_mode = Counter("hotlora_adapter_mode", "Requests with adapters, by the path that served "
+                                    "them (auto mode chooses per request)", ["mode"], registry=self.registry)
         self.dropped = Counter("hotlora_dropped", "Requests dropped before they started: client gone",
                                registry=self.registry)
         self.registry.register(_Live(worker))
@@ -31,9 +34,12 @@ class Metrics:
             self.dropped.inc()
 
     def observe(self, timings: dict, adapters: dict | None = None) -> None:
-        kept = [entry["fused_kept"] for entry in (adapters or {}).values() if entry and "fused_kept" in entry]
+        entries = [entry for entry in (adapters or {}).values() if entry]
+        kept = [e["fused_kept"] for e in entries if "fused_kept" in e and e.get("mode") == "fused"]
         if kept:  # one value per request: its slots are merged together
             self.fused_kept.observe(min(kept))
+        for mode in {e["mode"] for e in entries if e.get("mode") in ("fused", "slots")}:  # one per request
+            self.adapter_mode.labels(mode).inc()
         for stage in STAGES:
             value = timings.get(f"{stage}_ms")
             if value is not None:
