@@ -57,13 +57,23 @@ class AutoWriter:
         linears = ceiling_modules(denoiser, target_modules)
         self.fused = FusedWriter(denoiser, family, slot_names, target_rank, served_models, restore=restore,
                                  min_kept=0.0, linears=linears)  # measures kept; never refuses (we decide)
-        self.min_kept = min_kept
+        self._min_kept = min_kept
         self.slots = SlotBank(denoiser, family, slot_names, target_rank, target_modules, served_models=served_models,
                               rank_buckets=rank_buckets)
         self.slot_names = self.slots.slot_names
         self.ceiling = self.slots.ceiling  # every adapter must be servable by the slots
         self._decisions: LRU[tuple, tuple[str, float]] = LRU(max_entries=self.DECISIONS)
         self.batches = {FUSED: 0, SLOTS: 0}  # forward batches (chunks) with adapters per path, for describe()
+
+    @property
+    def min_kept(self) -> float:
+        return self._min_kept
+
+    @min_kept.setter
+    def min_kept(self, value: float) -> None:
+        """A new floor: every request is decided again (bench/gpu_rows.py serves one adapter both ways)."""
+        self._min_kept = value
+        self._decisions = LRU(max_entries=self.DECISIONS)
 
     # ------------------------------------------------------------------ the writer interface
 
@@ -80,7 +90,7 @@ class AutoWriter:
         if decided is None:
             plan = self.fused.plan_for(resolved)
             kept = plan.kept if plan is not None else 1.0
-            decided = (FUSED if kept >= self.min_kept else SLOTS, kept)
+            decided = (FUSED if kept >= self._min_kept else SLOTS, kept)
             if decided[0] == SLOTS:
                 self.fused.forget(resolved)  # never merged: its stacked factors would only hold memory
             self._decisions.put(signature, decided)
