@@ -11,7 +11,7 @@ are RAM-cached after the first round). The fused engine serves the weak adapter 
 medians of ``--runs`` packs per row, modes interleaved round by round (the machine's drift hits all
 alike): ratios to read, never asserted. docs/benchmarks.md ("Adapter modes") has the result.
 
-    .venv/bin/python bench/adapter_modes.py [--runs 5] [--pack 2] [--steps 4] [--out bench/results]
+    .venv/bin/python bench/adapter_modes.py [--runs 5] [--pack 2] [--steps 4] [--out bench/results] [--no-compile]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ if str(REPO) not in sys.path:
 use_repo_compile_cache()
 
 import torch  # noqa: E402
+from diffusers import DiffusionPipeline  # noqa: E402
 
 allow_many_compiled_engines()
 
@@ -57,6 +58,7 @@ def main() -> None:
     parser.add_argument("--families", default="flux,sdxl")
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
+    parser.add_argument("--no-compile", action="store_true", help="eager engines (minutes instead of an hour on 2 cores)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hotlora-modes-"))
     rows, data = [], []
@@ -65,10 +67,12 @@ def main() -> None:
         for dtype_name in args.dtypes.split(","):
             dtype = getattr(torch, dtype_name)
             engines = {mode: Engine.from_pretrained(model, adapter_mode=mode, target_rank=RANK, batch_size=args.pack,
-                                                    compile=True, dtype=dtype,
+                                                    compile=not args.no_compile, dtype=dtype,
                                                     fused_min_kept=0.0 if mode == "fused" else 0.98)
                        for mode in MODES}
-            denoiser = engines["slots"].denoiser
+            # the plain model's Linear layers (the engines' denoisers carry LoRA layers of their own)
+            plain = DiffusionPipeline.from_pretrained(str(model), local_files_only=True)
+            denoiser = plain.transformer if family == "flux" else plain.unet
             adapters = {(strength, seed): save_diffusers_lora(
                             root / f"{family}-{dtype_name}-{strength}-{seed}", family,
                             controlled_lora(denoiser, magnitude, rank=RANK, seed=seed), rank=RANK, alpha=RANK)
@@ -95,12 +99,14 @@ def main() -> None:
                              f"{swap_ms:.2f}", "-" if kept is None else f"{kept:.4f}",
                              f"{row['device_bytes'] / 2**20:.1f}", row["recompiles"]])
             del engines
-    table = markdown_table(["family", "dtype", "adapter_mode", "adapter", "served", "pack ms", "x slots", "swap ms",
-                            "fused_kept", "writer MiB", "recompiles"], rows)
-    write_results(args.out, "adapter_modes", {"runs": args.runs, "pack": args.pack, "steps": args.steps,
-                                              "rows": data}, table,
-                  f"`bench/adapter_modes.py --runs {args.runs} --pack {args.pack} --steps {args.steps}`: compiled tiny "
-                  "models, every pack swaps (two adapters of one strength alternate); medians.")
+            # after each (family, dtype): a run cut short keeps what it measured
+            table = markdown_table(["family", "dtype", "adapter_mode", "adapter", "served", "pack ms", "x slots",
+                                    "swap ms", "fused_kept", "writer MiB", "recompiles"], rows)
+            write_results(args.out, "adapter_modes", {"runs": args.runs, "pack": args.pack, "steps": args.steps,
+                                                      "rows": data}, table,
+                          f"`bench/adapter_modes.py --runs {args.runs} --pack {args.pack} --steps {args.steps}"
+                          f"{' --no-compile' if args.no_compile else ''}`: {'eager' if args.no_compile else 'compiled'} "
+                          "tiny models, every pack swaps (two adapters of one strength alternate); medians.")
 
 
 if __name__ == "__main__":
