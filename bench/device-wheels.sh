@@ -11,6 +11,8 @@
 #   diffusers  absent there; pyproject pins it to the minor version hotlora mirrors;
 #   peft       there, at an undocumented version: device.sh installs this one only when the
 #              image's is outside pyproject's pin;
+#   torchao    the quant extra's pin (base_quantization: the float8_base and int8_base rows);
+#              absent from the image's documented set
 #   pillow, requests (+ urllib3, idna, certifi, charset_normalizer)
 #              diffusers imports them; the image has them, so device.sh skips them there, but a
 #              clean venv with only the image's documented set (the CPU dry-run check) lacks them.
@@ -29,7 +31,7 @@ VENV_PY=${VENV_PY:-.venv/bin/python}      # reads the tested versions; its pip d
 IMAGE_PYTHON=3.12
 LOCAL_PYTHON=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 LIMIT_MIB=${LIMIT_MIB:-60}                # the device call carries 64 MiB in all, the repo included
-PACKAGES=(diffusers peft pillow requests urllib3 idna certifi charset_normalizer)
+PACKAGES=(diffusers peft torchao pillow requests urllib3 idna certifi charset_normalizer)
 
 [ -x "$VENV_PY" ] || { echo "no $VENV_PY: run 'make install' first (the versions are read from it)" >&2; exit 1; }
 
@@ -74,7 +76,10 @@ dest, pyver, names = Path(sys.argv[1]), sys.argv[2].replace(".", ""), sys.argv[3
 ok = {}
 for wheel in dest.glob("*.whl"):
     name, _, _, tags = parse_wheel_filename(wheel.name)
-    if any(t.interpreter in (f"cp{pyver}", "py3") and ("x86_64" in t.platform or t.platform == "any") for t in tags):
+    # cpXY-abi3 (torchao: cp310-abi3) installs on every CPython from X.Y on
+    stable = lambda t: t.abi == "abi3" and t.interpreter.startswith("cp3") and int(t.interpreter[3:]) <= int(pyver[1:])
+    if any((t.interpreter in (f"cp{pyver}", "py3") or stable(t)) and ("x86_64" in t.platform or t.platform == "any")
+           for t in tags):
         ok[name] = wheel.name
 missing = [n for n in names if canonicalize_name(n) not in ok]
 if missing:

@@ -10,15 +10,21 @@
 #    a bf16 matmul and a torch.compile on the GPU, and prints versions and nvidia-smi: a broken
 #    environment fails here in about a minute, before any GPU time goes to the bench;
 # 3. runs bench/gpu_flux.py at full size (1024x1536, 30 steps, pack 6, rank 128): no slots first,
-#    then slots on every Linear (with the swap rows), fused mode (pack time and the fused swap against a
-#    copy of the touched bytes), attention only, eager, fused with host restore. Each result is written
-#    to $OUT/gpu.json as soon as it is measured; the log goes to $OUT/device.log.
+#    then slots on every Linear (with the swap rows), the bf16 fused-kept rows (eager auto mode:
+#    what a bf16 merge keeps of 0.1/0.3/1% adapters, the path auto takes, output effect fused vs
+#    unfused), the FP8 and int8 bases (torchao; pack time, swap, denoiser bytes, CUDA peak, effect
+#    kept against the bf16 base), fused mode (pack time and the fused swap against a copy of the
+#    touched bytes), attention only, eager, fused with host restore, as far as the budget goes.
+#    Each result is written to $OUT/gpu.json as soon as it is measured; the log goes to $OUT/device.log.
+#    torchao travels in .whl (device-wheels.sh); if it does not import there, preflight says so and
+#    only the two quantized rows fail (recorded as error_*), not the call.
 # The whole command stops within DEVICE_BUDGET_S (530 s): gpu_flux.py starts no measurement it
 # does not expect to finish in time, and `timeout` kills it 25 s before the end, which leaves time
 # to print the summary. Extra arguments go to gpu_flux.py, e.g. a second call for what the first
 # one skipped: `bash bench/device.sh --configs attention_only,eager_every_linear,fused_host`.
 #
-#   bash bench/device.sh --dry-run        # here, on the CPU, in seconds: tiny sizes, eager
+#   bash bench/device.sh --dry-run        # here, on the CPU, in minutes: tiny sizes, eager (float8_base is
+#                                         # skipped with a message: FP8 needs CUDA)
 # OUT defaults to ./out (ignored by git).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -111,6 +117,11 @@ for name in ("torch", "diffusers", "peft", "transformers", "accelerate", "huggin
         continue
     version = getattr(module, "__version__", "")
     print(f"  ok   {name} {version} ({os.path.dirname(getattr(module, '__file__', '') or '')})")
+try:  # only the quantized rows (float8_base, int8_base) need it: a failure here is a warning
+    import torchao
+    print(f"  ok   torchao {torchao.__version__} ({os.path.dirname(torchao.__file__)})")
+except Exception as exc:  # noqa: BLE001
+    print(f"  WARN torchao: {type(exc).__name__}: {exc} (the float8_base and int8_base rows will fail)")
 try:  # what bench/gpu_flux.py takes from them
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel  # noqa: F401
     from hotlora import Engine  # noqa: F401
@@ -174,8 +185,8 @@ print(f"device: {report.get('device')}  torch {report.get('torch')}  elapsed {re
       f"  done: {report.get('done', False)}")
 for label in report.get("configs_done", []):
     row = report[label]
-    keys = ("build_s", "warmup_s", "pack_ms", "wall_ms", "overhead_pct", "compile_speedup", "cuda_peak_gib",
-            "recompiles", "skipped", "error")
+    keys = ("build_s", "warmup_s", "pack_ms", "wall_ms", "swap_ms", "overhead_pct", "compile_speedup", "cuda_peak_gib",
+            "denoiser_bytes", "effect_vs_bf16", "recompiles", "skipped", "error")
     print(f"  {label:26s} " + "  ".join(f"{k}={row[k]}" for k in keys if k in row))
 for row in report.get("swap", []):
     print(f"  swap rank {row['rank']:4d}  {row['bytes']:>12d} B  swap {row['swap_ms']} ms  copy_ {row['copy_ms']} ms"
@@ -185,6 +196,10 @@ for key in ("swap_fused", "swap_fused_host"):
     if row:
         print(f"  {key} {row['rank']}  {row['bytes']:>12d} B from {row['restore']}  swap {row['swap_ms']} ms"
               f"  copy_ {row['copy_ms']} ms  ratio {row['swap_over_copy']}x  prepare {row['prepare_ms']} ms")
+for row in report.get("fused_kept_rows", []):
+    print(f"  fused_kept {row['magnitude']:.1%}: merge keeps {row.get('fused_kept')}, auto serves "
+          f"{row.get('auto_serves')}, prepare {row.get('prepare_ms')} ms, swap fused {row.get('fused_swap_ms')} / "
+          f"slots {row.get('slots_swap_ms')} ms, output effect fused vs unfused {row.get('effect_fused_vs_unfused')}")
 for key, value in report.items():
     if key.startswith(("skipped_", "error_")) or key == "killed":
         print(f"  {key}: {str(value).splitlines()[-1] if value else value}")

@@ -22,7 +22,16 @@ Then, one configuration at a time, each on a freshly built model with the same s
      restored from a pristine copy on the device): pack time against no_slots, then the fused swap
      (every Linear restored and re-merged) against one copy_ of the touched weights' bytes;
   7. fused_host: the same with the pristine copy in pinned host memory (fused_restore="host"): the
-     swap then also brings W0 over the bus.
+     swap then also brings W0 over the bus;
+  8. fused_kept (bf16, eager, adapter_mode="auto", rank-16 slots): for adapters of delta RMS 0.1%,
+     0.3% and 1% of each layer's weight RMS on every Linear, the fraction of the weight delta a bf16
+     merge keeps (fused_kept), the path auto mode takes, the plan's time, and the output effect of
+     one image served fused against the same served through the slots (bench/gpu_rows.py);
+  9. float8_base / int8_base: every_linear on a torchao-quantized base (base_quantization float8:
+     row-wise FP8, CUDA only, skipped with a message elsewhere; int8_weight_only): pack time, swap,
+     the denoiser's bytes, CUDA peak, and the adapters' effect kept against every_linear's bf16 base
+     (one more image without adapters).
+The default order runs the baseline, every_linear, then 8 and 9, then the rest, as the budget allows.
 Every configuration records its build and warm-up (compile) times, pack time and CUDA peak.
 
 Timing: CUDA is synchronised at every measurement boundary (torch.cuda.synchronize before the
@@ -54,8 +63,9 @@ from pathlib import Path
 import torch
 
 RESULTS_NAME = "gpu.json"
-CONFIG_ORDER = ("no_slots", "every_linear", "fused", "attention_only", "every_linear_rank_bucket",
-                "eager_every_linear", "fused_host")
+CONFIG_ORDER = ("no_slots", "every_linear", "fused_kept", "float8_base", "int8_base", "fused", "attention_only",
+                "every_linear_rank_bucket", "eager_every_linear", "fused_host")
+QUANTIZED = {"float8_base": "float8", "int8_base": "int8_weight_only"}
 FUSED = ("fused", "fused_host")
 SLOW_EAGER = 1.6  # eager pack time over compiled, for the budget only (a guess until measured)
 
@@ -126,7 +136,8 @@ class Report:
 def derive(data: dict) -> None:
     """Overheads against no_slots and the compile speedup, whenever their inputs exist."""
     base = data.get("no_slots", {})
-    for label in ("every_linear", "attention_only", "every_linear_rank_bucket", "eager_every_linear", *FUSED):
+    for label in ("every_linear", "attention_only", "every_linear_rank_bucket", "eager_every_linear", *FUSED,
+                  *QUANTIZED):
         row = data.get(label)
         if not isinstance(row, dict):
             continue
@@ -168,6 +179,7 @@ def main() -> None:
     from hotlora import Engine
     from hotlora.adapters.families import family_named
 
+    from bench.gpu_rows import KEPT_RANK, adapters, fused_kept_rows, fused_swap_measurements, quantized_effect, record_finite
     from bench.swap import allow_many_compiled_engines
 
     allow_many_compiled_engines()
@@ -228,11 +240,20 @@ def main() -> None:
         return False
 
     flux = family_named("flux")
+    latents: dict[str, torch.Tensor] = {}  # image 0 of a row's first pack: a quantized base's effect kept
     for label in order:
         options = {"every_linear": {}, "no_slots": {"slots": ()}, "attention_only": {"target_modules": r".*attn.*"},
                    "every_linear_rank_bucket": {"rank_buckets": (args.bucket_rank,)},
                    "eager_every_linear": {"compile": False}, "fused": {"adapter_mode": "fused"},
-                   "fused_host": {"adapter_mode": "fused", "fused_restore": "host"}}[label]
+                   "fused_host": {"adapter_mode": "fused", "fused_restore": "host"},
+                   # eager: a handful of one-image packs, no compile to pay for (bench/gpu_rows.py)
+                   "fused_kept": {"adapter_mode": "auto", "compile": False, "target_rank": KEPT_RANK, "batch_size": 1},
+                   **{name: {"base_quantization": method} for name, method in QUANTIZED.items()}}[label]
+        if options.get("base_quantization") == "float8" and args.device != "cuda":
+            note = f"{label}: float8 (torchao row-wise FP8) runs on CUDA only; skipped on {args.device}"
+            print(f"skipped {note}", flush=True)
+            report.save(f"skipped_{label}", note, quiet=True)
+            continue
         compiled = options.get("compile", not args.no_compile)
         need = estimate("build", compiled) + estimate("warmup", compiled) + estimate("pack", compiled)
         if label != "no_slots":
@@ -257,25 +278,29 @@ def main() -> None:
                 continue
             sync()
             began = time.monotonic()
-            engine = Engine(pipeline, flux, target_rank=args.rank, batch_size=args.pack, height=args.height,
-                            width=args.width, **{"compile": not args.no_compile, **options})
+            engine = Engine(pipeline, flux, **{"target_rank": args.rank, "batch_size": args.pack, "height": args.height,
+                                               "width": args.width, "compile": not args.no_compile, **options})
             sync()
             row["warmup_s"] = round(time.monotonic() - began, 1)
             seen["warmup_compiled" if compiled else "warmup_eager"] = row["warmup_s"]
             row["compile_mode"] = engine.compile_mode
             row["slot_bytes"] = _writer(engine).nbytes
-            if label in FUSED:
-                row["pristine_bytes"] = engine.writer.pristine_bytes
-                row["restore"] = engine.writer.restore
-            finite = _record_finite(engine)
+            row["denoiser_bytes"] = getattr(engine, "denoiser_bytes", None)  # quantized rows: the int8/FP8 weights
+            if label in (*FUSED, "fused_kept"):
+                row["pristine_bytes"] = engine.describe()["pristine_bytes"]
+                row["restore"] = engine.describe()["restore"]
+            finite = record_finite()
             data["configs_done"].append(label)
             report.save(label, row)  # built and warm: already worth keeping
+            if label == "fused_kept":
+                fused_kept_rows(engine, args, report, fits)
+                continue
 
             if _writer(engine).slot_names:
                 adapter_rank = args.bucket_rank if options.get("rank_buckets") else args.rank
                 began = time.monotonic()
                 request = {slot: (adapter, 0.8)
-                           for slot, adapter in zip(("identity", "style"), _adapters(engine, adapter_rank))}
+                           for slot, adapter in zip(("identity", "style"), adapters(engine, adapter_rank))}
                 seen["adapters"] = row["adapters_s"] = round(time.monotonic() - began, 1)
                 row["adapter_rank"] = adapter_rank
             samples = []
@@ -283,6 +308,7 @@ def main() -> None:
                 if not fits(f"pack {len(samples) + 1}", estimate("pack", compiled), row):
                     break
                 samples.append(_pack(engine, request or {}, args))
+                latents.setdefault(label, samples[-1].pop("latents0"))
                 seen["pack_compiled" if compiled else "pack_eager"] = samples[-1]["wall_ms"] / 1000
                 row["pack_ms"] = round(statistics.median(s["pack_ms"] for s in samples), 1)
                 row["wall_ms"] = round(statistics.median(s["wall_ms"] for s in samples), 1)
@@ -298,7 +324,9 @@ def main() -> None:
             if label == "every_linear":
                 _swap_measurements(engine, args, report, fits)
             if label in FUSED and request:
-                _fused_swap_measurements(engine, request, label, args, report, fits)
+                fused_swap_measurements(engine, request, label, args, report, fits)
+            if label in QUANTIZED and samples:
+                quantized_effect(engine, label, args, report, fits, latents, estimate("pack", compiled) / args.pack)
         except Exception as exc:  # noqa: BLE001 - one failed configuration must not cost the others
             row["error"] = f"{type(exc).__name__}: {exc}"
             report.save(f"error_{label}", traceback.format_exc())
@@ -325,20 +353,12 @@ def _pack(engine, request, args) -> dict:
     sync()
     began = time.perf_counter()
     result = engine.generate("a portrait", adapters=request, num_images=args.pack, num_inference_steps=args.steps,
-                             height=args.height, width=args.width, output_type="latent")
+                             height=args.height, width=args.width, seed=0, output_type="latent")
     sync()
     wall_ms = (time.perf_counter() - began) * 1000
     return {"pack_ms": round(sum(result.timings.generate_ms), 1), "wall_ms": round(wall_ms, 1),
-            "swap_ms": result.timings.swap_ms, "rank_bucket": result.swap.rank_bucket}
-
-
-def _record_finite(engine) -> list[bool]:
-    """Replace the engine's non-finite check for this bench: random weights may overflow, and the
-    figures wanted here are times. Each pack's finiteness is recorded in the returned list (the
-    latents: a tensor, since the bench asks for output_type="latent")."""
-    seen: list[bool] = []
-    engine._check_finite = lambda images, resolved: seen.append(bool(torch.isfinite(images).all()))
-    return seen
+            "swap_ms": result.timings.swap_ms, "rank_bucket": result.swap.rank_bucket,
+            "latents0": torch.as_tensor(result.images)[:1].float().cpu()}  # image 0: seed 0
 
 
 def _swap_measurements(engine, args, report: Report, fits) -> None:
@@ -373,77 +393,6 @@ def _swap_measurements(engine, args, report: Report, fits) -> None:
             report.save("skipped_swap", f"ranks {2 * top}..{args.rank}: time budget")
     except Exception:  # noqa: BLE001 - the pack figures of this configuration stay valid
         report.save("error_swap", traceback.format_exc())
-
-
-def _fused_swap_measurements(engine, request, label: str, args, report: Report, fits) -> None:
-    """Fused mode's swap at full size: two requests with the same two adapters in opposite slots
-    (scales 0.8 / 0.6, so every Linear is restored and re-merged each time), alternated, against one
-    copy_ of the touched weights' bytes from where W0 lives (device memory, or pinned host memory
-    for fused_host). The first swap of each request builds its plan (prepare()'s work) and is
-    timed apart. Recorded as ``swap_fused`` / ``swap_fused_host``; a failure costs no other figure."""
-    from hotlora.adapters.binding import Binding
-
-    try:
-        writer = engine.writer
-        (a, _), (b, _) = request["identity"], request["style"]
-        requests = [{"identity": Binding(a, 0.8), "style": Binding(b, 0.6)}, {"identity": Binding(b, 0.8), "style": Binding(a, 0.6)}]
-        touched = [engine.denoiser.get_submodule(m).weight for m in a.modules]
-        nbytes = sum(w.nbytes for w in touched)
-        row = {"rank": f"2 x r{a.rank}", "modules": len(a.modules), "bytes": nbytes, "restore": writer.restore}
-        sync()
-        began = time.perf_counter()
-        for r in requests:
-            writer.prepare(r)
-        sync()
-        row["prepare_ms"] = round((time.perf_counter() - began) * 1000 / 2, 1)
-        # A swap takes about as long as a copy per byte times the GEMM work: ask for 4 x the pack's swap.
-        if not fits("fused swap", 4 * args.swap_repeats * max(row["prepare_ms"] / 1000, 0.05)):
-            report.save(f"skipped_swap_{label}", "time budget")
-            return
-        swaps = []
-        for i in range(args.swap_repeats):
-            sync()
-            began = time.perf_counter()
-            writer.swap(requests[i % 2])
-            sync()
-            swaps.append((time.perf_counter() - began) * 1000)
-        pin = writer.restore == "host" and torch.cuda.is_available()
-        source = torch.ones(nbytes, dtype=torch.uint8, device="cpu" if writer.restore == "host" else writer.device,
-                            pin_memory=pin)
-        target = torch.empty(nbytes, dtype=torch.uint8, device=writer.device)
-        copies = []
-        for _ in range(args.swap_repeats):
-            sync()
-            began = time.perf_counter()
-            target.copy_(source, non_blocking=True)
-            sync()
-            copies.append((time.perf_counter() - began) * 1000)
-        row["swap_ms"] = round(statistics.median(swaps), 2)
-        row["copy_ms"] = round(statistics.median(copies), 2)
-        row["swap_over_copy"] = round(row["swap_ms"] / row["copy_ms"], 2)
-        row["plan_cached"] = writer.describe()["plan_cache_bytes"] > 0
-        del source, target
-        writer.swap({})
-        report.save(f"swap_{label}", row)
-    except Exception:  # noqa: BLE001 - the pack figures of this configuration stay valid
-        report.save(f"error_swap_{label}", traceback.format_exc())
-
-
-def _adapters(engine, rank: int):
-    from hotlora.adapters.formats import Adapter, LoraWeights
-
-    dtype = next(engine.denoiser.parameters()).dtype
-    pin = torch.cuda.is_available()
-    out = []
-    for seed in (1, 2):
-        g = torch.Generator().manual_seed(seed)
-        modules = {}
-        for m, (i, o) in engine.ceiling.modules.items():
-            down = torch.randn(rank, i, generator=g).to(dtype)
-            up = torch.randn(o, rank, generator=g).to(dtype).mul_(0.01)
-            modules[m] = LoraWeights(down.pin_memory() if pin else down, up.pin_memory() if pin else up, 1.0)
-        out.append(Adapter(f"random-{seed}", "flux", "diffusers", modules, sha256=f"gpu-random-{seed}"))
-    return out
 
 
 if __name__ == "__main__":

@@ -54,6 +54,12 @@ def test_engine_config_refuses_impossible_combinations():
         EngineConfig(batch_size=0)
     with pytest.raises(ValueError, match="rank buckets"):
         EngineConfig(mixed=True, rank_buckets=(4,))
+    with pytest.raises(ValueError, match="auto mode .* no mixed batches"):
+        EngineConfig(adapter_mode="auto", mixed=True)
+    with pytest.raises(ValueError, match="auto mode merges"):
+        EngineConfig(adapter_mode="auto", base_quantization="int8_weight_only")
+    assert EngineConfig(adapter_mode="auto", rank_buckets=(4,)).rank_buckets == (4,)  # the slots' buckets: allowed
+    assert ServerConfig(adapter_mode="auto", fused_min_kept=0.9).engine_config().adapter_mode == "auto"
 
 
 def test_model_defaults_are_read_in_one_place(tmp_path):

@@ -35,6 +35,7 @@ from hotlora.engine.request import (
 from hotlora.engine.runner import (
     DenoiseClock, Timings, fan_out, image_generators, run_pack, split_chunk, synchronize,
 )
+from hotlora.engine.served import served_adapters as _served
 from hotlora.engine.stepcache import apply_step_cache
 from hotlora.engine.warmup import chunk_key, measure_chunks, warm_up
 from hotlora.engine.prompts import batch_prompts
@@ -210,8 +211,10 @@ class Engine:
             "base_quantization": self.quantization or "none", "denoiser_bytes": self.denoiser_bytes,
             "slot_bytes": writer["slot_bytes"], "rank_buckets": writer.get("rank_buckets", []),
             "writer": writer["writer"], "sizes": list(self.rules.size_names()),  # WIDTHxHEIGHT, default first
-            # fused mode: where the pristine weights live, their bytes, one adapter set per forward batch
-            **{k: writer[k] for k in ("restore", "pristine_bytes", "one_adapter_set_per_batch") if k in writer},
+            # fused and auto mode: where the pristine weights live, their bytes, one adapter set per
+            # forward batch; auto mode: its floor and the forward batches each path served
+            **{k: writer[k] for k in ("restore", "pristine_bytes", "one_adapter_set_per_batch", "fused_min_kept",
+                                      "batches") if k in writer},
             "text_encoders": self.text.describe(), "text_encoder_bytes": self.text.nbytes,
             "limits": self.limits.model_dump(),
         }
@@ -291,7 +294,7 @@ class Engine:
         timings.swap_ms = swap.ms
         images = self._finish(images, request.output_type)
         timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
-        served = guard.served(request.adapters, self.text.lora_encoders, swap.fused)
+        served = _served(request.adapters, self.text.lora_encoders, swap.fused, self._path)
         return GenerationResult(images, request.seeds, timings, swap, served, self.recompiles, request.size,
                                 request.snapped_from)
 
@@ -336,11 +339,16 @@ class Engine:
             timings = replace(request.timings, swap_ms=swap.ms, generate_ms=batch.generate_ms,
                               decode_ms=batch.decode_ms, chunks=batch.chunks)
             timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
-            served = guard.served(request.adapters, self.text.lora_encoders)
+            served = _served(request.adapters, self.text.lora_encoders, swap.fused, self._path)
             results.append(GenerationResult(self._finish(images[bounds[i]:bounds[i + 1]], first.output_type),
                                             request.seeds, timings, swap, served, self.recompiles, request.size,
                                             request.snapped_from))
         return results
+
+    @property
+    def _path(self) -> str:
+        """How this engine applies adapters when its writer does not say per request (auto mode's does)."""
+        return "fused" if self.config.adapter_mode == "fused" else "slots"
 
     def _batch_factor(self, params: CallParams) -> int:
         """SDXL runs classifier-free guidance as one doubled batch [uncond..., cond...]."""

@@ -76,14 +76,3 @@ def _all_finite(images) -> bool:
 
     return bool(np.isfinite(images).all())
 
-
-def served(resolved: Mapping[str, Binding], text_encoders=(), fused: Mapping[str, dict] | None = None) -> dict:
-    """What a response reports about each slot's adapter; in fused mode also ``fused_kept``, the
-    fraction of the request's weight delta the merged weights carry (``FusedWriter._kept``)."""
-    fused = fused or {}
-    return {slot: {"sha256": a.sha256, "layout": a.layout, "rank": a.rank, "scale": scale, "name": a.name,
-                   "text_encoders": sorted(te for te in a.text_modules if te in text_encoders),
-                   "embedding_tokens": list(a.embeddings.tokens) if a.embeddings is not None else [],
-                   "skipped": skipped(a, text_encoders),
-                   **({"fused_kept": fused[slot]["kept"]} if "kept" in fused.get(slot, {}) else {})}
-            for slot, (a, scale) in resolved.items()}

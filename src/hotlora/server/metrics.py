@@ -45,6 +45,9 @@ class Metrics:
         self.fused_kept = Histogram("hotlora_fused_kept_fraction", "Fused mode: the fraction of each request's "
                                     "weight delta the merged weights carry", buckets=KEPT_BUCKETS,
                                     registry=registry)
+        # Bounded label: "fused" (merged into the weights) or "slots" (unfused branches, slots or banks).
+        self.adapter_mode = Counter("hotlora_adapter_mode", "Requests with adapters, by the path that served "
+                                    "them (auto mode chooses per request)", ["mode"], registry=registry)
         self.dropped = Counter("hotlora_requests_dropped", "Requests dropped before they started: client gone",
                                registry=registry)
         for stage in STAGES:  # every series exists from the first scrape (rate() needs a start)
@@ -66,9 +69,12 @@ class Metrics:
 
     def observe(self, timings: dict, adapters: dict | None = None) -> None:
         """One generation's timings (the response's ``*_ms``, plus ``decode_ms`` when measured)."""
-        kept = [entry["fused_kept"] for entry in (adapters or {}).values() if entry and "fused_kept" in entry]
+        entries = [entry for entry in (adapters or {}).values() if entry]
+        kept = [e["fused_kept"] for e in entries if "fused_kept" in e and e.get("mode") == "fused"]
         if kept:  # one value per request: its slots are merged together
             self.fused_kept.observe(min(kept))
+        for mode in {e["mode"] for e in entries if e.get("mode") in ("fused", "slots")}:  # one per request
+            self.adapter_mode.labels(mode).inc()
         if timings.get("queue_ms") is not None:
             self.queue_wait.observe(timings["queue_ms"] / 1000)
         stages = {"fetch": "fetch_ms", "validate": "prepare_ms", "swap": "swap_ms", "text_encoders": "text_encoders_ms",

@@ -15,7 +15,7 @@ from hotlora.settings.base import Group, Settings
 from hotlora.settings.fields import setting
 
 SIZE_POLICIES = ("refuse", "nearest")
-ADAPTER_MODES = ("slots", "fused")
+ADAPTER_MODES = ("slots", "fused", "auto")
 FUSED_RESTORE = ("auto", "device", "host")
 STEP_CACHE_BACKENDS = ("dbcache", "taylorseer", "fbcache")  # engine.stepcache checks the name again
 BASE_QUANTIZATIONS = ("none", "int8_weight_only", "float8")  # engine/quantize.py applies them
@@ -136,16 +136,19 @@ class EngineConfig(Settings):
     step_cache: StepCache | None = setting(None, "step cache settings (off by default)")
     rank_buckets: tuple[int, ...] = setting((), "extra ranks to compile for besides target_rank, e.g. 4,8: a "
                                                 "request runs the smallest that holds its adapters")
-    # engine/writers/fused.py; docs/benchmarks.md says why the default is slots.
+    # engine/writers/fused.py and auto.py; docs/benchmarks.md says why the default is slots.
     adapter_mode: str = setting("slots", "slots: LoRA layers in the compiled model, adapters copied in per "
                                          "request; fused: adapters merged into the weights, restored from a "
-                                         "pristine copy (any rank, conv LoRA; one adapter set per batch)",
+                                         "pristine copy (any rank, conv LoRA; one adapter set per batch); "
+                                         "auto: both, each request fused when its merge keeps at least "
+                                         "fused_min_kept of its delta, else through the slots",
                                 choices=ADAPTER_MODES)
     # docs/benchmarks.md ("What fused mode keeps") has the figures behind the default.
     fused_min_kept: float = setting(0.98, "fused mode: the least fraction of a request's intended weight "
                                           "delta the merged weights must carry (a bf16 merge drops delta "
                                           "elements under half a step of their weight); below it the request "
-                                          "is refused. 0: never refused (the loss is still reported)")
+                                          "is refused (fused) or served through the slots (auto). 0: never "
+                                          "(the loss is still reported)")
     fused_restore: str = setting("auto", "where the pristine weights (fused mode, text encoders) are kept: device, "
                                          "host (pinned when CUDA), or auto (the device when they fit)",
                                  choices=FUSED_RESTORE)
@@ -184,13 +187,16 @@ class EngineConfig(Settings):
         if self.base_quantization not in BASE_QUANTIZATIONS:
             raise ValueError(f"base_quantization must be one of {', '.join(BASE_QUANTIZATIONS)}, "
                              f"got {self.base_quantization!r}")
-        if self.adapter_mode == "fused" and self.base_quantization != "none":
-            raise ValueError(f"fused mode merges adapters into the base weights, which base_quantization="
+        if self.adapter_mode in ("fused", "auto") and self.base_quantization != "none":
+            raise ValueError(f"{self.adapter_mode} mode merges adapters into the base weights, which base_quantization="
                              f"{self.base_quantization!r} stores quantized (a merge would requantize them on every "
                              "request and lose the adapter's delta): use adapter_mode='slots' with a quantized base")
         if self.adapter_mode == "fused" and (self.mixed or self.rank_buckets):
             raise ValueError("fused mode holds one adapter set per forward batch in the weights themselves: "
                              "it has no mixed batches and no rank buckets")
+        if self.adapter_mode == "auto" and self.mixed:
+            raise ValueError("auto mode holds one adapter set per forward batch (fused into the weights or in the "
+                             "slots): it has no mixed batches (mixed=True serves them through adapter banks)")
         return self
 
     # What the compiled graphs depend on; request limits, the device and the cache folder do not.

@@ -1,9 +1,10 @@
 """Adapter writers: what puts a request's adapters into the model, behind one interface.
 
-Three: ``slots`` (one PEFT adapter whose rows are the slots, one request's adapters at a time,
+Four: ``slots`` (one PEFT adapter whose rows are the slots, one request's adapters at a time,
 packed for one-copy swaps), ``banks`` (per-sample bank entries: several requests in one
-forward batch) and ``fused`` (no LoRA layers: the adapters merged into the weights in place,
-restored from a pristine copy). Each is a writer, not a branch in the engine: the engine holds
+forward batch), ``fused`` (no LoRA layers: the adapters merged into the weights in place,
+restored from a pristine copy) and ``auto`` (slots and fused together: each request fused when
+its merge keeps its effect, else through the slots). Each is a writer, not a branch in the engine: the engine holds
 one writer and only ever calls what ``AdapterWriter`` declares.
 
 Writers take ``{slot: Binding}`` made by ``Engine.prepare`` from specs ``Engine.check`` checked
@@ -115,6 +116,12 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
 
         return FusedWriter(denoiser, family, config.slots, config.target_rank, served_models,
                            restore=config.fused_restore, min_kept=config.fused_min_kept)
+    if config.adapter_mode == "auto":
+        from hotlora.engine.writers.auto import AutoWriter
+
+        return AutoWriter(denoiser, family, config.slots, config.target_rank, config.target_modules, served_models,
+                          min_kept=config.fused_min_kept, restore=config.fused_restore,
+                          rank_buckets=config.rank_buckets)
     if config.mixed:
         from hotlora.engine.writers.banks import AdapterBank
 

@@ -92,7 +92,7 @@ class FusedWriter:
     def __init__(self, denoiser: torch.nn.Module, family: str, slot_names: Iterable[str], target_rank: int,
                  served_models: Iterable[str] = (), restore: str = "auto",
                  weights_of: Callable[[Adapter], Mapping[str, LoraWeights]] | None = None,
-                 min_kept: float | None = 0.0):
+                 min_kept: float | None = 0.0, linears: Mapping[str, tuple[int, int]] | None = None):
         # What of an adapter this writer merges: the denoiser's modules, or (the text encoders'
         # writers) one text encoder's.
         self.weights_of = weights_of or (lambda adapter: adapter.modules)
@@ -105,8 +105,11 @@ class FusedWriter:
         if restore not in RESTORE_CHOICES:
             raise ValueError(f"fused_restore must be one of {', '.join(RESTORE_CHOICES)}, got {restore!r}")
         # Every Linear and Conv2d of the denoiser, any rank: merging costs the same whatever the
-        # layer or rank (target_modules is not consulted: see the module docstring).
-        modules, convs = ceiling_modules(denoiser, None), conv_modules(denoiser)
+        # layer or rank (target_modules is not consulted: see the module docstring). ``linears``:
+        # those Linear layers only, no convs (auto mode: the slots' ceiling, which every adapter
+        # must fit so that it can fall back to the slots; the pristine copy covers no more).
+        modules = ceiling_modules(denoiser, None) if linears is None else dict(linears)
+        convs = conv_modules(denoiser) if linears is None else {}
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
                                    served_models=frozenset(n for n in served_models if n), any_rank=True,
                                    convs=convs)
@@ -147,14 +150,8 @@ class FusedWriter:
         only runs GEMMs and copies) and measure what the merge keeps; a request whose merged
         weights would carry less than ``min_kept`` of its delta is refused here, before the
         weights are touched."""
-        signature = assignment_key(resolved)
-        if not signature:
-            return
-        plan = self._plans.get(signature)
-        if plan is None:
-            plan = self._plan(resolved)
-            self._plans.put(signature, plan)
-        if self.min_kept is not None and plan.kept < self.min_kept:
+        plan = self.plan_for(resolved)
+        if plan is not None and self.min_kept is not None and plan.kept < self.min_kept:
             dtype = next(iter(self._params.values())).dtype
             names = ", ".join(f"{slot}={b.adapter.name} (scale {b.scale:g})" for slot, b in sorted(resolved.items())
                               if b is not None and b.writes)
@@ -162,7 +159,25 @@ class FusedWriter:
                 f"merged into the {str(dtype).removeprefix('torch.')} weights, it would keep {plan.kept:.1%} of its "
                 f"weight delta (fused_min_kept {self.min_kept:.0%}): delta elements under half a "
                 f"{str(dtype).removeprefix('torch.')} step of their weight vanish in the merge. Serve it with "
-                "adapter_mode=slots (unfused, nothing lost), or lower fused_min_kept to accept the loss"])
+                "adapter_mode=slots (unfused, nothing lost) or auto (slots for such requests), or lower "
+                "fused_min_kept to accept the loss"])
+
+    def plan_for(self, resolved: Bindings) -> _Plan | None:
+        """The request's plan (``kept`` measured), from the cache or built now and cached; None for
+        a request that merges nothing."""
+        signature = assignment_key(resolved)
+        if not signature:
+            return None
+        plan = self._plans.get(signature)
+        if plan is None:
+            plan = self._plan(resolved)
+            self._plans.put(signature, plan)
+        return plan
+
+    def forget(self, resolved: Bindings) -> None:
+        """Drop the request's cached plan (auto mode: a request served through the slots never
+        merges, so its stacked factors would only hold device memory)."""
+        self._plans.pop(assignment_key(resolved))
 
     def bind(self, samples: Sequence[Bindings], repeat: int = 1) -> SwapReport:
         """Before a chunk: the weights hold one adapter set, so every sample must carry the same."""

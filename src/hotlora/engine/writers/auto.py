@@ -1,0 +1,147 @@
+"""Auto mode: one engine holding both writers; each request fused when its merge keeps its
+adapters' effect, through the slots when it does not.
+
+Fused mode costs nothing per step but loses, in bf16, every delta element under half a bf16 step
+of its weight (a weak adapter keeps as little as ~60% of its effect, ``docs/benchmarks.md``,
+"Precision"); the slots lose nothing but cost a low-rank product per Linear per step. Auto mode
+measures what the merge would keep for each request (``FusedWriter.plan_for``: the fused plan's
+``kept``, once per adapters-and-scales, on the request's thread) and serves it
+
+- **fused** when ``kept >= fused_min_kept``: the adapters merged into the weights, every slot
+  empty (zeros);
+- **through the slots** otherwise: the weights restored to ``W0`` (a copy of the pristine
+  weights, bit for bit), the adapters copied into the slots.
+
+Exact either way: an empty slot adds exactly zero, and restored weights are the base bit for bit,
+so each path's output is what that mode's own engine gives (the correctness contract holds per
+path). No recompiles: the model is the slots' model throughout (PEFT layers over the base Linear,
+whose weights fused mode writes in place, never replacing them), and a fused request runs the
+slots' graph of the smallest rank bucket (the slots are empty), which the warm-up visits like
+every bucket. With a rank-0 bucket (slots that run no LoRA product at all), a fused request would
+be free of slot compute without a change here: ``SlotBank.swap({})`` picks the smallest bucket
+that holds the (empty) slots.
+
+Every adapter must fit the slots' ceiling (``target_rank``, ``target_modules``, Linear layers
+only), so that any request can fall back to the slots; the pristine copy covers only those layers.
+One adapter set per forward batch, as in both writers it holds: requests with different adapters
+are never batched together (``mixes_requests`` is False, and ``bind`` refuses such a batch before
+writing anything).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+from hotlora.adapters.binding import Binding, Bindings, assignment_key
+from hotlora.engine.writers.fused import FusedWriter
+from hotlora.engine.writers.slots import SlotBank, SwapReport, ceiling_modules
+from hotlora.errors import InvalidRequest
+from hotlora.lru import LRU
+
+FUSED, SLOTS = "fused", "slots"
+
+
+class AutoWriter:
+    """The ``auto`` adapter writer (see the module docstring)."""
+
+    mixes_requests = False
+    DECISIONS = 4096  # (adapters, scales) -> path remembered; a miss re-measures (from the plan cache)
+
+    def __init__(self, denoiser, family: str, slot_names: Iterable[str], target_rank: int, target_modules=None,
+                 served_models: Iterable[str] = (), *, min_kept: float, restore: str = "auto",
+                 rank_buckets: Iterable[int] = ()):
+        served_models = tuple(served_models)
+        # The fused writer first: it captures the base Linear weights (and their pristine copy)
+        # before PEFT wraps those Linear layers into LoRA layers. The wrapped layer keeps the same
+        # Linear module and Parameter as its ``base_layer``, so fused writes reach the graph.
+        linears = ceiling_modules(denoiser, target_modules)
+        self.fused = FusedWriter(denoiser, family, slot_names, target_rank, served_models, restore=restore,
+                                 min_kept=0.0, linears=linears)  # measures kept; never refuses (we decide)
+        self._min_kept = min_kept
+        self.slots = SlotBank(denoiser, family, slot_names, target_rank, target_modules, served_models=served_models,
+                              rank_buckets=rank_buckets)
+        self.slot_names = self.slots.slot_names
+        self.ceiling = self.slots.ceiling  # every adapter must be servable by the slots
+        self._decisions: LRU[tuple, tuple[str, float]] = LRU(max_entries=self.DECISIONS)
+        self.batches = {FUSED: 0, SLOTS: 0}  # forward batches (chunks) with adapters per path, for describe()
+
+    @property
+    def min_kept(self) -> float:
+        return self._min_kept
+
+    @min_kept.setter
+    def min_kept(self, value: float) -> None:
+        """A new floor: every request is decided again (bench/gpu_rows.py serves one adapter both ways)."""
+        self._min_kept = value
+        self._decisions = LRU(max_entries=self.DECISIONS)
+
+    # ------------------------------------------------------------------ the writer interface
+
+    def prepare(self, resolved: Mapping[str, Binding]) -> None:
+        """On the request's thread: measure what the merge keeps and choose the path; prepare
+        that path's writer (the fused plan, or the slots' packed layout)."""
+        mode, _ = self._decide(resolved)
+        if mode == SLOTS:
+            self.slots.prepare(resolved)
+
+    def _decide(self, resolved: Bindings) -> tuple[str, float]:
+        signature = assignment_key(resolved)
+        decided = self._decisions.get(signature)
+        if decided is None:
+            plan = self.fused.plan_for(resolved)
+            kept = plan.kept if plan is not None else 1.0
+            decided = (FUSED if kept >= self._min_kept else SLOTS, kept)
+            if decided[0] == SLOTS:
+                self.fused.forget(resolved)  # never merged: its stacked factors would only hold memory
+            self._decisions.put(signature, decided)
+        return decided
+
+    def bind(self, samples: Sequence[Bindings], repeat: int = 1) -> SwapReport:
+        """Before a chunk: one adapter set for the whole batch, on the path chosen for it. The
+        other path is emptied first (slots zeroed, or the weights restored to ``W0``)."""
+        if len({assignment_key(s) for s in samples}) > 1:
+            raise InvalidRequest("auto mode holds one request's adapters at a time (fused into the weights or in "
+                                 "the slots); a forward batch cannot carry different adapters")
+        assignment = samples[0] if samples else {}
+        mode, kept = self._decide(assignment)
+        if mode == FUSED:
+            emptied, report = self.slots.swap({}), self.fused.swap(assignment)
+        else:
+            emptied, report = self.fused.swap({}), self.slots.swap(assignment)
+        report.ms += emptied.ms
+        report.bytes_copied += emptied.bytes_copied
+        report.modules_zeroed += emptied.modules_zeroed
+        report.rank_bucket = self.slots.bucket
+        # Each served slot says its path; ``kept`` is what the merge keeps (fused) or would have
+        # kept (slots: why the request is not fused). ``Engine`` reports both per slot.
+        report.fused = {slot: {**report.fused.get(slot, {}), "mode": mode, "kept": round(kept, 6)}
+                        for slot, binding in assignment.items() if binding is not None}
+        if assignment_key(assignment):
+            self.batches[mode] += 1
+        return report
+
+    def warmup_states(self) -> tuple:
+        """The slots' rank buckets: a fused request runs the smallest (its slots are empty)."""
+        return self.slots.warmup_states()
+
+    def enter(self, state) -> None:
+        self.fused.enter("fused")  # refuses inductor freezing: fused writes must stay graph inputs
+        self.slots.enter(state)
+
+    def check_intact(self) -> None:
+        self.fused.check_intact()
+        self.slots.check_intact()
+
+    @property
+    def nbytes(self) -> int:
+        return self.slots.nbytes + self.fused.nbytes
+
+    def describe(self) -> dict:
+        fused, slots = self.fused.describe(), self.slots.describe()
+        return {"writer": "auto", "slot_bytes": self.nbytes, "rank_buckets": slots["rank_buckets"],
+                "restore": fused["restore"], "pristine_bytes": fused["pristine_bytes"],
+                "one_adapter_set_per_batch": True, "fused_min_kept": self.min_kept,
+                "batches": dict(self.batches), "merged": fused["merged"], "occupants": slots["occupants"]}
+
+
+__all__ = ["AutoWriter"]
