@@ -121,7 +121,8 @@ class SlotBank:
         if bad:
             raise ValueError(f"rank buckets must be integers in 0..target_rank ({target_rank}), got {bad}")
         # The ranks the model is compiled for; a request runs the smallest that holds its adapters.
-        self.rank_buckets = tuple(sorted({*rank_buckets, target_rank}))
+        # No slots (the benchmarks' baseline): nothing to bucket, one state.
+        self.rank_buckets = tuple(sorted({*rank_buckets, target_rank})) if self.slot_names else (target_rank,)
         modules = ceiling_modules(denoiser, target_modules)
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
                                    served_models=frozenset(n for n in served_models if n))
