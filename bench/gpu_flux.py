@@ -242,9 +242,11 @@ def main() -> None:
     flux = family_named("flux")
     latents: dict[str, torch.Tensor] = {}  # image 0 of a row's first pack: a quantized base's effect kept
     for label in order:
-        options = {"every_linear": {}, "no_slots": {"slots": ()}, "attention_only": {"target_modules": r".*attn.*"},
+        # Explicit: no rank buckets (the default adds 0 and rank/4), so each row measures what it names.
+        options = {"every_linear": {"rank_buckets": ()}, "no_slots": {"slots": ()},
+                   "attention_only": {"target_modules": r".*attn.*", "rank_buckets": ()},
                    "every_linear_rank_bucket": {"rank_buckets": (args.bucket_rank,)},
-                   "eager_every_linear": {"compile": False}, "fused": {"adapter_mode": "fused"},
+                   "eager_every_linear": {"compile": False, "rank_buckets": ()}, "fused": {"adapter_mode": "fused"},
                    "fused_host": {"adapter_mode": "fused", "fused_restore": "host"},
                    # eager: a handful of one-image packs, no compile to pay for (bench/gpu_rows.py)
                    "fused_kept": {"adapter_mode": "auto", "compile": False, "target_rank": KEPT_RANK, "batch_size": 1},

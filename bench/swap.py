@@ -200,10 +200,11 @@ def full_width_overhead_rows(base, target_rank: int, runs: int) -> list[dict]:
     low = max(1, target_rank // 4)
     configs = [  # (label, engine options, adapter rank)
         ("no slots", {"slots": ()}, 0),
-        ("2 slots, every Linear", {}, target_rank),
-        ("2 slots, every Linear", {}, low),
+        # Explicit: no rank buckets (the default adds 0 and rank/4), so each row measures what it names.
+        ("2 slots, every Linear", {"rank_buckets": ()}, target_rank),
+        ("2 slots, every Linear", {"rank_buckets": ()}, low),
         (f"2 slots, every Linear, rank bucket {low}", {"rank_buckets": (low,)}, low),
-        ("2 slots, attention only", {"target_modules": r".*attn.*"}, target_rank),
+        ("2 slots, attention only", {"target_modules": r".*attn.*", "rank_buckets": ()}, target_rank),
     ]
     engines, requests = {}, {}
     for label, options, rank in configs:
@@ -245,10 +246,10 @@ def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: in
     buckets = tuple(sorted({low, target_rank // 2}))
     configs = [  # (label, engine options, request)
         ("no slots", {"slots": ()}, None),
-        ("2 slots, every Linear", {}, full),
-        ("2 slots, every Linear", {}, small),
+        ("2 slots, every Linear", {"rank_buckets": ()}, full),  # explicit: no buckets (the default has some)
+        ("2 slots, every Linear", {"rank_buckets": ()}, small),
         (f"2 slots, every Linear, rank buckets {','.join(map(str, buckets))}", {"rank_buckets": buckets}, small),
-        ("2 slots, attention only", {"target_modules": r".*attn.*"}, full),
+        ("2 slots, attention only", {"target_modules": r".*attn.*", "rank_buckets": ()}, full),
         ("fused (adapters merged into the weights)", {"adapter_mode": "fused"}, full),
     ]
     if fused_only:

@@ -1,14 +1,15 @@
-"""The text encoders' side of a request (#18): what merging a request's text-encoder LoRA and
-copying its embeddings costs, against one prompt encode, eager and compiled, and against a plain
-copy of the touched bytes; and the memory the pristine copies take.
+"""The text encoders' side of a request (#18, #27): what binding a request's text-encoder LoRA
+(unfused: forward hooks re-pointed to its factors) and copying its embeddings costs, what the
+unfused branch adds to one prompt encode, against merging the same LoRA into the weights (how it
+was done before, a FusedWriter per text encoder); and the memory each keeps.
 
 Usage: .venv/bin/python bench/text_encoders.py [--runs 20] [--rank 16] [--full-size]
 
 Rows: the tiny models' CLIP (32 wide) and, with ``--full-size``, a CLIP-L at its real size (768
 wide, 12 layers; random weights: only shapes matter here). The LoRA covers q, k, v, out_proj, fc1
 and fc2 of every layer in both slots (what diffusers' training scripts target), plus two embedding
-tokens per slot. A swap alternates between two such requests, so every swap writes. The encode is
-one 77-token prompt, the text encoder's forward. Writes bench/results/text_encoders.{json,md}.
+tokens per slot. A bind (or merge) alternates between two such requests, so every one writes. The
+encode is one 77-token prompt, the text encoder's forward, eager. Writes bench/results/text_encoders.{json,md}.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def measure(label: str, full_size: bool, rank: int, runs: int) -> dict:
     import torch
 
     from hotlora.adapters.families import family_named
-    from hotlora.engine.writers.text import TextEncoders
+    from hotlora.engine.writers.fused import FusedWriter
+    from hotlora.engine.writers.text import TextEncoders, _lora_root, _text_weights
 
     parts = encoders(full_size)
     text = TextEncoders(parts, family_named("flux"), ("identity", "style"), rows=4)
@@ -80,28 +82,26 @@ def measure(label: str, full_size: bool, rank: int, runs: int) -> dict:
     prepare_ms = statistics.median(median_ms(lambda: text.prepare(r), 1) for r in requests)  # the first: not cached
     turn = iter(range(10**9))
     bind_ms = median_ms(lambda: text.bind(requests[next(turn) % 2]), runs)
-    restores = []
-    for _ in range(runs):  # back to the base encoders: copies from the pristine weights only
-        text.bind(requests[0])
-        restores.append(text.bind({}))
-    restore_ms = statistics.median(restores)
-    touched = [parts.text_encoder.get_submodule(m).weight for m in requests[0]["identity"][0].text_modules["text_encoder"]]
-    copies = [w.detach().clone() for w in touched]
-    copy_ms = median_ms(lambda: torch._foreach_copy_(copies, touched), runs)
     ids = parts.tokenizer("a photo of a cat", padding="max_length", max_length=77, return_tensors="pt").input_ids
     with torch.no_grad():
-        eager_ms = median_ms(lambda: parts.text_encoder(ids), runs)
-        compiled = torch.compile(parts.text_encoder)
-        began = time.perf_counter()
-        compiled(ids)
-        compile_s = time.perf_counter() - began
-        compiled_ms = median_ms(lambda: compiled(ids), runs)
+        text.bind(requests[0])
+        lora_ms = median_ms(lambda: parts.text_encoder(ids), runs)
+        text.bind({})
+        base_ms = median_ms(lambda: parts.text_encoder(ids), runs)
+    factor_bytes = text.nbytes
+    # Before: the same LoRA merged into the weights (a FusedWriter per text encoder, as it was).
+    merged = FusedWriter(_lora_root(parts.text_encoder), "flux", ("identity", "style"), 0,
+                         weights_of=_text_weights("text_encoder"), min_kept=None)
+    assignments = [{slot: b for slot, b in r.items()} for r in requests]
+    for assignment in assignments:
+        merged.prepare(assignment)
+    merge_ms = median_ms(lambda: merged.swap(assignments[next(turn) % 2]), runs)
+    merged.swap({})
     return {"text encoder": label, "rank": rank, "prepare ms (request thread)": round(prepare_ms, 3),
-            "swap ms": round(bind_ms, 3),
-            "restore ms": round(restore_ms, 3), "copy_ of touched bytes ms": round(copy_ms, 3),
-            "swap / copy": round(bind_ms / copy_ms, 1), "encode eager ms": round(eager_ms, 3),
-            "encode compiled ms": round(compiled_ms, 3), "first compiled call s": round(compile_s, 1),
-            "pristine bytes": text.nbytes}
+            "bind ms (unfused)": round(bind_ms, 3), "merge ms (before)": round(merge_ms, 3),
+            "encode base ms": round(base_ms, 3), "encode with LoRA ms (unfused)": round(lora_ms, 3),
+            "LoRA per encode": f"{(lora_ms / base_ms - 1) * 100:+.1f}%", "factor bytes (now)": factor_bytes,
+            "pristine bytes (before)": merged.pristine_bytes}
 
 
 def main() -> None:
@@ -116,9 +116,9 @@ def main() -> None:
         rows.append(measure("CLIP-L full size (768 wide, 12 layers)", True, args.rank, args.runs))
     headers = list(rows[0])
     write_results(args.out, "text_encoders", {"rows": rows}, markdown_table(headers, [r.values() for r in rows]),
-                  "Text-encoder side of a request: swap (LoRA on q/k/v/out/fc1/fc2 of every layer in both slots, "
-                  "merged; 2 embedding tokens per slot) vs a copy_ of the touched bytes and vs one 77-token encode, "
-                  "eager and compiled. `.venv/bin/python bench/text_encoders.py --full-size`")
+                  "Text-encoder side of a request: bind (LoRA on q/k/v/out/fc1/fc2 of every layer in both slots, "
+                  "unfused; 2 embedding tokens per slot) vs merging the same LoRA (before), and one 77-token encode "
+                  "with and without the unfused branch. `.venv/bin/python bench/text_encoders.py --full-size`")
 
 
 if __name__ == "__main__":

@@ -50,3 +50,71 @@ def test_auto_measures_each_size_and_cfg_mode_and_changes_no_pixel(tiny_models, 
         b = fixed.generate("a cat", num_images=5, num_inference_steps=2, guidance_scale=guidance, output_type="latent")
         assert (len(a.timings.generate_ms), len(b.timings.generate_ms)) == (3, 2)  # chunks 2+2+1 vs 4+1
         torch.testing.assert_close(a.images, b.images, atol=1e-5, rtol=0)  # the same images
+
+
+@pytest.fixture
+def counted_timer(fake_timer, monkeypatch):
+    """The fake timer, counting every reading: a start that reuses a saved measurement reads it never."""
+    readings = {"n": 0}
+    timer = warmup.clock
+
+    def clock():
+        readings["n"] += 1
+        return timer()
+
+    monkeypatch.setattr(warmup, "clock", clock)
+    return readings
+
+
+def _auto(model_dir, cache, **options):
+    options = {"target_rank": TARGET_RANK, "compile": False, "batch_size": "auto", "max_batch_size": 4, **options}
+    return Engine.from_pretrained(model_dir, compile_cache_dir=cache, **options)
+
+
+def test_a_restart_reuses_the_saved_measurement_and_a_new_key_measures_again(tiny_models, counted_timer, tmp_path):
+    cache = tmp_path / "compile"
+    first = _auto(tiny_models["sdxl"], cache)
+    assert counted_timer["n"] > 0 and len(list(cache.glob("chunks-*.json"))) == 1
+    counted_timer["n"] = 0
+    again = _auto(tiny_models["sdxl"], cache)
+    assert counted_timer["n"] == 0  # nothing timed
+    assert again.chunks == first.chunks and {m["chosen"] for m in again.chunks.values()} == {2}
+    changed = _auto(tiny_models["sdxl"], cache, max_batch_size=3)  # other graphs: another key
+    assert counted_timer["n"] > 0 and len(list(cache.glob("chunks-*.json"))) == 2
+    assert set(changed.chunks) == set(first.chunks)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "foreign choice", "writable by others"])
+def test_a_corrupt_or_untrusted_measurement_is_ignored(tiny_models, counted_timer, tmp_path, damage):
+    import json
+
+    cache = tmp_path / "compile"
+    first = _auto(tiny_models["sdxl"], cache)
+    (path,) = cache.glob("chunks-*.json")
+    if damage == "garbage":
+        path.write_text("{not json")
+    elif damage == "foreign choice":  # a size this engine never compiled for
+        saved = json.loads(path.read_text())
+        for entry in saved["chunks"].values():
+            entry["chosen"] = 64
+        path.write_text(json.dumps(saved))
+    else:
+        saved = json.loads(path.read_text())
+        for entry in saved["chunks"].values():
+            entry["chosen"] = 1
+        path.write_text(json.dumps(saved))
+        path.chmod(0o666)
+    counted_timer["n"] = 0
+    again = _auto(tiny_models["sdxl"], cache)
+    assert counted_timer["n"] > 0  # measured again
+    assert again.chunks == first.chunks  # from the measurement, not the file
+
+
+def test_the_measurement_stops_at_its_budget(tiny_models, fake_timer):
+    # Each timed run "takes" 10-50 ms: a 25 ms budget stops after the first runs (the limit first).
+    engine = Engine.from_pretrained(tiny_models["sdxl"], target_rank=TARGET_RANK, compile=False, batch_size="auto",
+                                    max_batch_size=4, chunk_budget_s=0.025)
+    measured = list(engine.chunks.values())
+    assert all(m["bounded"] for m in measured)
+    assert measured[0]["ms_per_image"] == {4: 12.5} and measured[0]["chosen"] == 4
+    assert measured[1]["ms_per_image"] == {} and measured[1]["chosen"] == 4  # none timed: the compiled limit

@@ -64,3 +64,42 @@ def test_bucket_settings_are_checked(tiny_models):
     with pytest.raises(ValueError, match="mixed"):
         Engine.from_pretrained(tiny_models["flux"], target_rank=TARGET_RANK, compile=False, mixed=True,
                                rank_buckets=(2,))
+
+
+def test_the_default_buckets_include_one_without_any_lora_branch(tiny_models, tmp_path):
+    """Unset ``rank_buckets``: 0 and target_rank/4 besides target_rank. A request without adapters
+    runs bucket 0 (PEFT's "adapters disabled" path in every slot layer: the base model's compute),
+    equal to plain diffusers' base pipeline; adapters bring the branches back; no recompile."""
+    from hotlora.errors import SlotStateCorrupt
+
+    model_dir = tiny_models["flux"]
+    engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=3, compile=True)
+    assert engine.writer.rank_buckets == (0, TARGET_RANK // 4, TARGET_RANK)
+    linears = dict(engine.ceiling.modules)
+
+    def adapter(rank, seed):
+        sd = random_lora(linears, rank, seed)
+        return save_diffusers_lora(tmp_path / f"r{rank}-{seed}", "flux", sd, rank=rank, alpha=rank)
+
+    quarter = TARGET_RANK // 4
+    cases = [({}, 0), ({"identity": (adapter(quarter, 1), 0.8)}, quarter), ({}, 0),
+             ({"identity": (adapter(TARGET_RANK, 2), 0.9), "style": (adapter(1, 3), 1.2)}, TARGET_RANK),
+             ({"style": (adapter(1, 4), 0.0)}, 0)]  # scale 0 writes nothing: no branch either
+    with recompiles_are_errors():
+        for i, (request, bucket) in enumerate(cases):
+            result = engine.generate(PROMPT, adapters=request, num_images=4, num_inference_steps=STEPS,
+                                     output_type="latent")
+            assert result.swap.rank_bucket == bucket, f"case {i}"
+            assert all(layer.disable_adapters == (bucket == 0) for layer in engine.writer._layers)
+            pair = {slot: request.get(slot, (None, 0.0)) for slot in ("identity", "style")}
+            theirs = plain_diffusers_reference(
+                model_dir, pair, prompt=PROMPT, num_images=4, num_inference_steps=STEPS,
+                guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=0)
+            diff = (result.images - theirs).abs().max().item()
+            assert diff <= TOLERANCE, f"case {i}: max |engine - diffusers| = {diff}"
+    assert engine.recompiles == 0
+    engine.writer.check_intact()
+    engine.writer._layers[0]._disable_adapters = False  # someone switching a branch back on behind the engine
+    with pytest.raises(SlotStateCorrupt, match="switched"):
+        engine.writer.check_intact()
+    engine.writer._layers[0]._disable_adapters = True

@@ -53,8 +53,10 @@ def no_recompiles():
 
 def warm(model_dir, batch_size=BATCH, **options):
     with torch._dynamo.config.patch(error_on_recompile=False):  # the warm-up compiles; requests may not
+        # rank_buckets=(): one writer state (the default's three would triple every size's warm-up here;
+        # tests/integration/test_rank_buckets.py and test_contract.py cover the default buckets)
         return Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=batch_size, compile=True,
-                                      **options)
+                                      **{"rank_buckets": (), **options})
 
 
 @pytest.fixture(scope="module")

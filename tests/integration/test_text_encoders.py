@@ -196,3 +196,28 @@ def test_text_parts_that_cannot_be_served_are_refused_before_anything_runs(mixed
     adapter.embeddings = adapter.embeddings.named(["a", "b"])
     with pytest.raises(AdapterRejected, match="vocabulary"):
         engine.prepare("a b", adapters={"identity": adapter})
+
+
+def test_text_encoder_lora_runs_unfused_and_an_adapter_that_comes_back_is_not_planned_again(mixed, pivotal,
+                                                                                            monkeypatch):
+    """No pristine copy of the encoders, nothing merged (so nothing lost in low precision), and an
+    adapter that comes back re-points the hooks to its cached factors; the text side's time is
+    part of ``swap_ms``."""
+    family, model_dir, engine, pool = mixed
+    (first, _), (second, _) = pivotal
+    lora = engine.describe()["text_encoders"]["lora"]
+    assert lora and all(d["mode"] == "unfused" and d["pristine_bytes"] == 0 for d in lora.values())
+    plans = []
+    for writer in engine.text.lora.values():
+        real = writer._plan
+        monkeypatch.setattr(writer, "_plan", lambda assignment, real=real: (plans.append(1), real(assignment))[1])
+    one = _generate(engine, PROMPT, {"identity": (first, 1.0)})
+    _generate(engine, PROMPT, {"identity": (second, 1.0)})
+    planned = len(plans)
+    again = _generate(engine, PROMPT, {"identity": (first, 1.0)})
+    assert len(plans) == planned  # its factors were cached: nothing built, nothing merged
+    assert torch.equal(again.images, one.images)
+    assert again.swap.text_ms > 0 and again.timings.swap_ms >= again.swap.text_ms
+    for te, described in engine.describe()["text_encoders"]["lora"].items():
+        assert described["bound"]["identity"]["rank"] == TARGET_RANK * 2
+    assert engine.recompiles == 0

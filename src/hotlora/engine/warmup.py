@@ -52,8 +52,10 @@ def warm_up(engine) -> None:
     batches = sorted({1, engine.batch_size, max(1, engine.batch_size - 1)})
     began = time.perf_counter()
     duck = torch.fx.experimental._config.patch(use_duck_shape=False) if engine.dynamic_sizes else nullcontext()
+    # Eager, no state compiles anything: one state pages the model in (the rest would only cost time).
+    states = engine.writer.warmup_states() if engine.compile_mode else engine.writer.warmup_states()[:1]
     with duck:
-        for state in engine.writer.warmup_states():
+        for state in states:
             engine.writer.enter(state)
             for height, width in engine.served_sizes:
                 for scale in guidance_scales(engine):
@@ -82,25 +84,46 @@ def choose(ms_per_image: dict[int, float]) -> int:
     return min(ms_per_image, key=lambda batch: (ms_per_image[batch], -batch))
 
 
-def measure_chunks(engine) -> dict[str, dict]:
+def measure_chunks(engine, budget_s: float | None = None) -> dict[str, dict]:
     """For every served size and CFG mode: the time per image of each candidate chunk size (after
     the compile runs, synchronised on CUDA, the fastest of a few repeats) and the choice. Runs in
-    whatever writer state warm-up left (the timing of a chunk does not depend on the adapters)."""
+    whatever writer state warm-up left (the timing of a chunk does not depend on the adapters).
+
+    Bounded by ``budget_s`` (``EngineConfig.chunk_budget_s``): the runs go round by round (every
+    key's candidates once, the limit first, then the repeats), so a budget that runs out leaves
+    every key measured as far as it got; a candidate never timed is never chosen, and a key with
+    none timed runs at the compiled limit (``"bounded": true`` says the budget cut it short)."""
+    keys = [(h, w, scale) for h, w in engine.served_sizes for scale in guidance_scales(engine)]
+    # The limit first: it is what runs when nothing else was timed, and usually the best on a GPU.
+    order = sorted(candidates(engine.batch_size), key=lambda b: (b != engine.batch_size, b))
+    runs = [(repeat, key, batch) for repeat in range(TIMED_REPEATS) for key in keys for batch in order]
+    best: dict[tuple, dict[int, float]] = {key: {} for key in keys}
+    began, done = clock(), 0
+    for repeat, key, batch in runs:
+        spent = clock() - began
+        if budget_s is not None and spent >= budget_s:
+            log.warning("chunk-size measurement stopped at its budget (%.0fs, chunk_budget_s) after %d of %d runs",
+                        budget_s, done, len(runs))
+            break
+        height, width, scale = key
+        synchronize(engine.device)
+        start = clock()
+        _run(engine, batch, height, width, scale)
+        synchronize(engine.device)
+        took = clock() - start
+        best[key][batch] = min(best[key].get(batch, float("inf")), took)
+        done += 1
+        log.info("chunk timing %d/%d: %s, batch %d, %.0f ms per image (%.0fs of %s)", done, len(runs),
+                 chunk_key(height, width, engine.uses_cfg(scale)), batch, took * 1000 / batch, clock() - began,
+                 f"{budget_s:.0f}s" if budget_s is not None else "no bound")
     measured = {}
-    for height, width in engine.served_sizes:
-        for scale in guidance_scales(engine):
-            per_image = {}
-            for batch in candidates(engine.batch_size):
-                best = float("inf")
-                for _ in range(TIMED_REPEATS):
-                    synchronize(engine.device)
-                    began = clock()
-                    _run(engine, batch, height, width, scale)
-                    synchronize(engine.device)
-                    best = min(best, clock() - began)
-                per_image[batch] = round(best * 1000 / batch, 3)
-            key = chunk_key(height, width, engine.uses_cfg(scale))
-            measured[key] = {"chosen": choose(per_image), "ms_per_image": per_image}
-            log.info("chunk size for %s: %d (ms per image: %s)", key, measured[key]["chosen"],
-                     ", ".join(f"batch {b}: {ms:g}" for b, ms in per_image.items()))
+    for key in keys:
+        height, width, scale = key
+        per_image = {b: round(best[key][b] * 1000 / b, 3) for b in sorted(best[key])}
+        name = chunk_key(height, width, engine.uses_cfg(scale))
+        measured[name] = {"chosen": choose(per_image) if per_image else engine.batch_size, "ms_per_image": per_image}
+        if done < len(runs):
+            measured[name]["bounded"] = True
+        log.info("chunk size for %s: %d (ms per image: %s)", name, measured[name]["chosen"],
+                 ", ".join(f"batch {b}: {ms:g}" for b, ms in per_image.items()) or "none timed")
     return measured

@@ -133,7 +133,7 @@ class Service:
             "fetch_ms": round(fetch_ms, 3),
             "prepare_ms": round(prepare_ms, 3),
             "swap_ms": round(result.timings.swap_ms, 3),
-            "text_encoders_ms": round(result.swap.text_ms, 3),  # text-encoder LoRA and embeddings, apart
+            "text_encoders_ms": round(result.swap.text_ms, 3),  # text-encoder LoRA and embeddings: part of swap_ms
             "generate_ms": round(sum(result.timings.generate_ms), 3),
             "encode_ms": round((time.monotonic() - encode_began) * 1000, 3),
         }

@@ -57,6 +57,14 @@ def format_size(height: int, width: int) -> str:
     return f"{width}x{height}"
 
 
+def default_rank_buckets(target_rank: int) -> tuple[int, ...]:
+    """The buckets compiled when ``rank_buckets`` is unset: 0 (a request without adapters runs no
+    LoRA branch: the base model's cost) and a quarter of the target rank (a rank-32 adapter in
+    rank-128 slots runs rank 32, not 128). Each bucket is one more warm-up state; these two are
+    where most requests land (docs/benchmarks.md, "Rank buckets by default")."""
+    return tuple(sorted({0, target_rank // 4} - {target_rank}))
+
+
 class RequestLimits(Group):
     """What one request may ask of the engine, checked before any weight is touched."""
 
@@ -114,6 +122,11 @@ class EngineConfig(Settings):
                                             "the chunk size measured fastest per image at warm-up; or an integer",
                                     parse=_batch_size)
     max_batch_size: int = setting(6, "the largest batch compiled for with batch_size auto")
+    # engine/warmup.py: at full size on a CPU an unbounded measurement took ~640 s. Saved with the
+    # compile artifacts (engine/chunk_record.py): only a start with a new key measures.
+    chunk_budget_s: float = setting(300.0, "batch_size auto: the most seconds warm-up spends timing chunk sizes "
+                                           "(candidates not timed by then are not chosen; 0: no bound); the "
+                                           "result is saved in compile_cache_dir and reused by later starts")
     compile: bool = setting(True, "torch.compile the denoiser (--no-compile: eager)")
     dtype: Any = setting(None, "bf16 on CUDA, float32 on CPU by default; a torch dtype name "
                                "(bfloat16, float16, float32)")
@@ -134,8 +147,11 @@ class EngineConfig(Settings):
     compile_cache_dir: str | os.PathLike | None = setting(None, "where compile artifacts are kept across "
                                                                 "restarts (keyed by model and settings)")
     step_cache: StepCache | None = setting(None, "step cache settings (off by default)")
-    rank_buckets: tuple[int, ...] = setting((), "extra ranks to compile for besides target_rank, e.g. 4,8: a "
-                                                "request runs the smallest that holds its adapters")
+    # Unset: DEFAULT_RANK_BUCKETS (docs/benchmarks.md, "Rank buckets by default", says why those).
+    rank_buckets: tuple[int, ...] | None = setting(None, "extra ranks to compile for besides target_rank, e.g. "
+                                                         "0,4,8: a request runs the smallest that holds its adapters "
+                                                         "(0: no adapter, no LoRA branch run at all). Default: 0 and "
+                                                         "target_rank/4 in slots mode; empty: target_rank only")
     # engine/writers/fused.py and auto.py; docs/benchmarks.md says why the default is slots.
     adapter_mode: str = setting("slots", "slots: LoRA layers in the compiled model, adapters copied in per "
                                          "request; fused: adapters merged into the weights, restored from a "
@@ -149,7 +165,7 @@ class EngineConfig(Settings):
                                           "elements under half a step of their weight); below it the request "
                                           "is refused (fused) or served through the slots (auto). 0: never "
                                           "(the loss is still reported)")
-    fused_restore: str = setting("auto", "where the pristine weights (fused mode, text encoders) are kept: device, "
+    fused_restore: str = setting("auto", "where fused mode's pristine weights are kept: device, "
                                          "host (pinned when CUDA), or auto (the device when they fit)",
                                  choices=FUSED_RESTORE)
     # Changes the compiled graphs (quantized matmuls): part of the compile fingerprint.
@@ -172,6 +188,8 @@ class EngineConfig(Settings):
             raise ValueError(f"batch_size must be 'auto' or an integer >= 1, got {self.batch_size!r}")
         if self.max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        if not self.chunk_budget_s >= 0:
+            raise ValueError(f"chunk_budget_s must be >= 0 seconds, got {self.chunk_budget_s!r}")
         if self.size_policy not in SIZE_POLICIES:
             raise ValueError(f"size_policy must be one of {', '.join(SIZE_POLICIES)}, got {self.size_policy!r}")
         if self.mixed and self.rank_buckets:
@@ -203,13 +221,25 @@ class EngineConfig(Settings):
     # The sizes enter resolved (``sizes=``, the default one resolved from the model), like the dtype.
     FINGERPRINT_EXCLUDES: ClassVar[frozenset] = frozenset({
         "limits", "compile_cache_dir", "device", "dtype", "height", "width", "sizes", "size_policy",
-        "attention_backend", "text_encoder_lora", "embedding_rows", "fused_min_kept"})  # text encoders run eagerly
+        "attention_backend", "text_encoder_lora", "embedding_rows", "fused_min_kept",
+        "chunk_budget_s"})  # text encoders run eagerly
 
     def fingerprint(self, model: str | None, family: str, **resolved) -> str:
         """The compile-cache key: the model, the family, every option the graphs depend on, and the
         values resolved at load time (``resolved``: sizes, attention backend, dtype)."""
         options = {n: getattr(self, n) for n in type(self).model_fields if n not in self.FINGERPRINT_EXCLUDES}
+        options["rank_buckets"] = self.bucket_ranks  # as the writer compiles them
         return json.dumps({"model": model, "family": family, **options, **resolved}, sort_keys=True, default=repr)
+
+    @property
+    def bucket_ranks(self) -> tuple[int, ...]:
+        """The rank buckets the slots are compiled for besides ``target_rank``: ``rank_buckets`` when
+        given, else the default, which only the slots of single-request packs have."""
+        if self.rank_buckets is not None:
+            return self.rank_buckets
+        if self.mixed or self.adapter_mode != "slots":
+            return ()
+        return default_rank_buckets(self.target_rank)
 
     @property
     def batch_limit(self) -> int:
@@ -217,5 +247,5 @@ class EngineConfig(Settings):
         return self.max_batch_size if self.batch_size == "auto" else self.batch_size
 
 
-__all__ = ["ADAPTER_MODES", "BASE_QUANTIZATIONS", "FUSED_RESTORE", "SIZE_POLICIES", "STEP_CACHE_BACKENDS",
+__all__ = ["ADAPTER_MODES", "default_rank_buckets", "BASE_QUANTIZATIONS", "FUSED_RESTORE", "SIZE_POLICIES", "STEP_CACHE_BACKENDS",
            "EngineConfig", "RequestLimits", "StepCache", "format_size", "parse_size", "parse_sizes"]

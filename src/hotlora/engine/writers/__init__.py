@@ -60,13 +60,13 @@ class AdapterWriter(Protocol):
 
 
 class TextWriter(Protocol):
-    """The text encoders' side of a request (engine/writers/text.py): text-encoder LoRA merged,
+    """The text encoders' side of a request (engine/writers/text.py): text-encoder LoRA applied,
     pivotal-tuning embeddings in reserved token rows, prompts mapped onto those rows. A second
     protocol, not an ``AdapterWriter``: it binds once per request (not per chunk), and besides
     weights it rewrites the request's prompts. The engine calls it only through these, one
     method per phase."""
 
-    lora_encoders: tuple[str, ...]  # text encoders whose LoRA is merged; others' is skipped
+    lora_encoders: tuple[str, ...]  # text encoders whose LoRA is applied; others' is skipped
 
     def problems(self, adapter: Adapter) -> list[str]:
         """Validation, with the rest of the adapter: what of its text parts cannot be served."""
@@ -97,11 +97,10 @@ class TextWriter(Protocol):
 
 
 def install_text_writer(config: EngineConfig, pipeline, family, slot_names) -> TextWriter:
-    """The text encoders' writer (LoRA merged in, embeddings in reserved rows), before any compile."""
+    """The text encoders' writer (LoRA unfused, embeddings in reserved rows), before any compile."""
     from hotlora.engine.writers.text import TextEncoders
 
-    return TextEncoders(pipeline, family, slot_names, lora=config.text_encoder_lora, rows=config.embedding_rows,
-                        restore=config.fused_restore)
+    return TextEncoders(pipeline, family, slot_names, lora=config.text_encoder_lora, rows=config.embedding_rows)
 
 
 def install_writer(config: EngineConfig, denoiser, family: str, served_models: Iterable[str]) -> AdapterWriter:
@@ -130,7 +129,7 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
     from hotlora.engine.writers.slots import SlotBank
 
     return SlotBank(denoiser, family, config.slots, config.target_rank, config.target_modules,
-                    served_models=served_models, rank_buckets=config.rank_buckets)
+                    served_models=served_models, rank_buckets=config.bucket_ranks)
 
 
 __all__ = ["AdapterWriter", "Assignment", "SwapReport", "TextWriter", "install_text_writer", "install_writer"]

@@ -58,7 +58,7 @@ class SwapReport:
     adapters: dict[str, str | None] = field(default_factory=dict)  # slot -> sha256
     # Fused mode: slot -> {"modules": how many layers its adapter was merged into, "rank": its rank}
     fused: dict[str, dict] = field(default_factory=dict)
-    text_ms: float = 0.0  # the text encoders' part: their LoRA merged, embeddings copied (not in ``ms``)
+    text_ms: float = 0.0  # the text encoders' part: their LoRA bound, embeddings copied (not in ``ms``; Timings.swap_ms has both)
 
     def add(self, other: "SwapReport") -> None:
         """Fold a later swap of the same request (the next chunk's) into this report."""
@@ -117,11 +117,12 @@ class SlotBank:
             raise ValueError(f"slot names must be unique, got {self.slot_names}")
         if target_rank < 1:
             raise ValueError("target_rank must be >= 1")
-        bad = [b for b in rank_buckets if not isinstance(b, int) or not 1 <= b <= target_rank]
+        bad = [b for b in rank_buckets if not isinstance(b, int) or not 0 <= b <= target_rank]
         if bad:
-            raise ValueError(f"rank buckets must be integers in 1..target_rank ({target_rank}), got {bad}")
+            raise ValueError(f"rank buckets must be integers in 0..target_rank ({target_rank}), got {bad}")
         # The ranks the model is compiled for; a request runs the smallest that holds its adapters.
-        self.rank_buckets = tuple(sorted({*rank_buckets, target_rank}))
+        # No slots (the benchmarks' baseline): nothing to bucket, one state.
+        self.rank_buckets = tuple(sorted({*rank_buckets, target_rank})) if self.slot_names else (target_rank,)
         modules = ceiling_modules(denoiser, target_modules)
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
                                    served_models=frozenset(n for n in served_models if n))
@@ -129,6 +130,7 @@ class SlotBank:
         self.packs = PackCache(self.layout, self.PACK_CACHE_BYTES)
         self._slots: dict[str, _Slot] = {}
         self._peft: list[tuple[str, torch.nn.ModuleDict, torch.nn.ModuleDict]] = []  # what the model reads
+        self._layers: list[torch.nn.Module] = []  # the PEFT LoRA layers (bucket 0 switches their branch off)
         self._bucket_weights: dict[int, list[tuple[torch.nn.Parameter, torch.nn.Parameter]]] = {}
         self._bucket_pointers: dict[int, int] = {}  # id(Parameter) -> where its data must stay
         self.bucket = target_rank
@@ -169,15 +171,18 @@ class SlotBank:
         for name in modules:
             layer = denoiser.get_submodule(name)
             self._peft.append((name, layer.lora_A, layer.lora_B))
+            self._layers.append(layer)
         # One set of Parameters per bucket, made once: switching buckets re-points the PEFT
         # weights to the same objects every time, which is what the compiled graphs were made for.
-        for bucket in self.rank_buckets:
+        for bucket in (b for b in self.rank_buckets if b):
             rows = bucket * n
             self._bucket_weights[bucket] = [
                 (torch.nn.Parameter(self.layout.down_view(all_down, name, rows), requires_grad=False),
                  torch.nn.Parameter(self.layout.up_view(all_up, name, rows), requires_grad=False))
                 for name, _, _ in self._peft
             ]
+        if 0 in self.rank_buckets:  # reads no rows: held at the smallest bucket's, so its guards never vary
+            self._bucket_weights[0] = self._bucket_weights[min(b for b in self.rank_buckets if b)]
         self._bucket_pointers = {id(p): p.data_ptr() for pairs in self._bucket_weights.values()
                                  for pair in pairs for p in pair}
         self._point(rank)
@@ -189,10 +194,16 @@ class SlotBank:
         }
 
     def _point(self, bucket: int) -> None:
-        """Make the model read the first ``slots * bucket`` rows of the slot buffers."""
+        """Make the model read the first ``slots * bucket`` rows of the slot buffers. Bucket 0 (no
+        adapter in any slot) runs no LoRA branch at all: PEFT's own "adapters disabled" path, the
+        base layer alone, compiled at warm-up like any bucket (a module attribute dynamo guards on).
+        Set on the layers directly: PEFT's ``enable_adapters(True)`` would also mark the slot
+        weights trainable (``requires_grad``, which the graphs guard on too)."""
         for (_, down, up), (a, b) in zip(self._peft, self._bucket_weights[bucket]):
             down[PEFT_ADAPTER].weight = a
             up[PEFT_ADAPTER].weight = b
+        for layer in self._layers:
+            layer._disable_adapters = bucket == 0
         self.bucket = bucket
 
     def use_bucket(self, bucket: int) -> None:
@@ -217,6 +228,9 @@ class SlotBank:
             for held, expected in ((down[PEFT_ADAPTER].weight, a), (up[PEFT_ADAPTER].weight, b)):
                 if held is not expected or held.data_ptr() != self._bucket_pointers[id(expected)]:
                     raise SlotStateCorrupt(f"{name}: the LoRA weights the model reads are no longer the slots'")
+        if any(layer.disable_adapters != (self.bucket == 0) for layer in self._layers):
+            raise SlotStateCorrupt(f"the slots' LoRA branches are switched {'on' if self.bucket == 0 else 'off'} "
+                                   f"outside the engine (rank bucket {self.bucket})")
 
     @property
     def nbytes(self) -> int:

@@ -1,11 +1,11 @@
-"""The text encoders' part of a request: text-encoder LoRA merged into their weights, pivotal-tuning
+"""The text encoders' part of a request: text-encoder LoRA applied unfused, pivotal-tuning
 embeddings copied into reserved token rows, and the request's prompt mapped onto those rows.
 
-Why merged (a ``FusedWriter`` per text encoder) and not slots: a text encoder runs once per chunk,
-not once per denoising step, and is not compiled. Merging costs one pass over the touched weights
-when a request's text adapters *change*, nothing per step, accepts any rank and any Linear, and
-leaves no LoRA layer in the encoder. Unfusing is a copy from the pristine weights, so a request
-without text parts sees the base encoders bit for bit, whatever ran before.
+Text-encoder LoRA (``text_lora.py`` beside this file): each touched Linear adds its request's
+low-rank branch through a forward hook; the weights are never written, so a request without text
+parts runs the base encoders bit for bit, whatever ran before. (It used to be merged into the
+weights, restored from a pristine copy: that cost a copy of every encoder Linear, a merge each time
+an adapter came back, and in bf16 the delta elements under half a step of their weight.)
 
 Embeddings: diffusers' ``load_textual_inversion`` grows the tokenizer and the embedding table per
 adapter and refuses a token name already loaded, so it cannot serve a different user per request.
@@ -35,7 +35,7 @@ from hotlora.adapters.binding import Binding
 from hotlora.adapters.families import PROMPT_ARGUMENT_OF, TOKENIZER_OF, Family
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.validate import problems_with
-from hotlora.engine.writers.fused import FusedWriter
+from hotlora.engine.writers.text_lora import UnfusedTextLora
 from hotlora.errors import InvalidRequest
 
 Resolved = Mapping[str, Binding]
@@ -107,14 +107,12 @@ def _text_weights(encoder: str):
 class TextEncoders:
     """Every text encoder's writer and reserved rows, bound per request before it is encoded."""
 
-    def __init__(self, pipeline, family: Family, slot_names: Sequence[str], *, lora: bool = True, rows: int = 4,
-                 restore: str = "auto"):
+    def __init__(self, pipeline, family: Family, slot_names: Sequence[str], *, lora: bool = True, rows: int = 4):
         self.family = family
         self.slot_names = tuple(slot_names)
         present = {te: getattr(pipeline, te, None) for te in family.text_encoders}
         present = {te: module for te, module in present.items() if module is not None}
-        self.lora = {te: FusedWriter(_lora_root(present[te]), family.name, slot_names, 0, restore=restore,
-                                     weights_of=_text_weights(te), min_kept=None)
+        self.lora = {te: UnfusedTextLora(_lora_root(present[te]), family.name, weights_of=_text_weights(te))
                      for te in family.lora_text_encoders if lora and te in present}
         self.rows = {te: ReservedRows(getattr(pipeline, TOKENIZER_OF[te]), module, slot_names, rows)
                      for te, module in present.items()
@@ -149,8 +147,8 @@ class TextEncoders:
 
     def prepare(self, resolved: Resolved, *texts: str | None) -> None:
         """On the request's thread, once per request: its token names and prompts checked (below),
-        then each text encoder's merge planned (factors stacked), so that ``bind`` on the serving
-        thread only runs the GEMMs and copies."""
+        then each text encoder's LoRA factors stacked on its device, so that ``bind`` on the serving
+        thread only re-points the hooks."""
         self.check(resolved, *texts)
         for encoder, writer in self.lora.items():
             writer.prepare(self._assignment(encoder, resolved))
@@ -182,7 +180,7 @@ class TextEncoders:
                             for slot, b in resolved.items() if b.adapter.text_parts))
 
     def bind(self, resolved: Resolved) -> float:
-        """Merge the request's text-encoder LoRA and copy its embeddings into its slots' rows;
+        """Bind the request's text-encoder LoRA and copy its embeddings into its slots' rows;
         nothing is written when the text encoders already hold them. Milliseconds spent."""
         signature = self.signature(resolved)
         if signature == self._bound:
@@ -225,7 +223,7 @@ class TextEncoders:
 
     @property
     def lora_encoders(self) -> tuple[str, ...]:
-        """The text encoders whose LoRA is merged (an adapter's LoRA for others is skipped)."""
+        """The text encoders whose LoRA is applied (an adapter's LoRA for others is skipped)."""
         return tuple(self.lora)
 
     def check_intact(self) -> None:
@@ -234,8 +232,7 @@ class TextEncoders:
 
     def describe(self) -> dict:
         return {
-            "lora": {te: {k: w.describe()[k] for k in ("restore", "pristine_bytes", "fusable_modules", "merged")}
-                     for te, w in self.lora.items()},
+            "lora": {te: w.describe() for te, w in self.lora.items()},
             "embedding_rows_per_slot": {te: rows.rows for te, rows in self.rows.items()},
         }
 
