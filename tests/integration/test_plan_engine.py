@@ -1,0 +1,35 @@
+"""The memory plan counts what the engine really holds: every part of a plan of a tiny model
+equals the bytes the warm engine built from the same folder and settings reports."""
+
+import pytest
+
+from hotlora import Engine
+from hotlora.config import EngineConfig
+from hotlora.engine.plan import plan_memory
+from hotlora.engine.quantize import weight_bytes
+
+
+@pytest.mark.parametrize("family,options", [
+    ("flux", {"target_rank": 8}),
+    ("flux", {"target_rank": 4, "adapter_mode": "fused"}),
+    ("flux", {"target_rank": 4, "mixed": True}),
+    ("flux", {"target_rank": 4, "base_quantization": "int8_weight_only"}),
+    ("sdxl", {"target_rank": 8}),
+])
+def test_plan_equals_what_the_engine_holds(tiny_models, family, options):
+    settings = dict(compile=False, batch_size=1, **options)
+    plan = plan_memory(str(tiny_models[family]), EngineConfig(**settings), budget=2**40, device="cpu")
+    parts = {p.name: p.bytes for p in plan.parts}
+    engine = Engine.from_pretrained(tiny_models[family], **settings)
+    described = engine.describe()
+    assert parts[engine.family.denoiser] == engine.denoiser_bytes
+    for component in ("text_encoder", "text_encoder_2", "vae"):  # the text encoders with their reserved rows
+        assert parts[component] == weight_bytes(getattr(engine.pipeline, component)), component
+    if options.get("adapter_mode") == "fused":
+        assert parts["fused pristine copy"] == described["pristine_bytes"] > 0
+    else:
+        writer = "banks" if options.get("mixed") else "slots"
+        assert parts[f"{writer} (LoRA buffers)"] == described["slot_bytes"] > 0
+    text_pristine = sum(v for k, v in parts.items() if k.startswith("text_encoder") and k.endswith("pristine copy"))
+    assert text_pristine == engine.text.nbytes > 0
+    assert plan.fits is True
