@@ -10,7 +10,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from hotlora.errors import HotloraError, RequestError
+from hotlora.errors import DoesNotFit, HotloraError, RequestError
 
 log = logging.getLogger("hotlora")
 # hotlora.engine.plan.ACCELERATORS' names, here so the parser is built without importing torch.
@@ -129,6 +129,9 @@ def cmd_serve(args) -> int:
     try:
         serve(config, store_config)
     except AuthConfigError as exc:  # a settings problem, not an engine fault
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except DoesNotFit as exc:  # the memory plan, refused before the model is loaded
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -33,3 +33,22 @@ def test_plan_equals_what_the_engine_holds(tiny_models, family, options):
     text_pristine = sum(v for k, v in parts.items() if k.startswith("text_encoder") and k.endswith("pristine copy"))
     assert text_pristine == engine.text.nbytes > 0
     assert plan.fits is True
+
+
+def test_a_hub_id_is_planned_from_the_local_cache(tiny_models, tmp_path, monkeypatch):
+    """A Hub id whose snapshot is in the local Hugging Face cache plans like the folder (no network)."""
+    import shutil
+
+    import huggingface_hub.constants
+
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--someone--tiny-flux"
+    shutil.copytree(tiny_models["flux"], repo / "snapshots" / commit, ignore=shutil.ignore_patterns("*.safetensors"))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    config = EngineConfig(target_rank=8)
+    from_cache = plan_memory("someone/tiny-flux", config, budget=2**40, device="cpu")
+    from_folder = plan_memory(str(tiny_models["flux"]), config, budget=2**40, device="cpu")
+    assert [(p.name, p.bytes) for p in from_cache.parts] == [(p.name, p.bytes) for p in from_folder.parts]
+    assert from_cache.model == "someone/tiny-flux"

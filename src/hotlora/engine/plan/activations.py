@@ -4,14 +4,26 @@ Inference runs without autograd, so a block's activations are freed when the nex
 the denoiser's peak is the peak inside ONE layer (block), whatever the depth, and it grows with
 the tokens of the forward batch times the layer's width. The model is therefore
 
-    denoiser peak = k_denoiser[dtype][writer] x batch x tokens x width x bytes per element
-    VAE decode peak = k_vae[dtype][one | batch] x images x height x width x first-level channels x bytes
+    denoiser peak = k x batch x tokens x width x bytes per element + c
+    VAE decode peak = k x images x height x width x first-level channels x bytes + c
+
+with ``(k, c)`` per family, dtype and writer (the VAE: per dtype, for one image and for batches).
+``c`` is what the kernels allocate whatever the size: on the CPU, oneDNN reorders a convolution's
+weights on every call, and SDXL's largest (the up blocks' 2560 -> 1280 3x3) is 112.5 MiB in float32;
+Flux's transformer (Linear layers only) has none. It is kept on every device (a GPU's kernels do
+not reorder weights this way): a small margin, not a claim.
 
 - batch: the images of a chunk, doubled for classifier-free guidance where the pipeline runs the
   unconditional half in the same batch (SDXL with guidance > 1; Flux-dev has no CFG batch).
 - tokens: Flux: image tokens (height/16 x width/16) + the T5 text tokens (512, FluxPipeline's
   ``max_sequence_length``). width: attention heads x head dim (3072).
   SDXL: latent pixels (height/8 x width/8); width: the U-Net's first ``block_out_channels`` (320).
+  The U-Net's other levels (640 and 1280 channels at 1/4 and 1/16 of the pixels) and the skip
+  connections it holds scale with the same product, so one coefficient covers the architecture
+  (calibrated on SDXL's real widths with one transformer layer per level: the layers of a level
+  run one after the other, and only one is alive at a time).
+- The VAE coefficients are measured on Flux's VAE; SDXL's decoder is the same architecture
+  (128/256/512/512 channels) but for its 4 latent channels.
 - writer: ``slots`` / ``banks`` (LoRA branches add their temporaries) or ``none`` (fused mode, no
   LoRA layers in the model). Banks use the slots' coefficient (not calibrated separately).
 - The VAE has two coefficients, measured: one image decodes with more memory per pixel than a
@@ -71,8 +83,8 @@ def workload(family: str, configs: dict, height: int, width: int, images: int, c
                     pixels=height * width, vae_channels=vae["block_out_channels"][0])
 
 
-def coefficient(table: dict, family: str, part: str, dtype: torch.dtype, writer: str | None = None) -> float | None:
-    """A fitted coefficient (``coefficients.py``), or None when that family and part were not calibrated."""
+def coefficient(table: dict, family: str, part: str, dtype: torch.dtype, writer: str | None = None):
+    """A fitted ``(k, c)`` (``coefficients.py``), or None when that family and part were not calibrated."""
     by_dtype = table.get(family, {}).get(part, {}).get(DTYPE_NAMES.get(dtype, "float32"))
     if by_dtype is None:
         return None
@@ -84,8 +96,10 @@ def predict(table: dict, family: str, work: Workload, dtype: torch.dtype, writer
     element = torch.empty((), dtype=dtype).element_size()
     k_denoiser = coefficient(table, family, "denoiser", dtype, "none" if writer == "fused" else "slots")
     k_vae = coefficient(table, "vae", "decode", dtype, "one" if work.images == 1 else "batch")
-    denoiser = None if k_denoiser is None else round(k_denoiser * work.batch * work.tokens * work.width * element)
-    vae = None if k_vae is None else round(k_vae * work.images * work.pixels * work.vae_channels * element)
+    denoiser = None if k_denoiser is None else round(
+        k_denoiser[0] * work.batch * work.tokens * work.width * element + k_denoiser[1])
+    vae = None if k_vae is None else round(k_vae[0] * work.images * work.pixels * work.vae_channels * element
+                                           + k_vae[1])
     return {"denoiser": denoiser, "vae_decode": vae}
 
 
@@ -158,6 +172,24 @@ def _flux_image_ids(side: int) -> torch.Tensor:
     return torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(-1, 3).float()
 
 
+def unet_forward_peak(unet, batch: int, latent_height: int, latent_width: int, text_tokens: int = 77) -> int:
+    """Peak of one SDXL U-Net forward over ``batch`` samples (already doubled for CFG)."""
+    config = unet.config
+    dtype = next(unet.parameters()).dtype
+    # SDXL's added conditions: the pooled CLIP-G embedding and six size/crop ids, per sample.
+    pooled = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
+    inputs = dict(
+        sample=torch.zeros(batch, config.in_channels, latent_height, latent_width, dtype=dtype),
+        timestep=torch.tensor(1.0), encoder_hidden_states=torch.zeros(batch, text_tokens, config.cross_attention_dim,
+                                                                      dtype=dtype),
+        added_cond_kwargs={"text_embeds": torch.zeros(batch, pooled, dtype=dtype),
+                           "time_ids": torch.zeros(batch, 6, dtype=dtype)},
+        return_dict=False,
+    )
+    with torch.no_grad():
+        return peak_allocated(lambda: unet(**inputs))
+
+
 def vae_decode_peak(vae, images: int, height: int, width: int) -> int:
     factor = vae_scale_factor(vae.config)
     dtype = next(vae.parameters()).dtype
@@ -166,10 +198,20 @@ def vae_decode_peak(vae, images: int, height: int, width: int) -> int:
         return peak_allocated(lambda: vae.decode(latents, return_dict=False))
 
 
-def fit(points: list[tuple[float, int]]) -> float:
-    """Least-squares ``k`` of ``measured = k x units`` through the origin."""
-    return sum(u * m for u, m in points) / sum(u * u for u, _ in points)
+def fit(points: list[tuple[float, int]]) -> tuple[float, float]:
+    """Least-squares ``(k, c)`` of ``measured = k x units + c``; through the origin (c = 0) when
+    the intercept comes out negative (no kernel allocates negative memory)."""
+    n = len(points)
+    mean_u = sum(u for u, _ in points) / n
+    mean_m = sum(m for _, m in points) / n
+    spread = sum((u - mean_u) ** 2 for u, _ in points)
+    if n >= 2 and spread > 0:
+        k = sum((u - mean_u) * (m - mean_m) for u, m in points) / spread
+        c = mean_m - k * mean_u
+        if c >= 0:
+            return k, c
+    return sum(u * m for u, m in points) / sum(u * u for u, _ in points), 0.0
 
 
 __all__ = ["FLUX_TEXT_TOKENS", "Workload", "coefficient", "empty_model", "fit", "flux_blocks", "flux_forward_peak",
-           "peak_allocated", "predict", "vae_decode_peak", "workload"]
+           "peak_allocated", "predict", "unet_forward_peak", "vae_decode_peak", "workload"]

@@ -16,6 +16,10 @@ ACCELERATORS = {
 # Outside torch's allocator on a GPU: the CUDA context, kernels' modules and library workspaces.
 # Assumed (typically 0.5-1 GiB on recent cards with torch); no GPU was lent to measure it here.
 CUDA_RUNTIME_BYTES = 1 * GiB
+# On a CPU the process itself: Python, torch, diffusers, transformers and, compiled, inductor's
+# kernels. Measured: peak RSS of the tiny-Flux engine, whose own tensors are a few MB
+# (bench/results/memory.md: 436 MiB eager, 604 MiB compiled).
+CPU_RUNTIME_BYTES = {False: 436 * 2**20, True: 604 * 2**20}
 UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": GB, "gb": GB, "t": 10**12,
          "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": GiB, "tib": 2**40}
 
@@ -50,4 +54,4 @@ def this_machine(device_type: str, device: str | None = None) -> tuple[int, str]
     return psutil.virtual_memory().available, "available RAM"
 
 
-__all__ = ["ACCELERATORS", "CUDA_RUNTIME_BYTES", "format_bytes", "parse_bytes", "this_machine"]
+__all__ = ["ACCELERATORS", "CPU_RUNTIME_BYTES", "CUDA_RUNTIME_BYTES", "format_bytes", "parse_bytes", "this_machine"]

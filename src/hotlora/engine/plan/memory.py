@@ -82,11 +82,16 @@ def static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, devi
         where = _place(config.fused_restore, device_type, writer.pristine_bytes, budget, used)
         result.append(Part("fused pristine copy", writer.pristine_bytes, where,
                            f"{described['fusable_modules']} layers"))
+        used += writer.pristine_bytes if where == "device" else 0
+        # Prepared requests' stacked factors stay on the device up to this bound (an LRU, empty at
+        # start-up: not in ``used``, which is what the engine sees when it places the copies).
+        result.append(Part("fused plan cache (bound)", type(writer).PLAN_CACHE_BYTES,
+                           detail="prepared requests' factors, at most"))
     else:
         detail = (f"{len(writer.slot_names)} slots x rank {config.target_rank} on {len(writer.ceiling.modules)} "
                   f"layers" + (f", {described['entries']} bank entries" if kind == "banks" else ""))
         result.append(Part(f"{kind} (LoRA buffers)", writer.nbytes, detail=detail))
-    used += result[-1].bytes if result[-1].where == "device" else 0
+        used += writer.nbytes
     for encoder, lora in text.lora.items():
         where = _place(config.fused_restore, device_type, lora.pristine_bytes, budget, used)
         result.append(Part(f"{encoder} pristine copy", lora.pristine_bytes, where,

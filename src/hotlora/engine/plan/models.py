@@ -46,16 +46,39 @@ def _family_of(pipeline_class: str, name: str) -> Family:
     raise ModelLoadError(f"{name}: {pipeline_class} is not a pipeline hotlora serves ({', '.join(FAMILIES)})")
 
 
+# A published config names its class; the pipeline component each class is, per family.
+COMPONENT_OF_CLASS = {
+    "FluxTransformer2DModel": ("diffusers", "transformer", "FluxPipeline"),
+    "UNet2DConditionModel": ("diffusers", "unet", "StableDiffusionXLPipeline"),
+    "AutoencoderKL": ("diffusers", "vae", None),
+    "CLIPTextModel": ("transformers", "text_encoder", None),
+    "CLIPTextModelWithProjection": ("transformers", "text_encoder_2", None),
+    "T5EncoderModel": ("transformers", "text_encoder_2", None),
+}
+
+
 def _built_in(name: str) -> ModelSpec:
+    """A module of ``hotlora.fullsize``: ``MODEL_INDEX`` and ``COMPONENTS`` (component -> config)
+    when it has them, else every module-level dict that names its class (``_class_name`` or
+    ``architectures``, as a published config.json does), placed by its class."""
     try:
         module = importlib.import_module(f"hotlora.fullsize.{BUILT_IN[name]}")
     except ImportError:
         raise ModelLoadError(f"the built-in model {name!r} has no published configuration in this "
                              f"installation (hotlora.fullsize.{BUILT_IN[name]})") from None
-    index = module.MODEL_INDEX
-    configs = {c: dict(v) for c, v in module.COMPONENTS.items() if c in COMPONENTS}
-    classes = {c: tuple(index[c]) for c in configs}
-    return ModelSpec(name, _family_of(index["_class_name"], name), configs, classes,
+    configs, classes, pipeline = {}, {}, getattr(module, "MODEL_INDEX", {}).get("_class_name")
+    published = getattr(module, "COMPONENTS", None) or {
+        None: v for v in vars(module).values() if isinstance(v, dict) and ("_class_name" in v or "architectures" in v)}
+    for config in published.values():
+        class_name = config.get("_class_name") or (config.get("architectures") or [None])[0]
+        if class_name not in COMPONENT_OF_CLASS:
+            continue
+        library, component, pipeline_of_class = COMPONENT_OF_CLASS[class_name]
+        configs[component], classes[component] = dict(config), (library, class_name)
+        pipeline = pipeline or pipeline_of_class
+    if pipeline is None:
+        raise ModelLoadError(f"hotlora.fullsize.{BUILT_IN[name]} holds no denoiser configuration")
+    return ModelSpec(name, _family_of(pipeline, name), configs, classes,
                      dict(getattr(module, "TOKENIZER_VOCABULARY", {})))
 
 

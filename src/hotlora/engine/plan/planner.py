@@ -10,7 +10,7 @@ import torch
 from hotlora.config import EngineConfig, format_size
 from hotlora.engine.pipeline import default_device, resolve_dtype
 from hotlora.engine.plan import activations
-from hotlora.engine.plan.budget import CUDA_RUNTIME_BYTES, format_bytes
+from hotlora.engine.plan.budget import CPU_RUNTIME_BYTES, CUDA_RUNTIME_BYTES, format_bytes
 from hotlora.engine.plan.memory import Part, static_parts
 from hotlora.engine.plan.models import find_model
 
@@ -36,7 +36,7 @@ class SizePlan:
     activation_bytes: int | None  # peak at that chunk: max(denoiser forward, VAE decode)
     denoiser_bytes: int | None
     vae_decode_bytes: int | None
-    largest_chunk: int | None  # the largest chunk whose peak fits beside the static parts
+    largest_chunk: int | None  # the largest chunk whose peak fits beside the static parts (searched up to 64)
     fits: bool | None
 
 
@@ -118,7 +118,8 @@ class MemoryPlan:
             if s.activation_bytes is None:
                 lines.append(f"  {s.size}: activations not modelled for this family")
                 continue
-            largest = "-" if s.largest_chunk is None else s.largest_chunk
+            largest = "-" if s.largest_chunk is None else f"{s.largest_chunk}" + (
+                " or more" if s.largest_chunk == MAX_CHUNK_SEARCHED else "")
             lines.append(f"  {s.size} chunk {s.chunk}: activations {format_bytes(s.activation_bytes)} "
                          f"(denoiser {format_bytes(s.denoiser_bytes or 0)}, VAE decode "
                          f"{format_bytes(s.vae_decode_bytes or 0)}); total {format_bytes(self.static_bytes + s.activation_bytes)}; "
@@ -143,44 +144,56 @@ def plan_memory(model: str, config: EngineConfig | None = None, *, budget: int |
     if device_type == "cuda":
         parts.append(Part("CUDA runtime (assumed)", CUDA_RUNTIME_BYTES,
                           detail="context, kernels, library workspaces: outside torch's allocator; not measured"))
+    elif device_type == "cpu":
+        parts.append(Part("process runtime", CPU_RUNTIME_BYTES[bool(config.compile)],
+                          detail="Python and the libraries (measured on the tiny engine, bench/memory.py)"))
     table = _coefficients()
     static = sum(p.bytes for p in parts if p.where == "device")
     sizes = config.sizes or ((config.height or DEFAULT_SIZE[family][0], config.width or DEFAULT_SIZE[family][1]),)
     writer = "fused" if config.adapter_mode == "fused" else "slots" if config.slots else "fused"
     chunk = config.batch_limit
-    cfg = CFG_BATCH[family]
-    plans = []
-    for height, width in sizes:
-        def peak(images: int) -> tuple[int | None, dict]:
-            work = activations.workload(family, spec.configs, height, width, images, cfg)
-            predicted = activations.predict(table, family, work, dtype, writer)
-            if predicted["denoiser"] is None:
-                return None, predicted
-            return max(v for v in predicted.values() if v is not None), predicted
-
-        at_chunk, predicted = peak(chunk)
-        largest, fits = None, None
-        if at_chunk is not None and budget is not None:
-            fits = static + at_chunk <= budget
-            largest = 0
-            for images in range(1, MAX_CHUNK_SEARCHED + 1):
-                if static + peak(images)[0] > budget:
-                    break
-                largest = images
-        plans.append(SizePlan(format_size(height, width), chunk, at_chunk, predicted["denoiser"],
-                              predicted["vae_decode"], largest, fits))
+    plans = [_size_plan(spec, table, dtype, writer, CFG_BATCH[family], static, budget, chunk, height, width)
+             for height, width in sizes]
     if any(p.activation_bytes is None for p in plans):
         notes.append(f"no activation coefficients for {family} ({_dtype_name(dtype)}) in "
                      "hotlora/engine/plan/coefficients.py: bench/plan_calibrate.py measures them")
     notes.append("activations: the eager peak of one chunk (denoiser forward or VAE decode, the larger), "
-                 "from coefficients measured on the CPU (engine/plan/activations.py); text encoders' "
-                 "activations and the adapter store's host caches are not counted")
+                 "from coefficients measured on the CPU (engine/plan/activations.py); the text encoders' "
+                 "activations are not counted")
+    notes.append("host memory that grows with the adapters served is not counted: the adapter store's RAM "
+                 "cache (its ram_budget_bytes) and the slots' packed copies of prepared adapters (up to 2 GiB)"
+                 + ("; on a CPU that is the same memory" if device_type == "cpu" else ""))
     settings = {"slots": ",".join(config.slots), "target_rank": config.target_rank,
                 "adapter_mode": config.adapter_mode, "mixed": config.mixed, "batch": chunk,
                 "base_quantization": config.base_quantization, "writer": summary["writer"],
                 "ceiling_modules": summary["ceiling_modules"],
                 "denoiser_parameters": summary["denoiser_parameters"]}
     return MemoryPlan(model, family, device, _dtype_name(dtype), budget, budget_name, parts, plans, settings, notes)
+
+
+def _size_plan(spec, table: dict, dtype: torch.dtype, writer: str, cfg: bool, static: int, budget: int | None,
+               chunk: int, height: int, width: int) -> SizePlan:
+    """One served size: the activation peak at the engine's chunk, and the largest chunk that fits."""
+    family = spec.family.name
+
+    def peak(images: int) -> tuple[int | None, dict]:
+        work = activations.workload(family, spec.configs, height, width, images, cfg)
+        predicted = activations.predict(table, family, work, dtype, writer)
+        if predicted["denoiser"] is None:
+            return None, predicted
+        return max(v for v in predicted.values() if v is not None), predicted
+
+    at_chunk, predicted = peak(chunk)
+    largest, fits = None, None
+    if at_chunk is not None and budget is not None:
+        fits = static + at_chunk <= budget
+        largest = 0
+        for images in range(1, MAX_CHUNK_SEARCHED + 1):
+            if static + peak(images)[0] > budget:
+                break
+            largest = images
+    return SizePlan(format_size(height, width), chunk, at_chunk, predicted["denoiser"], predicted["vae_decode"],
+                    largest, fits)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
