@@ -50,9 +50,32 @@ def _place(restore: str, device_type: str, nbytes: int, budget: int | None, used
     return "device" if nbytes <= (budget - used) - budget // 4 else "host"
 
 
+# What the static parts depend on (the rest of EngineConfig changes activations or nothing here).
+STATIC_FIELDS = ("slots", "target_rank", "target_modules", "mixed", "bank_entries", "rank_buckets", "adapter_mode",
+                 "fused_restore", "base_quantization", "text_encoder_lora", "embedding_rows")
+_BUILT_IN_PLANS: dict[tuple, tuple[list[Part], dict]] = {}  # built-in models' configs never change
+
+
 def static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, device_type: str,
                  budget: int | None = None) -> tuple[list[Part], dict]:
-    """Every part the warm engine holds and a summary of what was installed (for the report)."""
+    """Every part the warm engine holds and a summary of what was installed (for the report).
+    A built-in model's parts are remembered per settings (installing PEFT on 504 meta layers
+    takes seconds; the published configurations cannot change under a running process)."""
+    key = (spec.name, str(dtype), device_type, budget, config.batch_limit if config.mixed else None,
+           *(getattr(config, name) for name in STATIC_FIELDS))
+    if spec.folder is None and key in _BUILT_IN_PLANS:
+        parts, summary = _BUILT_IN_PLANS[key]
+        return [replace(p) for p in parts], dict(summary)
+    parts, summary = _static_parts(spec, config, dtype, device_type, budget)
+    if spec.folder is None:
+        if len(_BUILT_IN_PLANS) >= 32:
+            _BUILT_IN_PLANS.clear()
+        _BUILT_IN_PLANS[key] = [replace(p) for p in parts], dict(summary)
+    return parts, summary
+
+
+def _static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, device_type: str,
+                  budget: int | None) -> tuple[list[Part], dict]:
     check_quantization(config.base_quantization, device_type)  # float8 off CUDA is refused, as the engine does
     parts = build_parts(spec, dtype)
     family = spec.family
