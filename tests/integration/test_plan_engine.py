@@ -52,3 +52,27 @@ def test_a_hub_id_is_planned_from_the_local_cache(tiny_models, tmp_path, monkeyp
     from_folder = plan_memory(str(tiny_models["flux"]), config, budget=2**40, device="cpu")
     assert [(p.name, p.bytes) for p in from_cache.parts] == [(p.name, p.bytes) for p in from_folder.parts]
     assert from_cache.model == "someone/tiny-flux"
+
+
+def test_built_in_sdxl_reads_published_configs_by_their_class(tiny_models, monkeypatch):
+    """``hotlora plan sdxl`` takes hotlora.fullsize.sdxl's configs, each placed by the class it names
+    (here the tiny SDXL's configs stand in for the published ones)."""
+    import json
+    import sys
+    import types
+
+    folder = tiny_models["sdxl"]
+    module = types.ModuleType("hotlora.fullsize.sdxl")
+    for attribute, component in (("UNET", "unet"), ("VAE", "vae"), ("CLIP_L", "text_encoder"),
+                                 ("CLIP_G", "text_encoder_2")):
+        setattr(module, attribute, json.loads((folder / component / "config.json").read_text()))
+    monkeypatch.setitem(sys.modules, "hotlora.fullsize.sdxl", module)
+    config = EngineConfig(target_rank=8)
+    built_in = plan_memory("sdxl", config, budget=2**40, device="cpu")
+    from_folder = plan_memory(str(folder), config, budget=2**40, device="cpu")
+    assert built_in.family == "sdxl"
+    # The text encoders differ only by the reserved rows: the folder's tokenizers are real, the
+    # built-in's stand-ins start at the config's vocabulary size.
+    same = {"unet", "vae", "slots (LoRA buffers)", "process runtime"}
+    assert [(p.name, p.bytes) for p in built_in.parts if p.name in same] == \
+           [(p.name, p.bytes) for p in from_folder.parts if p.name in same]

@@ -67,9 +67,9 @@ def _built_in(name: str) -> ModelSpec:
         raise ModelLoadError(f"the built-in model {name!r} has no published configuration in this "
                              f"installation (hotlora.fullsize.{BUILT_IN[name]})") from None
     configs, classes, pipeline = {}, {}, getattr(module, "MODEL_INDEX", {}).get("_class_name")
-    published = getattr(module, "COMPONENTS", None) or {
-        None: v for v in vars(module).values() if isinstance(v, dict) and ("_class_name" in v or "architectures" in v)}
-    for config in published.values():
+    published = list(getattr(module, "COMPONENTS", {}).values()) or [
+        v for v in vars(module).values() if isinstance(v, dict) and ("_class_name" in v or "architectures" in v)]
+    for config in published:
         class_name = config.get("_class_name") or (config.get("architectures") or [None])[0]
         if class_name not in COMPONENT_OF_CLASS:
             continue
@@ -83,6 +83,9 @@ def _built_in(name: str) -> ModelSpec:
 
 
 def _from_folder(folder: Path, name: str) -> ModelSpec:
+    if not (folder / "model_index.json").is_file():
+        raise ModelLoadError(f"{name}: no model_index.json (a plan reads a diffusers pipeline folder, laid out "
+                             "like a Hub snapshot)")
     index = json.loads((folder / "model_index.json").read_text())
     configs, classes = {}, {}
     for component, entry in index.items():
