@@ -94,10 +94,12 @@ def coefficient(table: dict, family: str, part: str, dtype: torch.dtype, writer:
 def predict(table: dict, family: str, work: Workload, dtype: torch.dtype, writer: str) -> dict[str, int | None]:
     """Peak activation bytes of the denoiser forward and of the VAE decode (None: not calibrated)."""
     element = torch.empty((), dtype=dtype).element_size()
-    k_denoiser = coefficient(table, family, "denoiser", dtype, "none" if writer == "fused" else "slots")
+    # LoRA layers add temporaries and never remove any: slots are at least the bare model's peak
+    # (in bfloat16 their fit comes out a few % under it: where the peak sits, no LoRA layer runs).
+    writers = ("none",) if writer == "fused" else ("none", "slots")
+    fits = [k for k in (coefficient(table, family, "denoiser", dtype, w) for w in writers) if k is not None]
     k_vae = coefficient(table, "vae", "decode", dtype, "one" if work.images == 1 else "batch")
-    denoiser = None if k_denoiser is None else round(
-        k_denoiser[0] * work.batch * work.tokens * work.width * element + k_denoiser[1])
+    denoiser = max((round(k * work.batch * work.tokens * work.width * element + c) for k, c in fits), default=None)
     vae = None if k_vae is None else round(k_vae[0] * work.images * work.pixels * work.vae_channels * element
                                            + k_vae[1])
     return {"denoiser": denoiser, "vae_decode": vae}
