@@ -1,4 +1,4 @@
-"""`hotlora tiny-model | generate | serve | keys new | adapters inspect | adapters convert | bench`."""
+"""`hotlora tiny-model | generate | serve | plan | keys new | adapters inspect | adapters convert | bench`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from hotlora.errors import HotloraError, RequestError
+from hotlora.errors import DoesNotFit, HotloraError, RequestError
 
 log = logging.getLogger("hotlora")
+# hotlora.engine.plan.ACCELERATORS' names, here so the parser is built without importing torch.
+ACCELERATOR_NAMES = ("h100-80gb", "h200-141gb", "a100-80gb", "l40s-48gb")
 
 
 def _parse_lora(value: str) -> tuple[str, str, float]:
@@ -127,7 +129,34 @@ def cmd_serve(args) -> int:
     except AuthConfigError as exc:  # a settings problem, not an engine fault
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except DoesNotFit as exc:  # the memory plan, refused before the model is loaded
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
+
+
+def cmd_plan(args) -> int:
+    """The memory plan of ``hotlora serve`` with the same settings (flags, HOTLORA_* variables,
+    --config), against a named accelerator, a size, or this machine; exit status 1 when it does not fit."""
+    from hotlora.engine.plan import ACCELERATORS, parse_bytes, plan_memory, this_machine
+    from hotlora.engine.pipeline import default_device
+
+    config, _ = serve_settings(args)
+    model = args.model_name or config.model
+    if model is None:
+        print("error: name a model: a local folder, a Hub id in the local cache, or flux-dev / sdxl", file=sys.stderr)
+        return 2
+    engine_config = config.engine_config()
+    device = engine_config.device or ("cuda" if args.gpu else default_device())
+    if config.memory and str(config.memory).lower() != "off":
+        budget, name = parse_bytes(config.memory), f"memory {config.memory}"
+    elif args.gpu:
+        budget, name = ACCELERATORS[args.gpu], args.gpu
+    else:
+        budget, name = this_machine(device.split(":")[0], device)
+    plan = plan_memory(model, engine_config, budget=budget, budget_name=name, device=device)
+    print(json.dumps(plan.as_dict(), indent=2) if args.json else plan.text())
+    return 0 if plan.fits is not False else 1
 
 
 def cmd_keys_new(args) -> int:
@@ -164,13 +193,18 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+def _add_setting_flags(parser: argparse.ArgumentParser, plan_only: bool = False) -> None:
     """Every server, engine and store setting as a flag; the names are the fields' (one namespace:
-    a store field may not share a server field's name)."""
+    a store field may not share a server field's name). ``plan_only``: what a memory plan reads
+    (the model, the memory, the engine's settings)."""
     from hotlora.config import ServerConfig, StoreConfig
     from hotlora.settings.flags import add_flags
     from hotlora.settings.server import ENGINE_SETTINGS
 
+    if plan_only:
+        add_flags(parser, ServerConfig, "server settings ([server] in --config)", only=("model", "memory"))
+        add_flags(parser, ServerConfig, "engine settings ([server] in --config)", only=ENGINE_SETTINGS)
+        return
     own = [name for name in ServerConfig.model_fields if name not in ENGINE_SETTINGS]
     add_flags(parser, ServerConfig, "server settings ([server] in --config)", only=own)
     add_flags(parser, ServerConfig, "engine settings ([server] in --config)", only=ENGINE_SETTINGS)
@@ -210,6 +244,18 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--ray", action="store_true", help="scale out on Ray Serve (models from the config's [ray] table)")
     _add_setting_flags(srv)
     srv.set_defaults(run=cmd_serve)
+
+    plan = sub.add_parser("plan", help="the memory plan of `hotlora serve` with these settings: per part, per "
+                                       "size, the largest chunk that fits, and a verdict")
+    plan.add_argument("model_name", nargs="?", metavar="MODEL",
+                      help="a local folder, a Hub id whose snapshot is in the local cache, or flux-dev / sdxl "
+                           "(the published configurations; default: --model)")
+    plan.add_argument("--gpu", choices=sorted(ACCELERATOR_NAMES), help="plan for this accelerator (CUDA, "
+                                                                        "its nominal memory)")
+    plan.add_argument("--json", action="store_true", help="the plan as JSON")
+    plan.add_argument("--config", help="TOML/YAML file with a [server] table, as `hotlora serve` reads it")
+    _add_setting_flags(plan, plan_only=True)
+    plan.set_defaults(run=cmd_plan)
 
     keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)
     new = keys.add_parser("new", help="print a new API key once, and the line the server's keys file needs")

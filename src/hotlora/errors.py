@@ -36,7 +36,9 @@
         StepCacheError (engine.stepcache), CatalogError (adapters.catalog), ModelDefaultsError
         (config: an unreadable hotlora.json), SettingsError (config: a setting's value refused; a
         ValueError too), DeployConfigError (deploy.config), AuthConfigError
-        (server.auth: no API keys where they are required, an unreadable keys line)
+        (server.auth: no API keys where they are required, an unreadable keys line),
+        DoesNotFit (here: the memory plan of the configured engine exceeds the memory it has;
+        the plan is in the message and on ``.plan``)
 
 The subclasses that belong to one module are defined next to it; they all derive from this tree.
 
@@ -99,3 +101,12 @@ class EngineError(HotloraError):
 
 class SlotStateCorrupt(EngineError):
     pass
+
+
+class DoesNotFit(HotloraError):
+    """Start-up: the configured engine's memory plan (``hotlora.engine.plan``) exceeds the memory
+    it would run in; raised before the model is loaded. ``plan`` is the ``MemoryPlan``."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        super().__init__(f"the engine does not fit in memory; refusing to start\n{plan.text()}")

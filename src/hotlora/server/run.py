@@ -52,10 +52,42 @@ class StoreOwner:
         engine.store = self.store
 
 
+def check_memory(config: ServerConfig):
+    """The engine's memory plan (``hotlora plan``), logged; ``DoesNotFit`` (with the plan) when it
+    exceeds ``config.memory``, else the CUDA device's total memory or, on a CPU, the RAM available
+    now. Runs before anything is loaded; returns the plan (None: ``memory = off``, or no plan)."""
+    if str(config.memory).lower() == "off":
+        return None
+    import torch
+
+    from hotlora.engine.pipeline import default_device
+    from hotlora.engine.plan import parse_bytes, plan_memory, this_machine
+    from hotlora.errors import DoesNotFit
+
+    engine_config = config.engine_config()
+    device = engine_config.device or default_device()
+    if config.memory:
+        budget, name = parse_bytes(config.memory), f"memory {config.memory}"
+    else:
+        budget, name = this_machine(torch.device(device).type, device)
+    try:
+        plan = plan_memory(config.model, engine_config, budget=budget, budget_name=name, device=device)
+    except Exception as exc:  # the planner's own limits (a layout it cannot read) must not stop a server
+        log.warning("no memory plan for %s (%s: %s); starting without the check", config.model,
+                    type(exc).__name__, exc)
+        return None
+    if plan.fits is False:
+        raise DoesNotFit(plan)
+    log.info("%s", plan.text())
+    return plan
+
+
 def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
-    """A worker whose engines (the first and any rebuilt one) share one adapter store."""
+    """A worker whose engines (the first and any rebuilt one) share one adapter store. The memory
+    plan is checked first (``check_memory``): an engine that cannot fit is never loaded."""
     from hotlora import Engine
 
+    check_memory(config)
     engine_config = config.engine_config()
     stores = StoreOwner(store_config)
 

@@ -64,6 +64,10 @@ class ServerConfig(EngineSettings):
     The engine's options are inherited from ``EngineSettings`` (above); these are the server's own."""
 
     model: str | None = setting(None, "local model directory or hub id (default: the built-in tiny Flux model)")
+    # Checked at start-up against the engine's memory plan (hotlora.engine.plan; `hotlora plan`).
+    memory: str | None = setting(None, "the memory the engine must fit in, e.g. 24GiB or 80GB; checked at start-up "
+                                       "against its memory plan, which refuses to start beyond it (default: the "
+                                       "CUDA device's total memory, or the RAM available on a CPU; off: no check)")
     max_batch_delay_s: float = setting(0.02, "how long a mixed batch waits for companions")
     host: str = setting("127.0.0.1", "address to bind")
     port: int = setting(8000, "port to bind")

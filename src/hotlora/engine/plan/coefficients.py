@@ -1,0 +1,13 @@
+"""Activation coefficients of ``hotlora plan`` (activations.py says what they mean).
+
+Written by ``PYTHONPATH=src python bench/plan_calibrate.py`` (x86_64, 2 threads, torch 2.13.0+cpu); the measured points
+are in bench/results/plan_calibrate.json. Do not edit by hand: run the script again."""
+
+COEFFICIENTS = {   'flux': {   'denoiser': {   'bfloat16': {'none': (17.0826, 81341), 'slots': (16.488, 756227)},
+                                'float32': {'none': (15.0554, 87288), 'slots': (16.0554, 87300)}}},
+    'sdxl': {   'denoiser': {   'bfloat16': {   'none': (7.9315, 59778459),
+                                                'slots': (7.9315, 59778459)},
+                                'float32': {   'none': (6.885, 117974400),
+                                               'slots': (6.885, 117974400)}}},
+    'vae': {   'decode': {   'bfloat16': {'batch': (5.4051, 4833347), 'one': (9.3618, 760616)},
+                             'float32': {'batch': (5.7043, 4474946), 'one': (7.5, 2359296)}}}}

@@ -1,0 +1,133 @@
+"""The bytes a warm engine holds, part by part, counted exactly on the meta device.
+
+The parts are built from their configs with no weights (``models.build_parts``), then the engine's
+own start-up code runs on them in the engine's order: ``quantize_denoiser`` (torchao's
+``quantize_``), ``weight_bytes``, ``install_writer`` (the slots' PEFT adapter and its buffers, the
+banks, or fused mode's pristine copies) and ``install_text_writer`` (text-encoder pristine copies,
+the reserved embedding rows). Every figure is the ``nbytes`` of tensors those functions made, not
+a formula, with one exception: ``float8`` (torchao refuses to build FP8 weights without a CUDA
+device), whose bytes are torchao's row-wise layout: one byte per weight and a float32 scale per row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from hotlora.config import EngineConfig
+from hotlora.engine.plan.models import ModelSpec, build_parts, on_meta
+from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
+from hotlora.engine.writers import install_text_writer, install_writer
+
+
+@dataclass
+class Part:
+    name: str
+    bytes: int
+    where: str = "device"  # "device" (counted against the budget) or "host" (pinned host memory)
+    detail: str = ""
+
+
+def _float8_bytes(denoiser: torch.nn.Module) -> int:
+    """The denoiser's bytes with every Linear weight in torchao's row-wise FP8 layout."""
+    total = weight_bytes(denoiser)
+    for module in denoiser.modules():
+        if isinstance(module, torch.nn.Linear):
+            weight = module.weight
+            total += weight.numel() * 1 + weight.shape[0] * 4 - weight.nbytes
+    return total
+
+
+def _place(restore: str, device_type: str, nbytes: int, budget: int | None, used: int) -> str:
+    """Where the engine keeps a pristine copy: FusedWriter._where's rule (on CUDA with "auto", the
+    device when it fits in the free memory minus a quarter of the device), with the budget's free
+    memory after what is already on the device."""
+    if restore != "auto":
+        return restore
+    if device_type != "cuda" or budget is None:
+        return "device"
+    return "device" if nbytes <= (budget - used) - budget // 4 else "host"
+
+
+# What the static parts depend on (the rest of EngineConfig changes activations or nothing here).
+STATIC_FIELDS = ("slots", "target_rank", "target_modules", "mixed", "bank_entries", "rank_buckets", "adapter_mode",
+                 "fused_restore", "base_quantization", "text_encoder_lora", "embedding_rows")
+_BUILT_IN_PLANS: dict[tuple, tuple[list[Part], dict]] = {}  # built-in models' configs never change
+
+
+def static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, device_type: str,
+                 budget: int | None = None) -> tuple[list[Part], dict]:
+    """Every part the warm engine holds and a summary of what was installed (for the report).
+    A built-in model's parts are remembered per settings (installing PEFT on 504 meta layers
+    takes seconds; the published configurations cannot change under a running process)."""
+    key = (spec.name, str(dtype), device_type, budget, config.batch_limit if config.mixed else None,
+           *(getattr(config, name) for name in STATIC_FIELDS))
+    if spec.folder is None and key in _BUILT_IN_PLANS:
+        parts, summary = _BUILT_IN_PLANS[key]
+        return [replace(p) for p in parts], dict(summary)
+    parts, summary = _static_parts(spec, config, dtype, device_type, budget)
+    if spec.folder is None:
+        if len(_BUILT_IN_PLANS) >= 32:
+            _BUILT_IN_PLANS.clear()
+        _BUILT_IN_PLANS[key] = [replace(p) for p in parts], dict(summary)
+    return parts, summary
+
+
+def _static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, device_type: str,
+                  budget: int | None) -> tuple[list[Part], dict]:
+    check_quantization(config.base_quantization, device_type)  # float8 off CUDA is refused, as the engine does
+    parts = build_parts(spec, dtype)
+    family = spec.family
+    denoiser = getattr(parts, family.denoiser)
+    parameters = sum(p.numel() for p in denoiser.parameters())
+    # The writers on meta tensors keep their pristine copies "on the device" (meta); where the
+    # engine would keep them is decided below with the budget, as FusedWriter decides at start-up.
+    meta_config = replace(config, fused_restore="device")
+    with on_meta(dtype):
+        if config.base_quantization == "float8":
+            denoiser_bytes = _float8_bytes(denoiser)
+        else:
+            quantize_denoiser(denoiser, config.base_quantization)
+            denoiser_bytes = weight_bytes(denoiser)
+        writer = install_writer(meta_config, denoiser, family.name, ())
+        text = install_text_writer(meta_config, parts, family, writer.slot_names)
+    others = {c: weight_bytes(getattr(parts, c)) for c in ("text_encoder", "text_encoder_2", "vae") if hasattr(parts, c)}
+    result = [Part(family.denoiser, denoiser_bytes, detail=f"{parameters:,} parameters, {_dtype_name(dtype)}"
+                   + (f", {config.base_quantization}" if config.base_quantization != "none" else ""))]
+    for component, nbytes in others.items():
+        count = sum(p.numel() for p in getattr(parts, component).parameters())
+        result.append(Part(component, nbytes, detail=f"{count:,} parameters"))
+    used = sum(p.bytes for p in result)
+    described = writer.describe()
+    kind = described["writer"]
+    if kind == "fused":
+        where = _place(config.fused_restore, device_type, writer.pristine_bytes, budget, used)
+        result.append(Part("fused pristine copy", writer.pristine_bytes, where,
+                           f"{described['fusable_modules']} layers"))
+        used += writer.pristine_bytes if where == "device" else 0
+        # Prepared requests' stacked factors stay on the device up to this bound (an LRU, empty at
+        # start-up: not in ``used``, which is what the engine sees when it places the copies).
+        result.append(Part("fused plan cache (bound)", type(writer).PLAN_CACHE_BYTES,
+                           detail="prepared requests' factors, at most"))
+    else:
+        detail = (f"{len(writer.slot_names)} slots x rank {config.target_rank} on {len(writer.ceiling.modules)} "
+                  f"layers" + (f", {described['entries']} bank entries" if kind == "banks" else ""))
+        result.append(Part(f"{kind} (LoRA buffers)", writer.nbytes, detail=detail))
+        used += writer.nbytes
+    for encoder, lora in text.lora.items():
+        where = _place(config.fused_restore, device_type, lora.pristine_bytes, budget, used)
+        result.append(Part(f"{encoder} pristine copy", lora.pristine_bytes, where,
+                           f"{lora.describe()['fusable_modules']} layers (text-encoder LoRA)"))
+        used += lora.pristine_bytes if where == "device" else 0
+    summary = {"family": family.name, "denoiser_parameters": parameters, "writer": kind,
+               "ceiling_modules": len(writer.ceiling.modules),
+               "embedding_rows": {te: rows.rows * len(writer.slot_names) for te, rows in text.rows.items()}}
+    return result, summary
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+__all__ = ["Part", "static_parts"]

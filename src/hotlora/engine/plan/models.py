@@ -1,0 +1,195 @@
+"""Where a plan's model comes from, and its parts built on the meta device (no weights, no memory).
+
+A model is named as the server names it (a local folder laid out like a Hub snapshot, or a Hub id
+whose snapshot is in the local Hugging Face cache) or by a built-in name whose published
+configuration ships in ``hotlora.fullsize`` (``flux-dev``; ``sdxl`` once its module exists). Only
+``model_index.json`` and each component's ``config.json`` are read: the parts are built from them
+with diffusers' ``from_config`` / transformers' config classes under ``torch.device("meta")``, so a
+12B transformer costs nothing to build and its parameter and buffer shapes are the real ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from hotlora.adapters.families import FAMILIES, TOKENIZER_OF, Family
+from hotlora.engine.pipeline import ModelLoadError
+
+# Built-in names -> the module of hotlora.fullsize holding the published configuration.
+BUILT_IN = {"flux-dev": "flux", "sdxl": "sdxl"}
+COMPONENTS = ("transformer", "unet", "text_encoder", "text_encoder_2", "vae")
+
+
+@dataclass
+class ModelSpec:
+    """What the plan knows of a model: its family and each component's published config."""
+
+    name: str
+    family: Family
+    configs: dict[str, dict]  # component -> its config.json, including the key naming its class
+    classes: dict[str, tuple[str, str]]  # component -> (library, class), from model_index.json
+    vocabulary: dict[str, int] = field(default_factory=dict)  # tokenizer -> tokens it holds
+    folder: Path | None = None
+
+
+def _family_of(pipeline_class: str, name: str) -> Family:
+    for family in FAMILIES.values():
+        if pipeline_class == family.pipeline_class or pipeline_class.startswith(family.pipeline_class):
+            return family
+    raise ModelLoadError(f"{name}: {pipeline_class} is not a pipeline hotlora serves ({', '.join(FAMILIES)})")
+
+
+# A published config names its class; the pipeline component each class is, per family.
+COMPONENT_OF_CLASS = {
+    "FluxTransformer2DModel": ("diffusers", "transformer", "FluxPipeline"),
+    "UNet2DConditionModel": ("diffusers", "unet", "StableDiffusionXLPipeline"),
+    "AutoencoderKL": ("diffusers", "vae", None),
+    "CLIPTextModel": ("transformers", "text_encoder", None),
+    "CLIPTextModelWithProjection": ("transformers", "text_encoder_2", None),
+    "T5EncoderModel": ("transformers", "text_encoder_2", None),
+}
+
+
+def _built_in(name: str) -> ModelSpec:
+    """A module of ``hotlora.fullsize``: ``MODEL_INDEX`` and ``COMPONENTS`` (component -> config)
+    when it has them, else every module-level dict that names its class (``_class_name`` or
+    ``architectures``, as a published config.json does), placed by its class."""
+    try:
+        module = importlib.import_module(f"hotlora.fullsize.{BUILT_IN[name]}")
+    except ImportError:
+        raise ModelLoadError(f"the built-in model {name!r} has no published configuration in this "
+                             f"installation (hotlora.fullsize.{BUILT_IN[name]})") from None
+    configs, classes, pipeline = {}, {}, getattr(module, "MODEL_INDEX", {}).get("_class_name")
+    published = list(getattr(module, "COMPONENTS", {}).values()) or [
+        v for v in vars(module).values() if isinstance(v, dict) and ("_class_name" in v or "architectures" in v)]
+    for config in published:
+        class_name = config.get("_class_name") or (config.get("architectures") or [None])[0]
+        if class_name not in COMPONENT_OF_CLASS:
+            continue
+        library, component, pipeline_of_class = COMPONENT_OF_CLASS[class_name]
+        configs[component], classes[component] = dict(config), (library, class_name)
+        pipeline = pipeline or pipeline_of_class
+    if pipeline is None:
+        raise ModelLoadError(f"hotlora.fullsize.{BUILT_IN[name]} holds no denoiser configuration")
+    return ModelSpec(name, _family_of(pipeline, name), configs, classes,
+                     dict(getattr(module, "TOKENIZER_VOCABULARY", {})))
+
+
+def _from_folder(folder: Path, name: str) -> ModelSpec:
+    if not (folder / "model_index.json").is_file():
+        raise ModelLoadError(f"{name}: no model_index.json (a plan reads a diffusers pipeline folder, laid out "
+                             "like a Hub snapshot)")
+    index = json.loads((folder / "model_index.json").read_text())
+    configs, classes = {}, {}
+    for component, entry in index.items():
+        if component in COMPONENTS and isinstance(entry, list) and entry[0] is not None:
+            path = folder / component / "config.json"
+            if not path.is_file():
+                raise ModelLoadError(f"{name}: {path} is missing (a plan reads every component's config.json)")
+            configs[component] = json.loads(path.read_text())
+            classes[component] = (entry[0], entry[1])
+    # Tokenizers saved in the folder are loaded as they are (build_parts): they say where the reserved rows start.
+    return ModelSpec(name, _family_of(index["_class_name"], name), configs, classes, {}, folder)
+
+
+def find_model(model: str) -> ModelSpec:
+    """A built-in name, a local folder, or a Hub id whose snapshot is in the local cache."""
+    if model in BUILT_IN:
+        return _built_in(model)
+    folder = Path(model)
+    if folder.is_dir():
+        return _from_folder(folder, model)
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model, "model_index.json")
+    except ValueError:  # not a repository id at all
+        cached = None
+    if isinstance(cached, str):
+        return _from_folder(Path(cached).parent, model)
+    raise ModelLoadError(f"{model!r} is neither a built-in model ({', '.join(BUILT_IN)}), a local folder, nor a "
+                         "Hub id whose model_index.json is in the local Hugging Face cache")
+
+
+@contextmanager
+def on_meta(dtype: torch.dtype):
+    """Every tensor made inside on the meta device, floating ones in ``dtype`` by default: PEFT
+    creates its LoRA layers in the default dtype and casts them to the base layer's only when it
+    moves them off another device (it leaves meta tensors where they are)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype if dtype.is_floating_point and dtype.itemsize >= 2 else before)
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _build(component: str, library: str, class_name: str, config: dict, dtype: torch.dtype) -> torch.nn.Module:
+    config = {k: v for k, v in config.items() if k not in ("_diffusers_version", "transformers_version")}
+    if library == "diffusers":
+        import diffusers
+
+        model = getattr(diffusers, class_name).from_config(config)
+    elif library == "transformers":
+        import transformers
+
+        cls = getattr(transformers, class_name)
+        model = cls(cls.config_class.from_dict(config))
+    else:
+        raise ModelLoadError(f"{component}: a {library} component ({class_name}) is not one a plan can build")
+    return model.to(dtype).eval()
+
+
+class VocabularyOnly:
+    """Stands in for a tokenizer the plan has no files for: ``size`` tokens, new ones taking the
+    next ids (what the engine's reserved embedding rows need of a tokenizer: engine/writers/text.py)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.added: list[str] = []
+
+    def get_vocab(self) -> dict[str, int]:
+        return {token: self.size + i for i, token in enumerate(self.added)}
+
+    def add_tokens(self, tokens) -> int:
+        self.added += [t for t in tokens if t not in self.added]
+        return len(tokens)
+
+    def convert_tokens_to_ids(self, tokens) -> list[int]:
+        return [self.size + self.added.index(t) for t in tokens]
+
+    def tokenize(self, text: str) -> list[str]:
+        return [text]
+
+
+def build_parts(spec: ModelSpec, dtype: torch.dtype) -> SimpleNamespace:
+    """The model's denoiser, text encoders and VAE on the meta device, in ``dtype``, with a
+    tokenizer (or a stand-in of the published vocabulary's size) per text encoder: what the
+    engine's writers are installed into (``hotlora.engine.plan.memory``)."""
+    parts = SimpleNamespace()
+    with on_meta(dtype):
+        for component, config in spec.configs.items():
+            library, class_name = spec.classes[component]
+            if component in ("text_encoder", "text_encoder_2", "vae", spec.family.denoiser):
+                setattr(parts, component, _build(component, library, class_name, config, dtype))
+    for encoder, tokenizer in TOKENIZER_OF.items():
+        if hasattr(parts, encoder):
+            size = spec.vocabulary.get(tokenizer) or spec.configs[encoder].get("vocab_size")
+            if spec.folder is not None and (spec.folder / tokenizer).is_dir():
+                from transformers import AutoTokenizer
+
+                setattr(parts, tokenizer, AutoTokenizer.from_pretrained(spec.folder / tokenizer, local_files_only=True))
+            else:
+                setattr(parts, tokenizer, VocabularyOnly(size))
+    return parts
+
+
+__all__ = ["BUILT_IN", "ModelSpec", "VocabularyOnly", "build_parts", "find_model", "on_meta"]

@@ -1,0 +1,50 @@
+"""The activation model against new measurements: Flux.1-dev's transformer at its real width
+(3072; 1 double + 1 single block, zero weights) and its real VAE, in float32 on the CPU, at sizes
+and batches the calibration (bench/plan_calibrate.py) did not use: predicted within 10%.
+~40 s and ~2.6 GB of memory (the two real-width blocks)."""
+
+import pytest
+import torch
+
+from hotlora.engine.plan.activations import (
+    Workload, empty_model, flux_blocks, flux_forward_peak, predict, vae_decode_peak,
+)
+from hotlora.engine.plan.planner import _coefficients
+from hotlora.fullsize.flux import TRANSFORMER, VAE
+
+WIDTH = TRANSFORMER["num_attention_heads"] * TRANSFORMER["attention_head_dim"]
+
+
+@pytest.fixture(scope="module")
+def table():
+    coefficients = _coefficients()
+    assert coefficients, "no coefficients.py: run bench/plan_calibrate.py"
+    return coefficients
+
+
+def test_flux_transformer_peak_is_predicted_within_10_percent(table):
+    model = flux_blocks(TRANSFORMER, 1, 1, torch.float32)
+    for writer in ("fused", "slots"):  # fused: no LoRA layers; then the engine's slots installed
+        if writer == "slots":
+            from hotlora.engine.writers.slots import SlotBank
+
+            SlotBank(model, "flux", ("identity", "style"), 16)
+        for batch, side, text in ((1, 10, 24), (3, 7, 20)):  # 124 and 69 tokens; calibrated at 96 and 176
+            measured = flux_forward_peak(model, batch, side, text)
+            work = Workload(batch=batch, tokens=side * side + text, width=WIDTH, images=batch, pixels=0,
+                            vae_channels=0)
+            predicted = predict(table, "flux", work, torch.float32, writer)["denoiser"]
+            assert abs(predicted - measured) / measured < 0.10, (writer, batch, side, text, predicted, measured)
+
+
+def test_vae_decode_peak_is_predicted_within_10_percent(table):
+    from diffusers import AutoencoderKL
+
+    vae = empty_model(lambda: AutoencoderKL.from_config({k: v for k, v in VAE.items() if not k.startswith("_")}),
+                      torch.float32)
+    for images, height, width in ((1, 96, 128), (3, 64, 96)):  # calibrated at 128x128, 128x192, 2 and 4 images
+        measured = vae_decode_peak(vae, images, height, width)
+        work = Workload(batch=images, tokens=0, width=0, images=images, pixels=height * width,
+                        vae_channels=VAE["block_out_channels"][0])
+        predicted = predict(table, "flux", work, torch.float32, "slots")["vae_decode"]
+        assert abs(predicted - measured) / measured < 0.10, (images, height, width, predicted, measured)

@@ -1,0 +1,101 @@
+"""`hotlora plan` on the meta device: full-size Flux counted exactly, no weights allocated."""
+
+import json
+
+import pytest
+import torch
+
+from hotlora.cli import main
+from hotlora.config import EngineConfig
+from hotlora.engine.plan import ACCELERATORS, parse_bytes, plan_memory
+from hotlora.engine.plan.models import build_parts, find_model
+
+FLUX_DEV_TRANSFORMER_PARAMETERS = 11_901_408_320  # "12B" on the model card
+
+
+def part(plan, name):
+    return next(p for p in plan.parts if p.name == name)
+
+
+@pytest.fixture(scope="module")
+def flux_dev_linears():
+    parts = build_parts(find_model("flux-dev"), torch.bfloat16)
+    return {n: (m.in_features, m.out_features) for n, m in parts.transformer.named_modules()
+            if isinstance(m, torch.nn.Linear)}
+
+
+def test_flux_dev_transformer_has_the_published_parameter_count():
+    parts = build_parts(find_model("flux-dev"), torch.bfloat16)
+    assert parts.transformer.device.type == "meta"
+    assert sum(p.numel() for p in parts.transformer.parameters()) == FLUX_DEV_TRANSFORMER_PARAMETERS
+    assert f"{FLUX_DEV_TRANSFORMER_PARAMETERS / 1e9:.1f}B" == "11.9B"
+
+
+def test_slots_are_the_engine_buffers_at_every_rank(flux_dev_linears):
+    """The slot bytes come from the engine's SlotBank on meta tensors; checked here against the
+    layout's arithmetic: every Linear, 2 slots x rank rows of (in + out) values, bf16."""
+    for rank in (16, 128):
+        plan = plan_memory("flux-dev", EngineConfig(target_rank=rank), device="cuda",
+                           budget=ACCELERATORS["h100-80gb"], budget_name="h100-80gb")
+        assert part(plan, "transformer").bytes == 2 * FLUX_DEV_TRANSFORMER_PARAMETERS
+        expected = 2 * rank * sum(i + o for i, o in flux_dev_linears.values()) * 2
+        assert part(plan, "slots (LoRA buffers)").bytes == expected
+        assert plan.settings["ceiling_modules"] == len(flux_dev_linears) == 504
+
+
+def test_fused_pristine_copy_is_every_linear_weight_and_goes_to_the_host_when_it_does_not_fit(flux_dev_linears):
+    linear_bytes = sum(i * o for i, o in flux_dev_linears.values()) * 2
+    on_h200 = plan_memory("flux-dev", EngineConfig(adapter_mode="fused"), device="cuda",
+                          budget=ACCELERATORS["h200-141gb"], budget_name="h200")
+    assert part(on_h200, "fused pristine copy").bytes == linear_bytes
+    assert part(on_h200, "fused pristine copy").where == "device"
+    # 24 GB of weights + 22 GB pristine do not leave a quarter of a 48 GB card free: pinned host memory.
+    on_l40s = plan_memory("flux-dev", EngineConfig(adapter_mode="fused"), device="cuda",
+                          budget=ACCELERATORS["l40s-48gb"], budget_name="l40s")
+    assert part(on_l40s, "fused pristine copy").where == "host"
+    assert on_l40s.static_bytes < on_h200.static_bytes
+
+
+def test_int8_base_stores_about_half_the_transformer():
+    plain = plan_memory("flux-dev", EngineConfig(), device="cuda", budget=ACCELERATORS["h100-80gb"])
+    int8 = plan_memory("flux-dev", EngineConfig(base_quantization="int8_weight_only"), device="cuda",
+                       budget=ACCELERATORS["h100-80gb"])
+    ratio = part(int8, "transformer").bytes / part(plain, "transformer").bytes
+    assert 0.5 <= ratio < 0.52  # int8 weights plus a scale per row; biases and norms stay bf16
+
+
+def test_activations_grow_with_the_chunk_and_the_largest_fitting_chunk_is_the_boundary():
+    plan = plan_memory("flux-dev", EngineConfig(sizes="1024x1024,1024x1536"), device="cuda",
+                       budget=ACCELERATORS["h100-80gb"], budget_name="h100-80gb")
+    square, tall = plan.sizes
+    assert tall.activation_bytes > square.activation_bytes > 0
+    assert tall.largest_chunk < square.largest_chunk
+    # The boundary: one more image than the largest chunk is over the budget.
+    one_more = plan_memory("flux-dev", EngineConfig(sizes="1024x1536", batch_size=tall.largest_chunk + 1),
+                           device="cuda", budget=ACCELERATORS["h100-80gb"])
+    assert one_more.fits is False and "DOES NOT FIT" in one_more.verdict
+    just = plan_memory("flux-dev", EngineConfig(sizes="1024x1536", batch_size=tall.largest_chunk),
+                       device="cuda", budget=ACCELERATORS["h100-80gb"])
+    assert just.fits is True and just.verdict.startswith("FITS")
+
+
+def test_cli_plan_json(capsys):
+    status = main(["plan", "flux-dev", "--gpu", "h100-80gb", "--json", "--target-rank", "64",
+                   "--sizes", "1024x1024", "--max-batch-size", "6"])
+    out = json.loads(capsys.readouterr().out)
+    assert status == (0 if out["fits"] else 1)
+    assert out["device"] == "cuda" and out["dtype"] == "bfloat16" and out["budget_bytes"] == 80 * 10**9
+    assert out["settings"]["denoiser_parameters"] == FLUX_DEV_TRANSFORMER_PARAMETERS
+    assert {p["name"] for p in out["parts"]} >= {"transformer", "text_encoder", "text_encoder_2", "vae"}
+    assert out["sizes"][0]["size"] == "1024x1024" and out["sizes"][0]["largest_chunk"] >= 1
+
+
+def test_cli_plan_refuses_with_status_1_when_it_does_not_fit(capsys):
+    assert main(["plan", "flux-dev", "--memory", "16GiB"]) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_memory_sizes_parse():
+    assert parse_bytes("24GiB") == 24 * 2**30 and parse_bytes("80GB") == 80 * 10**9 and parse_bytes(512) == 512
+    with pytest.raises(ValueError):
+        parse_bytes("lots")
