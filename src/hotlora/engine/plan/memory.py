@@ -3,8 +3,8 @@
 The parts are built from their configs with no weights (``models.build_parts``), then the engine's
 own start-up code runs on them in the engine's order: ``quantize_denoiser`` (torchao's
 ``quantize_``), ``weight_bytes``, ``install_writer`` (the slots' PEFT adapter and its buffers, the
-banks, or fused mode's pristine copies) and ``install_text_writer`` (text-encoder pristine copies,
-the reserved embedding rows). Every figure is the ``nbytes`` of tensors those functions made, not
+banks, or fused mode's pristine copies) and ``install_text_writer`` (the reserved embedding rows;
+text-encoder LoRA is unfused: its factor cache's bound). Every figure is the ``nbytes`` of tensors those functions made, not
 a formula, with one exception: ``float8`` (torchao refuses to build FP8 weights without a CUDA
 device), whose bytes are torchao's row-wise layout: one byte per weight and a float32 scale per row.
 """
@@ -83,7 +83,7 @@ def _static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, dev
     parameters = sum(p.numel() for p in denoiser.parameters())
     # The writers on meta tensors keep their pristine copies "on the device" (meta); where the
     # engine would keep them is decided below with the budget, as FusedWriter decides at start-up.
-    meta_config = replace(config, fused_restore="device")
+    meta_config = config.replace(fused_restore="device")
     with on_meta(dtype):
         if config.base_quantization == "float8":
             denoiser_bytes = _float8_bytes(denoiser)
@@ -116,10 +116,10 @@ def _static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, dev
         result.append(Part(f"{kind} (LoRA buffers)", writer.nbytes, detail=detail))
         used += writer.nbytes
     for encoder, lora in text.lora.items():
-        where = _place(config.fused_restore, device_type, lora.pristine_bytes, budget, used)
-        result.append(Part(f"{encoder} pristine copy", lora.pristine_bytes, where,
-                           f"{lora.describe()['fusable_modules']} layers (text-encoder LoRA)"))
-        used += lora.pristine_bytes if where == "device" else 0
+        # Text-encoder LoRA runs unfused (writers/text_lora.py): no pristine copy, only the factors
+        # of recent requests, on the encoder's device up to this bound (empty at start-up).
+        result.append(Part(f"{encoder} LoRA factors (bound)", type(lora).PLAN_CACHE_BYTES,
+                           detail="recent requests' text-encoder LoRA factors, at most"))
     summary = {"family": family.name, "denoiser_parameters": parameters, "writer": kind,
                "ceiling_modules": len(writer.ceiling.modules),
                "embedding_rows": {te: rows.rows * len(writer.slot_names) for te, rows in text.rows.items()}}
