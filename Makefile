@@ -13,7 +13,7 @@ export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 BROWSER := /usr/bin/chromium /usr/bin/chromedriver
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test serve clean
+.PHONY: install test test-full serve clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ $(BROWSER):
 
 test: install $(BROWSER)
 	$(PY) -m pytest -q -ra --durations=25
+
+# The real SDXL architecture served end to end (~12 GB of memory, ~30 min on 2 cores; the model is
+# built once into .cache/fullsize). Not part of `make test`.
+test-full: install
+	$(PY) -m pytest -q -ra -m fullsize tests/fullsize
 
 # The HTTP server on the built-in tiny model (built on first use), on 127.0.0.1:8000.
 serve: install

@@ -1,0 +1,1 @@
+"""Full-size models built offline from their published configurations, with random weights."""
