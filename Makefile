@@ -31,7 +31,7 @@ $(BROWSER):
 test: install $(BROWSER)
 	$(PY) -m pytest -q -ra --durations=25
 
-# The real SDXL architecture served end to end (~12 GB of memory, ~30 min on 2 cores; the model is
+# The real SDXL architecture served end to end (~15 GB peak in one process, ~40 min on 2 cores; the model is
 # built once into .cache/fullsize). Not part of `make test`.
 test-full: install
 	$(PY) -m pytest -q -ra -m fullsize tests/fullsize
