@@ -1,0 +1,117 @@
+"""Plain diffusers' answers for bench/full_size.py's requests, in one dtype, in its own process.
+
+Usage (bench/full_size.py runs it): full_size_reference.py MODEL ADAPTERS_JSON DTYPE STEPS NUM_IMAGES WxH OUT.json
+
+Two phases so that float32 fits a 12 GB process (the whole float32 pipeline is 13.9 GB):
+1. the text encoders alone (``unet=None``): the prompt embeddings with no adapter and with the
+   kohya adapter's text-encoder LoRA (loaded by diffusers' own ``lora_state_dict`` and
+   ``load_lora_into_text_encoder``, the calls ``load_lora_weights`` makes, unfused);
+2. the U-Net and VAE (``text_encoder=None``): ``load_lora_weights`` for the U-Net part, unfused,
+   ``set_adapters`` with the request's scale, one pipeline call per request with those embeddings.
+The arithmetic is exactly what one ``StableDiffusionXLPipeline`` call does; only the order of
+loading differs. Writes the PNG bytes (hex), each pack's seconds and the process's peak memory.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from full_size import PROMPT, SCALES, SEED  # one definition of the requests
+
+# The reference's requests: label -> (adapter key, slot) or None; the sequence's first three.
+REQUESTS = {"none": None, "kohya": ("kohya-r32", "identity"), "diffusers": ("diffusers-r128", "style")}
+
+
+def split_kohya(path: Path, out: Path) -> tuple[Path, Path]:
+    """The kohya file's text-encoder keys and U-Net keys as two kohya files (header kept)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(path))
+    parts = {}
+    for name, keep in (("te", lambda k: k.startswith("lora_te")), ("unet", lambda k: k.startswith("lora_unet"))):
+        parts[name] = out / f"kohya-{name}.safetensors"
+        save_file({k: v for k, v in tensors.items() if keep(k)}, str(parts[name]), metadata=meta)
+    return parts["te"], parts["unet"]
+
+
+def prompt_embeddings(model: Path, kohya_te: Path, dtype: torch.dtype) -> dict[str, tuple]:
+    """Phase 1: {"none": embeds, "kohya": embeds}, each encode_prompt's four tensors."""
+    from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
+    from diffusers.configuration_utils import FrozenDict
+
+    pipe = StableDiffusionXLPipeline.from_pretrained(str(model), unet=None, vae=None, torch_dtype=dtype,
+                                                     local_files_only=True)
+    encode = lambda: pipe.encode_prompt(PROMPT, device="cpu", num_images_per_prompt=1,
+                                        do_classifier_free_guidance=True)
+    with torch.no_grad():
+        out = {"none": encode()}
+        unet_config = FrozenDict(UNet2DConditionModel.load_config(str(model / "unet")))
+        sd, alphas, meta = pipe.lora_state_dict(str(kohya_te), unet_config=unet_config, return_lora_metadata=True)
+        for prefix in ("text_encoder", "text_encoder_2"):
+            pipe.load_lora_into_text_encoder(sd, network_alphas=alphas, text_encoder=getattr(pipe, prefix), prefix=prefix,
+                                             adapter_name="kohya", metadata=meta, _pipeline=pipe)
+        pipe.set_adapters(["kohya"], [SCALES["identity"]])
+        out["kohya"] = encode()
+    return out
+
+
+def main() -> None:
+    model, adapters, dtype_name, steps, num_images, size, out = sys.argv[1:8]
+    model, adapters, dtype = Path(model), {k: Path(v) for k, v in json.loads(adapters).items()}, getattr(torch, dtype_name)
+    width, height = (int(x) for x in size.split("x"))
+    from diffusers import StableDiffusionXLPipeline
+
+    began = time.perf_counter()
+    kohya_te, kohya_unet = split_kohya(adapters["kohya-r32"], Path(out).parent)
+    embeddings = prompt_embeddings(model, kohya_te, dtype)
+    text_s = time.perf_counter() - began
+    began = time.perf_counter()
+    pipe = StableDiffusionXLPipeline.from_pretrained(str(model), text_encoder=None, text_encoder_2=None,
+                                                     torch_dtype=dtype, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    load_s = time.perf_counter() - began
+    rows = []
+    for label, adapter in REQUESTS.items():
+        if adapter is not None:
+            key, slot = adapter
+            if pipe.get_list_adapters():
+                pipe.delete_adapters(pipe.get_active_adapters())
+            began = time.perf_counter()
+            pipe.load_lora_weights(str(kohya_unet if key == "kohya-r32" else adapters[key]), adapter_name=label)
+            pipe.set_adapters([label], [SCALES[slot]])
+            adapter_load_s = time.perf_counter() - began
+        embeds = embeddings.get(label, embeddings["none"])
+        generators = [torch.Generator().manual_seed(SEED + i) for i in range(int(num_images))]
+        began = time.perf_counter()
+        with torch.no_grad():
+            images = pipe(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], pooled_prompt_embeds=embeds[2],
+                          negative_pooled_prompt_embeds=embeds[3], num_images_per_prompt=int(num_images),
+                          generator=generators, num_inference_steps=int(steps), guidance_scale=5.0,
+                          height=height, width=width).images
+        pack_s = time.perf_counter() - began
+        pngs = []
+        for image in images:
+            buffer = io.BytesIO()
+            image.save(buffer, format="png")
+            pngs.append(buffer.getvalue().hex())
+        rows.append({"label": label, "pack_s": round(pack_s, 2), "pngs_hex": pngs,
+                     "adapter_load_s": round(adapter_load_s, 2) if adapter else 0.0})
+        print(f"reference {dtype_name} {label}: pack {pack_s:.1f}s", flush=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    Path(out).write_text(json.dumps({"dtype": dtype_name, "text_phase_s": round(text_s, 1), "load_s": round(load_s, 1),
+                                     "peak_rss_gib": round(peak, 2), "requests": rows}))
+
+
+if __name__ == "__main__":
+    main()
