@@ -82,6 +82,15 @@ SCHEDULER = {
 # Transformer2DModel of the U-Net (proj_in, proj_out, attn1, attn2, ff) and every Linear of
 # CLIPAttention / CLIPMLP in the text encoders; diffusers' train_dreambooth_lora_sdxl.py targets
 # the U-Net attention projections only.
+# What ``hotlora plan sdxl`` builds on the meta device (engine/plan/models.py): each config with the
+# class its config.json names, and the published tokenizers' vocabulary sizes.
+COMPONENTS = {"unet": {"_class_name": "UNet2DConditionModel", **UNET},
+              "text_encoder": {"architectures": ["CLIPTextModel"], **TEXT_ENCODER},
+              "text_encoder_2": {"architectures": ["CLIPTextModelWithProjection"], **TEXT_ENCODER_2},
+              "vae": {"_class_name": "AutoencoderKL", **VAE}}
+MODEL_INDEX = {"_class_name": "StableDiffusionXLPipeline"}
+TOKENIZER_VOCABULARY = {"tokenizer": 49408, "tokenizer_2": 49408}
+
 KOHYA_UNET_BLOCKS = ".attentions."
 TEXT_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
 DIFFUSERS_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
