@@ -73,7 +73,7 @@ ensure_local_base() {
     mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" \
         --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
         bookworm "$tar" "${sources[@]}" || die "mmdebstrap"
-    podman import --quiet --change 'CMD ["/bin/bash"]' "$tar" "$HOTLORA_BASE_IMAGE" >/dev/null || die "podman import"
+    podman import --quiet --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' --change 'CMD ["/bin/bash"]' "$tar" "$HOTLORA_BASE_IMAGE" >/dev/null || die "podman import"
     rm -f "$tar"
     log "base built in $((SECONDS - started)) s"
 }
