@@ -42,6 +42,10 @@ trap 'exit 130' INT TERM
 
 # --- helpers ---------------------------------------------------------------------------------
 
+# podman without its complaints that there is no systemd to schedule health checks on (this
+# script runs the checks itself); everything else it says is kept.
+podman() { command podman "$@" 2> >(grep -v 'systemd connection' >&2); }
+
 # Seconds (with a fraction) since the epoch.
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -112,9 +116,7 @@ run_args=(--name "$NAME" --read-only -p "127.0.0.1:$PORT:8000"
           -e HOTLORA_DEVICE=cpu -e HOTLORA_MAX_BATCH_SIZE=2)
 log "starting $NAME ($HOTLORA_IMAGE, read-only root)"
 started=$(now)
-# (podman's complaints that there is no systemd to schedule health checks are dropped: smoke.sh
-# runs the checks itself.)
-podman run -d "${run_args[@]}" "$HOTLORA_IMAGE" 2> >(grep -v 'systemd connection' >&2) >/dev/null
+podman run -d "${run_args[@]}" "$HOTLORA_IMAGE" >/dev/null
 for _ in $(seq 30); do podman healthcheck run "$NAME" >/dev/null 2>&1 && break; sleep 2; done
 podman healthcheck run "$NAME" >/dev/null || die "healthcheck (/healthz) never passed"
 [ "$(podman inspect --format '{{.State.Health.Status}}' "$NAME")" = healthy ] || die "not healthy"
@@ -131,8 +133,9 @@ uids=$(ps -o uid= -p "$pid" --ppid "$pid" | sort -u | tr -d ' ' | tr '\n' ' ')
 for uid in $uids; do [ "$uid" != 0 ] || die "a process runs as root (uids: $uids)"; done
 log "processes run as uid(s) $uids"
 podman exec "$NAME" sh -c 'touch /opt/hotlora/x' 2>/dev/null && die "the root filesystem is writable"
-podman logs "$NAME" 2>&1 | grep -q "target rank 32" || die "the mounted config file was not used"
-podman logs "$NAME" 2>&1 | grep -q "API keys required: 1 key" || die "the mounted keys file was not used"
+logs=$(podman logs "$NAME" 2>&1)   # (not piped into grep -q: pipefail would see podman's SIGPIPE)
+grep -q "target rank 32" <<<"$logs" || die "the mounted config file was not used"
+grep -q "API keys required: 1 key" <<<"$logs" || die "the mounted keys file was not used"
 code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "http://127.0.0.1:$PORT/v1/generate" \
        -H 'content-type: application/json' -d '{"prompt": "x"}')
 [ "$code" = 401 ] || die "a request without a key got $code, not 401"
@@ -145,7 +148,7 @@ podman exec "$NAME" sh -c 'ls /var/cache/hotlora/compile/artifacts/compile-artif
 log "restarting $NAME"
 podman stop -t 30 "$NAME" >/dev/null
 started=$(now)
-podman start "$NAME" 2> >(grep -v 'systemd connection' >&2) >/dev/null
+podman start "$NAME" >/dev/null
 wait_ready "restart" readyz_from_host
 second_ready=$(elapsed "$started")
 logs=$(podman logs "$NAME" 2>&1)
@@ -166,16 +169,17 @@ podman rm -f "$NAME" >/dev/null
 # --- 6. the Kubernetes Deployment under podman kube play ---------------------------------------------
 log "podman kube play of deploy/k8s/overlays/cpu"
 "$HERE/kube-render.sh" "$HOTLORA_IMAGE" "$NAME" "$WORK/api-keys" >"$KUBE_YAML"
-podman kube play --network none --replace "$KUBE_YAML" >/dev/null
-container=$(podman ps --format '{{.Names}} {{.PodName}}' \
-            | awk -v pod="$NAME" 'index($2, pod) == 1 && $1 !~ /-infra$/ { print $1; exit }')
+podman kube play --replace "$KUBE_YAML" >/dev/null
+# kube play names a Deployment's containers <deployment>-pod-<replica>-<container>.
+container=$(podman ps --format '{{.Names}}' | grep -m1 -- "^$NAME-pod-" || true)
 [ -n "$container" ] || die "kube play started no container"
 SERVER=$container
 readyz_in_pod() { readyz podman exec "$container" curl -s --max-time 5 http://127.0.0.1:8000/readyz; }
 started=$(now)
 wait_ready "kube play pod" readyz_in_pod
 log "kube play pod ready after $(elapsed "$started") s"
-podman logs "$container" 2>&1 | grep -q "loaded compile artifacts from" || die "the pod did not load the compile artifacts"
+logs=$(podman logs "$container" 2>&1)
+grep -q "loaded compile artifacts from" <<<"$logs" || die "the pod did not load the compile artifacts"
 generate_in_pod() {
     podman exec "$container" curl -sS --fail-with-body --max-time 300 http://127.0.0.1:8000/v1/generate \
         -H "authorization: Bearer $KEY" -H 'content-type: application/json' -d "$1"
