@@ -33,7 +33,7 @@ cleanup() {
     fi
     podman rm -f -t 5 "$NAME" >/dev/null 2>&1 || true
     [ -f "$KUBE_YAML" ] && podman kube down "$KUBE_YAML" >/dev/null 2>&1 || true
-    podman volume rm -f "${VOLUMES[@]}" "$NAME-cache" "$NAME-config" >/dev/null 2>&1 || true
+    podman volume rm -f "${VOLUMES[@]}" "$NAME-config" >/dev/null 2>&1 || true
     rm -rf "$WORK"
     exit $rc
 }
@@ -158,13 +158,9 @@ mapfile -t warm < <(grep -o 'warm: [0-9.]*s' <<<"$logs" | grep -o '[0-9.]*')
 log "ready after $second_ready s on restart (first start $first_ready s); warm-up ${warm[0]} s -> ${warm[-1]} s"
 awk -v a="$second_ready" -v b="$first_ready" 'BEGIN { exit !(a < b) }' || die "the restart was not faster"
 generate_twice generate_from_host
-podman stop -t 30 "$NAME" >/dev/null
-# The Deployment's cache volume, seeded with this container's caches (the tiny model, compile
-# artifacts): the pod below must load them, as a rescheduled pod on a shared volume does.
-podman volume create "$NAME-cache" >/dev/null
-podman run --rm --network none --user 0 --entrypoint sh -v "${VOLUMES[0]}:/from/adapters:ro" \
-    -v "${VOLUMES[1]}:/from/compile:ro" -v "$NAME-cache:/to" "$HOTLORA_IMAGE" -c 'cp -a /from/adapters /from/compile /to/'
-podman rm -f "$NAME" >/dev/null
+# The Deployment's cache claims become this container's volumes: the pod below must load the
+# compile artifacts, as a rescheduled pod on the shared cache volumes does.
+podman rm -f -t 30 "$NAME" >/dev/null
 
 # --- 6. the Kubernetes Deployment under podman kube play ---------------------------------------------
 log "podman kube play of deploy/k8s/overlays/cpu"

@@ -155,9 +155,11 @@ def test_deployment_probes_caches_and_disruption_budget(overlay):
     assert {"/var/cache/hotlora/adapters", "/var/cache/hotlora/compile", "/tmp", "/etc/hotlora",
             "/run/secrets/hotlora"} <= set(mounts)
     volumes = {v["name"]: v for v in spec["volumes"]}
-    (claim,) = of_kind(docs, "PersistentVolumeClaim")
-    assert volumes[mounts["/var/cache/hotlora/compile"]["name"]]["persistentVolumeClaim"]["claimName"] == \
-        claim["metadata"]["name"]
+    claims = {c["metadata"]["name"] for c in of_kind(docs, "PersistentVolumeClaim")}
+    for cache in ("/var/cache/hotlora/adapters", "/var/cache/hotlora/compile"):  # each on its own claim
+        assert volumes[mounts[cache]["name"]]["persistentVolumeClaim"]["claimName"] in claims
+    assert len({volumes[mounts[c]["name"]]["persistentVolumeClaim"]["claimName"] for c in
+                ("/var/cache/hotlora/adapters", "/var/cache/hotlora/compile")}) == 2
     (config_map,) = of_kind(docs, "ConfigMap")
     assert volumes["config"]["configMap"]["name"] == config_map["metadata"]["name"]  # the hashed name
     selector = deployment["spec"]["selector"]["matchLabels"]
