@@ -151,7 +151,7 @@ class EngineConfig(Settings):
     rank_buckets: tuple[int, ...] | None = setting(None, "extra ranks to compile for besides target_rank, e.g. "
                                                          "0,4,8: a request runs the smallest that holds its adapters "
                                                          "(0: no adapter, no LoRA branch run at all). Default: 0 and "
-                                                         "target_rank/4 in slots mode; empty: target_rank only")
+                                                         "target_rank/4 in slots and auto mode; empty: target_rank only")
     # engine/writers/fused.py and auto.py; docs/benchmarks.md says why the default is slots.
     adapter_mode: str = setting("slots", "slots: LoRA layers in the compiled model, adapters copied in per "
                                          "request; fused: adapters merged into the weights, restored from a "
@@ -234,10 +234,11 @@ class EngineConfig(Settings):
     @property
     def bucket_ranks(self) -> tuple[int, ...]:
         """The rank buckets the slots are compiled for besides ``target_rank``: ``rank_buckets`` when
-        given, else the default, which only the slots of single-request packs have."""
+        given, else the default, which only the slots of single-request packs have (auto mode's
+        included: its fused requests run bucket 0, no slot compute)."""
         if self.rank_buckets is not None:
             return self.rank_buckets
-        if self.mixed or self.adapter_mode != "slots":
+        if self.mixed or self.adapter_mode not in ("slots", "auto"):
             return ()
         return default_rank_buckets(self.target_rank)
 

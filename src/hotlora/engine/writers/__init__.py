@@ -120,7 +120,7 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
 
         return AutoWriter(denoiser, family, config.slots, config.target_rank, config.target_modules, served_models,
                           min_kept=config.fused_min_kept, restore=config.fused_restore,
-                          rank_buckets=config.rank_buckets)
+                          rank_buckets=config.bucket_ranks)
     if config.mixed:
         from hotlora.engine.writers.banks import AdapterBank
 
