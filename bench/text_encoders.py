@@ -79,7 +79,7 @@ def measure(label: str, full_size: bool, rank: int, runs: int) -> dict:
     parts = encoders(full_size)
     text = TextEncoders(parts, family_named("flux"), ("identity", "style"), rows=4)
     requests = [request(parts.text_encoder, rank, seed) for seed in (1, 2)]
-    prepare_ms = statistics.median(median_ms(lambda: text.prepare(r), 1) for r in requests)  # the first: not cached
+    prepare_ms = statistics.median(median_ms(lambda r=r: text.prepare(r), 1) for r in requests)  # first: not cached
     turn = iter(range(10**9))
     bind_ms = median_ms(lambda: text.bind(requests[next(turn) % 2]), runs)
     ids = parts.tokenizer("a photo of a cat", padding="max_length", max_length=77, return_tensors="pt").input_ids

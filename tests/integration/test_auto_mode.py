@@ -130,7 +130,7 @@ def run_compiled(engine, adapters, num_images=2, seed=0):
 
 
 def test_float32_compiled_alternating_paths_equal_diffusers_without_recompiling(compiled_auto):
-    family, model_dir, engine, a = compiled_auto
+    _family, model_dir, engine, a = compiled_auto
     requests = [
         ("fused", {"identity": (a["strong"], 0.8), "style": (a["other"], 1.2)}),
         ("slots", {"identity": (a["feather"], 1.0)}),
@@ -153,7 +153,7 @@ def test_float32_compiled_alternating_paths_equal_diffusers_without_recompiling(
 
 
 def test_a_batch_of_requests_shares_one_adapter_set(compiled_auto):
-    family, model_dir, engine, a = compiled_auto
+    _family, model_dir, engine, a = compiled_auto
     strong = {"identity": (a["strong"], 0.8)}
     together = engine.run([engine.prepare(PROMPT, adapters=strong, num_images=1, num_inference_steps=STEPS, seed=s,
                                           output_type="latent") for s in (0, 1)])

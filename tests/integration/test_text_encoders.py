@@ -203,7 +203,7 @@ def test_text_encoder_lora_runs_unfused_and_an_adapter_that_comes_back_is_not_pl
     """No pristine copy of the encoders, nothing merged (so nothing lost in low precision), and an
     adapter that comes back re-points the hooks to its cached factors; the text side's time is
     part of ``swap_ms``."""
-    family, model_dir, engine, pool = mixed
+    _, _, engine, _ = mixed
     (first, _), (second, _) = pivotal
     lora = engine.describe()["text_encoders"]["lora"]
     assert lora and all(d["mode"] == "unfused" and d["pristine_bytes"] == 0 for d in lora.values())
@@ -218,6 +218,6 @@ def test_text_encoder_lora_runs_unfused_and_an_adapter_that_comes_back_is_not_pl
     assert len(plans) == planned  # its factors were cached: nothing built, nothing merged
     assert torch.equal(again.images, one.images)
     assert again.swap.text_ms > 0 and again.timings.swap_ms >= again.swap.text_ms
-    for te, described in engine.describe()["text_encoders"]["lora"].items():
+    for described in engine.describe()["text_encoders"]["lora"].values():
         assert described["bound"]["identity"]["rank"] == TARGET_RANK * 2
     assert engine.recompiles == 0

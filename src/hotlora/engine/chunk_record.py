@@ -26,10 +26,29 @@ from pathlib import Path
 import torch
 
 from hotlora.engine.pipeline import untrusted_because
+from hotlora.engine.warmup import TIMED_REPEATS, TIMED_STEPS, candidates, chunk_key, guidance_scales, measure_chunks
 
 log = logging.getLogger(__name__)
 
 SCHEMA = 1
+
+
+def measured_chunks(engine, fingerprint: str | None) -> dict[str, dict]:
+    """The engine's chunk sizes: saved by an earlier start under the same key, else measured now
+    (within ``chunk_budget_s``) and saved in ``compile_cache_dir``. No cache folder: measured only."""
+    budget = engine.config.chunk_budget_s or None  # 0: no bound
+    if fingerprint is None:
+        return measure_chunks(engine, budget)
+    key = record_key(fingerprint, engine.device, compile_mode=engine.compile_mode, budget_s=budget,
+                     steps=TIMED_STEPS, repeats=TIMED_REPEATS)
+    path = record_path(engine.config.compile_cache_dir, key)
+    expected = {chunk_key(h, w, engine.uses_cfg(scale)) for h, w in engine.served_sizes
+                for scale in guidance_scales(engine)}
+    chunks = load(path, key, expected, set(candidates(engine.batch_size)))
+    if chunks is None:
+        chunks = measure_chunks(engine, budget)
+        save(path, key, chunks)
+    return chunks
 
 
 def hardware(device: torch.device) -> dict:

@@ -37,10 +37,8 @@ from hotlora.engine.runner import (
 )
 from hotlora.engine.served import served_adapters as _served
 from hotlora.engine.stepcache import apply_step_cache
-from hotlora.engine import chunk_record
-from hotlora.engine.warmup import (
-    TIMED_REPEATS, TIMED_STEPS, candidates, chunk_key, guidance_scales, measure_chunks, warm_up,
-)
+from hotlora.engine.chunk_record import measured_chunks
+from hotlora.engine.warmup import chunk_key, warm_up
 from hotlora.engine.prompts import batch_prompts
 from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
 from hotlora.engine.writers import AdapterWriter, SwapReport, TextWriter, install_text_writer, install_writer
@@ -128,11 +126,10 @@ class Engine:
         return tuple(sizes)
 
     def _make_warm(self) -> None:
-        config, artifacts, fingerprint = self.config, None, None
-        if config.compile_cache_dir is not None:
-            fingerprint = self.config.fingerprint(self.model, self.family.name, sizes=self.served_sizes,
-                                                  dynamic_sizes=self.dynamic_sizes,
-                                                  attention=self.attention_backend, dtype=str(self.denoiser.dtype))
+        config, artifacts = self.config, None
+        fingerprint = None if config.compile_cache_dir is None else config.fingerprint(  # artifacts, chunk sizes
+            self.model, self.family.name, sizes=self.served_sizes, dynamic_sizes=self.dynamic_sizes,
+            attention=self.attention_backend, dtype=str(self.denoiser.dtype))
         if config.compile and fingerprint is not None:
             artifacts = compile_artifacts_path(config.compile_cache_dir, fingerprint)
             self.compile_artifacts_loaded = load_compile_artifacts(artifacts)
@@ -154,26 +151,9 @@ class Engine:
                                                  dynamic=False if self.dynamic_sizes is False else None)
         warm_up(self)
         if config.batch_size == "auto":  # the chunk size per size and CFG mode, measured (warmup.py)
-            self.chunks = self._measured_chunks(fingerprint)
+            self.chunks = measured_chunks(self, fingerprint)
         if artifacts is not None and not self.compile_artifacts_loaded:
             save_compile_artifacts(artifacts)
-
-    def _measured_chunks(self, fingerprint: str | None) -> dict[str, dict]:
-        """The chunk sizes saved by an earlier start under the same key (engine/chunk_record.py), else
-        measured now, within ``chunk_budget_s``, and saved beside the compile artifacts."""
-        budget = self.config.chunk_budget_s or None  # 0: no bound
-        if fingerprint is None:
-            return measure_chunks(self, budget)
-        key = chunk_record.record_key(fingerprint, self.device, compile_mode=self.compile_mode, budget_s=budget,
-                                      steps=TIMED_STEPS, repeats=TIMED_REPEATS)
-        path = chunk_record.record_path(self.config.compile_cache_dir, key)
-        expected = {chunk_key(h, w, self.uses_cfg(scale)) for h, w in self.served_sizes
-                    for scale in guidance_scales(self)}
-        chunks = chunk_record.load(path, key, expected, set(candidates(self.batch_size)))
-        if chunks is None:
-            chunks = measure_chunks(self, budget)
-            chunk_record.save(path, key, chunks)
-        return chunks
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, config: EngineConfig | None = None, *, store=None,
@@ -312,7 +292,7 @@ class Engine:
                               output_type="pt" if request.output_type == "pil" else request.output_type,
                               progress=request.progress, before_chunk=bind, trace=trace)
             guard.check_finite(images, request.adapters, self.pipeline)
-        timings.swap_ms = swap.ms + swap.text_ms  # the text encoders' part included (also apart: swap.text_ms)
+        timings.swap_ms = swap.ms + swap.text_ms  # the text encoders' part included
         images = self._finish(images, request.output_type)
         timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
         served = _served(request.adapters, self.text.lora_encoders, swap.fused, self._path)

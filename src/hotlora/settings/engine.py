@@ -248,5 +248,5 @@ class EngineConfig(Settings):
         return self.max_batch_size if self.batch_size == "auto" else self.batch_size
 
 
-__all__ = ["ADAPTER_MODES", "default_rank_buckets", "BASE_QUANTIZATIONS", "FUSED_RESTORE", "SIZE_POLICIES", "STEP_CACHE_BACKENDS",
-           "EngineConfig", "RequestLimits", "StepCache", "format_size", "parse_size", "parse_sizes"]
+__all__ = ["ADAPTER_MODES", "BASE_QUANTIZATIONS", "FUSED_RESTORE", "SIZE_POLICIES", "STEP_CACHE_BACKENDS",
+           "EngineConfig", "RequestLimits", "StepCache", "default_rank_buckets", "format_size", "parse_size", "parse_sizes"]
