@@ -156,8 +156,8 @@ def test_deployment_probes_caches_and_disruption_budget(overlay):
             "/run/secrets/hotlora"} <= set(mounts)
     volumes = {v["name"]: v for v in spec["volumes"]}
     claims = {c["metadata"]["name"] for c in of_kind(docs, "PersistentVolumeClaim")}
-    for cache in ("/var/cache/hotlora/adapters", "/var/cache/hotlora/compile"):  # each on its own claim
-        assert volumes[mounts[cache]["name"]]["persistentVolumeClaim"]["claimName"] in claims
+    for folder in ("/var/cache/hotlora/adapters", "/var/cache/hotlora/compile"):  # each on its own claim
+        assert volumes[mounts[folder]["name"]]["persistentVolumeClaim"]["claimName"] in claims
     assert len({volumes[mounts[c]["name"]]["persistentVolumeClaim"]["claimName"] for c in
                 ("/var/cache/hotlora/adapters", "/var/cache/hotlora/compile")}) == 2
     (config_map,) = of_kind(docs, "ConfigMap")

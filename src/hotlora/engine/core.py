@@ -33,7 +33,7 @@ from hotlora.engine.request import (
     CallParams, CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Resolved, UnservedShape,
 )
 from hotlora.engine.runner import (
-    DenoiseClock, Timings, fan_out, image_generators, run_pack, split_chunk, synchronize,
+    DenoiseClock, Timings, fan_out, finish_images, image_generators, run_pack, split_chunk, synchronize,
 )
 from hotlora.engine.served import served_adapters as _served
 from hotlora.engine.stepcache import apply_step_cache
@@ -293,7 +293,7 @@ class Engine:
                               progress=request.progress, before_chunk=bind, trace=trace)
             guard.check_finite(images, request.adapters, self.pipeline)
         timings.swap_ms = swap.ms + swap.text_ms  # the text encoders' part included
-        images = self._finish(images, request.output_type)
+        images = finish_images(self.pipeline, images, request.output_type)
         timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
         served = _served(request.adapters, self.text.lora_encoders, swap.fused, self._path)
         return GenerationResult(images, request.seeds, timings, swap, served, self.recompiles, request.size,
@@ -341,7 +341,7 @@ class Engine:
                               decode_ms=batch.decode_ms, chunks=batch.chunks)
             timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
             served = _served(request.adapters, self.text.lora_encoders, swap.fused, self._path)
-            results.append(GenerationResult(self._finish(images[bounds[i]:bounds[i + 1]], first.output_type),
+            results.append(GenerationResult(finish_images(self.pipeline, images[bounds[i]:bounds[i + 1]], first.output_type),
                                             request.seeds, timings, swap, served, self.recompiles, request.size,
                                             request.snapped_from))
         return results
@@ -396,10 +396,4 @@ class Engine:
                 raise EngineError(f"generation failed inside the engine: {type(exc).__name__}: {exc}") from exc
             finally:
                 self._recompiles += graph_count() - graphs_before
-
-    def _finish(self, images, output_type: str):
-        """Encode PIL (finiteness was checked inside the engine section)."""
-        if output_type == "pil":
-            images = self.pipeline.image_processor.numpy_to_pil(self.pipeline.image_processor.pt_to_numpy(images))
-        return images
 

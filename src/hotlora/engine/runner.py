@@ -157,3 +157,8 @@ def run_pack(pipeline, *, prompt, num_images: int, batch_size: int, seed: int, o
     return torch.cat(outputs)
 
 
+def finish_images(pipeline, images, output_type: str):
+    """Encode PIL (finiteness was checked inside the engine section)."""
+    if output_type == "pil":
+        images = pipeline.image_processor.numpy_to_pil(pipeline.image_processor.pt_to_numpy(images))
+    return images

@@ -68,9 +68,9 @@ def check_memory(config: ServerConfig):
     device = engine_config.device or default_device()
     if config.memory:
         budget, name = parse_bytes(config.memory), f"memory {config.memory}"
-    else:
-        budget, name = this_machine(torch.device(device).type, device)
-    try:
+    try:  # a device torch cannot name is the engine's error to give (at load), not the planner's
+        if not config.memory:
+            budget, name = this_machine(torch.device(device).type, device)
         plan = plan_memory(config.model, engine_config, budget=budget, budget_name=name, device=device)
     except Exception as exc:  # the planner's own limits (a layout it cannot read) must not stop a server
         log.warning("no memory plan for %s (%s: %s); starting without the check", config.model,
