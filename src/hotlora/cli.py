@@ -211,7 +211,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser, plan_only: bool = False)
     add_flags(parser, StoreConfig, "adapter store settings ([store] in --config)")
 
 
-# Long: one argparse declaration per subcommand (serve, plan, warm, ...), read top to bottom like --help.
+# Long: one argparse declaration per subcommand (tiny-model, generate, serve, plan, keys, bench, adapters), read top to bottom like --help.
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hotlora", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
