@@ -52,6 +52,7 @@ FAMILY_DEFAULTS = {
     "sdxl": {"num_inference_steps": 30, "guidance_scale": 5.0},
 }
 RECOMPILES_PER_STATE = 8  # dynamo's default recompile limit covers the batch and CFG variants of one state
+_GRAPHS_ALLOTTED = [0]  # graphs the compiled engines of this process were allowed
 # How several served sizes share graphs, per family (bench/sizes.py measures both ways; results in
 # bench/results/sizes.md). True: the sequence (Flux) / spatial (SDXL) dimensions turn dynamic at
 # warm-up (dynamo's automatic dynamic shapes, duck shaping off): sizes after the second compile
@@ -134,13 +135,13 @@ class Engine:
             artifacts = compile_artifacts_path(config.compile_cache_dir, fingerprint)
             self.compile_artifacts_loaded = load_compile_artifacts(artifacts)
         states = len(self.writer.warmup_states())
-        # Graphs per (state, size) are what one state's batch and CFG variants need (dynamo's default
-        # limit, 8). Dynamic sizes: the first size compiles static graphs, the second dynamic ones
-        # that every later size reuses, so sizes past the second add none.
+        # Graphs per (state, size): one state's batch and CFG variants (dynamo's default limit, 8). Dynamic
+        # sizes: the first size compiles static graphs, the second dynamic ones every later size reuses.
         sizes = len(self.served_sizes)
         graph_sizes = min(sizes, 2) if self.dynamic_sizes else sizes
-        needed = RECOMPILES_PER_STATE * states * graph_sizes
-        if needed > RECOMPILES_PER_STATE and torch._dynamo.config.recompile_limit < needed:
+        # Every compiled engine of a process adds graphs to the blocks' shared code objects: cover them all.
+        needed = _GRAPHS_ALLOTTED[0] = _GRAPHS_ALLOTTED[0] + RECOMPILES_PER_STATE * states * graph_sizes
+        if config.compile and torch._dynamo.config.recompile_limit < needed:
             log.info("%d writer states x %d sizes: dynamo recompile_limit raised to %d", states, sizes, needed)
             torch._dynamo.config.recompile_limit = needed
         if self.step_cache is not None:  # installed before compile: the compiled blocks include it
@@ -341,9 +342,9 @@ class Engine:
                               decode_ms=batch.decode_ms, chunks=batch.chunks)
             timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
             served = _served(request.adapters, self.text.lora_encoders, swap.fused, self._path)
-            results.append(GenerationResult(finish_images(self.pipeline, images[bounds[i]:bounds[i + 1]], first.output_type),
-                                            request.seeds, timings, swap, served, self.recompiles, request.size,
-                                            request.snapped_from))
+            own = finish_images(self.pipeline, images[bounds[i]:bounds[i + 1]], first.output_type)
+            results.append(GenerationResult(own, request.seeds, timings, swap, served, self.recompiles,
+                                            request.size, request.snapped_from))
         return results
 
     @property
