@@ -4,7 +4,6 @@ are where the manifests mount the caches."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -18,7 +17,7 @@ ENTRYPOINT_ONLY = {"HOTLORA_CONFIG_FILE", "HOTLORA_API_KEYS_SECRET"}
 
 
 def settings() -> set[str]:
-    return {f"HOTLORA_{f.name.upper()}" for cls in (ServerConfig, StoreConfig) for f in dataclasses.fields(cls)}
+    return {f"HOTLORA_{name.upper()}" for cls in (ServerConfig, StoreConfig) for name in cls.model_fields}
 
 
 def image_env() -> dict[str, str]:
