@@ -27,6 +27,7 @@ from hotlora.engine.plan.activations import (
 )
 from hotlora.engine.writers.slots import SlotBank
 from hotlora.fullsize.flux import TRANSFORMER, VAE
+from hotlora.fullsize.sdxl import UNET as SDXL_PUBLISHED_UNET
 
 ROOT = Path(__file__).resolve().parents[1]
 # (batch, side of the image-token grid, text tokens). Below ~100 tokens fixed buffers (bfloat16
@@ -38,26 +39,10 @@ VAE_POINTS = {"one": [(1, 64, 64), (1, 128, 128), (1, 128, 192)], "batch": [(2, 
 # predicted from the fit of the others, and reported.
 SDXL_POINTS = [(1, 16, 16), (2, 16, 16), (1, 24, 24)]
 SDXL_HELD_OUT = (3, 16, 24)
-# SDXL's published U-Net configuration (stabilityai/stable-diffusion-xl-base-1.0, unet/config.json:
-# 2,567,463,684 parameters, 743 Linear layers), with one transformer layer per level instead of
-# 1/2/10 (see activations.py: only one layer of a level is alive at a time).
-SDXL_UNET = {
-    "act_fn": "silu", "addition_embed_type": "text_time", "addition_embed_type_num_heads": 64,
-    "addition_time_embed_dim": 256, "attention_head_dim": [5, 10, 20], "block_out_channels": [320, 640, 1280],
-    "center_input_sample": False, "class_embed_type": None, "class_embeddings_concat": False, "conv_in_kernel": 3,
-    "conv_out_kernel": 3, "cross_attention_dim": 2048, "cross_attention_norm": None,
-    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"], "downsample_padding": 1,
-    "dual_cross_attention": False, "encoder_hid_dim": None, "encoder_hid_dim_type": None, "flip_sin_to_cos": True,
-    "freq_shift": 0, "in_channels": 4, "layers_per_block": 2, "mid_block_only_cross_attention": None,
-    "mid_block_scale_factor": 1, "mid_block_type": "UNetMidBlock2DCrossAttn", "norm_eps": 1e-05,
-    "norm_num_groups": 32, "num_attention_heads": None, "num_class_embeds": None, "only_cross_attention": False,
-    "out_channels": 4, "projection_class_embeddings_input_dim": 2816, "resnet_out_scale_factor": 1.0,
-    "resnet_skip_time_act": False, "resnet_time_scale_shift": "default", "sample_size": 128,
-    "time_cond_proj_dim": None, "time_embedding_act_fn": None, "time_embedding_dim": None,
-    "time_embedding_type": "positional", "timestep_post_act": None, "transformer_layers_per_block": [1, 1, 1],
-    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"], "upcast_attention": None,
-    "use_linear_projection": True,
-}
+# SDXL's published U-Net configuration (hotlora.fullsize.sdxl: 2,567,463,684 parameters, 743 Linear
+# layers), with one transformer layer per level instead of 1/2/10 (see activations.py: only one
+# layer of a level is alive at a time).
+SDXL_UNET = {**SDXL_PUBLISHED_UNET, "transformer_layers_per_block": [1, 1, 1]}
 SLOT_RANK = 64  # two slots: a rank-128 PEFT adapter; the LoRA temporaries are a few % of the peak
 
 
