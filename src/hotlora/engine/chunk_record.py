@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from hotlora.engine.pipeline import untrusted_because
+from hotlora.engine.pipeline import untrusted_because, write_private
 from hotlora.engine.warmup import TIMED_REPEATS, TIMED_STEPS, candidates, chunk_key, guidance_scales, measure_chunks
 
 log = logging.getLogger(__name__)
@@ -121,14 +121,5 @@ def _checked(entry: dict, compiled: set[int]) -> dict:
 
 def save(path: Path, key: str, chunks: dict[str, dict]) -> bool:
     """Write the measurement atomically, into a folder no other user can write (as the artifacts)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    reason = untrusted_because(path)
-    if reason:
-        log.warning("not saving the chunk-size measurement where another user could replace it: %s", reason)
-        return False
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
-        json.dump({"key": key, "chunks": chunks}, out, indent=1)
-    os.replace(tmp, path)
-    log.info("saved the chunk-size measurement to %s", path)
-    return True
+    return write_private(path, json.dumps({"key": key, "chunks": chunks}, indent=1).encode(),
+                         "the chunk-size measurement")

@@ -157,14 +157,20 @@ def save_compile_artifacts(path: Path) -> bool:
     if not saved:
         return False
     data, _info = saved
+    return write_private(path, data, "compile artifacts")
+
+
+def write_private(path: Path, data: bytes, what: str) -> bool:
+    """Write ``data`` atomically into a folder no other user can write (the next process trusts
+    it: ``untrusted_because``); False, with a warning, where another user could replace it."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     reason = untrusted_because(path)
     if reason:
-        log.warning("not saving compile artifacts where another user could replace them: %s", reason)
+        log.warning("not saving %s where another user could replace them: %s", what, reason)
         return False
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
         out.write(data)
     os.replace(tmp, path)
-    log.info("saved %d bytes of compile artifacts to %s", len(data), path)
+    log.info("saved %d bytes of %s to %s", len(data), what, path)
     return True
