@@ -9,7 +9,8 @@ Two phases so that float32 fits a 12 GB process (the whole float32 pipeline is 1
 2. the U-Net and VAE (``text_encoder=None``): ``load_lora_weights`` for the U-Net part, unfused,
    ``set_adapters`` with the request's scale, one pipeline call per request with those embeddings.
 The arithmetic is exactly what one ``StableDiffusionXLPipeline`` call does; only the order of
-loading differs. Writes the PNG bytes (hex), each pack's seconds and the process's peak memory.
+loading differs. Writes the PNG bytes (hex), each pack's seconds (the pipeline call from the
+embeddings), each request's prompt-encoding seconds and the process's peak memory.
 """
 
 from __future__ import annotations
@@ -45,25 +46,33 @@ def split_kohya(path: Path, out: Path) -> tuple[Path, Path]:
     return parts["te"], parts["unet"]
 
 
-def prompt_embeddings(model: Path, kohya_te: Path, dtype: torch.dtype) -> dict[str, tuple]:
-    """Phase 1: {"none": embeds, "kohya": embeds}, each encode_prompt's four tensors."""
+def prompt_embeddings(model: Path, kohya_te: Path, dtype: torch.dtype) -> tuple[dict[str, tuple], dict[str, float]]:
+    """Phase 1: {"none": embeds, "kohya": embeds}, each encode_prompt's four tensors, and the seconds
+    each encoding takes (the second call of two: the server's pipeline call encodes too, warm)."""
     from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
     from diffusers.configuration_utils import FrozenDict
 
     pipe = StableDiffusionXLPipeline.from_pretrained(str(model), unet=None, vae=None, torch_dtype=dtype,
                                                      local_files_only=True)
-    encode = lambda: pipe.encode_prompt(PROMPT, device="cpu", num_images_per_prompt=1,
-                                        do_classifier_free_guidance=True)
+    seconds = {}
+
+    def encode(label: str):
+        for _ in range(2):
+            began = time.perf_counter()
+            embeds = pipe.encode_prompt(PROMPT, device="cpu", num_images_per_prompt=1, do_classifier_free_guidance=True)
+            seconds[label] = time.perf_counter() - began
+        return embeds
+
     with torch.no_grad():
-        out = {"none": encode()}
+        out = {"none": encode("none")}
         unet_config = FrozenDict(UNet2DConditionModel.load_config(str(model / "unet")))
         sd, alphas, meta = pipe.lora_state_dict(str(kohya_te), unet_config=unet_config, return_lora_metadata=True)
         for prefix in ("text_encoder", "text_encoder_2"):
             pipe.load_lora_into_text_encoder(sd, network_alphas=alphas, text_encoder=getattr(pipe, prefix), prefix=prefix,
                                              adapter_name="kohya", metadata=meta, _pipeline=pipe)
         pipe.set_adapters(["kohya"], [SCALES["identity"]])
-        out["kohya"] = encode()
-    return out
+        out["kohya"] = encode("kohya")
+    return out, seconds
 
 
 def main() -> None:
@@ -74,7 +83,7 @@ def main() -> None:
 
     began = time.perf_counter()
     kohya_te, kohya_unet = split_kohya(adapters["kohya-r32"], Path(out).parent)
-    embeddings = prompt_embeddings(model, kohya_te, dtype)
+    embeddings, encode_s = prompt_embeddings(model, kohya_te, dtype)
     text_s = time.perf_counter() - began
     began = time.perf_counter()
     pipe = StableDiffusionXLPipeline.from_pretrained(str(model), text_encoder=None, text_encoder_2=None,
@@ -106,6 +115,7 @@ def main() -> None:
             image.save(buffer, format="png")
             pngs.append(buffer.getvalue().hex())
         rows.append({"label": label, "pack_s": round(pack_s, 2), "pngs_hex": pngs,
+                     "encode_s": round(encode_s.get(label, encode_s["none"]), 2),
                      "adapter_load_s": round(adapter_load_s, 2) if adapter else 0.0})
         print(f"reference {dtype_name} {label}: pack {pack_s:.1f}s", flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB

@@ -70,8 +70,10 @@ def distance(a, b) -> float:
 @pytest.mark.parametrize("family", ["flux", "sdxl"])
 def test_compiled_int8_base_serves_adapters_in_turn_without_recompiling(family, tiny_models, tmp_path):
     model_dir = tiny_models[family]
+    # rank_buckets=(): every request here holds a full-rank adapter (the full bucket); the default's
+    # other two buckets would only triple the warm-up (CI time). Buckets: test_rank_buckets.py.
     engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=N, compile=True,
-                                    base_quantization="int8_weight_only")
+                                    base_quantization="int8_weight_only", rank_buckets=())
     assert engine.compile_mode is not None  # compiled: torchao's int8 tensors trace under dynamo
     pairs = adapters_for(engine, family, tmp_path)
     with recompiles_are_errors():

@@ -43,6 +43,21 @@ def test_slots_are_the_engine_buffers_at_every_rank(flux_dev_linears):
         assert plan.settings["ceiling_modules"] == len(flux_dev_linears) == 504
 
 
+def test_adapters_in_use_are_one_float16_copy_and_one_packed_copy_per_slot_at_the_target_rank():
+    """The estimate of what serving adds: per slot, an adapter at the target rank on every ceiling
+    Linear in the store (float16, 2 bytes) and packed (the slots' dtype). Host memory beside a GPU
+    (not counted against the card), the same memory on a CPU (counted)."""
+    on_gpu = plan_memory("flux-dev", EngineConfig(target_rank=64), device="cuda", budget=ACCELERATORS["h100-80gb"])
+    slots, estimate = part(on_gpu, "slots (LoRA buffers)"), part(on_gpu, "adapters in use (estimate)")
+    assert estimate.bytes == 2 * slots.bytes and estimate.where == "host"  # bf16 slots: 2 + 2 bytes an element
+    assert on_gpu.static_bytes == sum(p.bytes for p in on_gpu.parts if p is not estimate and p.where == "device")
+    on_cpu = plan_memory("flux-dev", EngineConfig(target_rank=64, dtype="float32"), device="cpu", budget=2**40)
+    slots, estimate = part(on_cpu, "slots (LoRA buffers)"), part(on_cpu, "adapters in use (estimate)")
+    assert estimate.bytes * 2 == slots.bytes * 3 and estimate.where == "device"  # float32 slots: 2 + 4 bytes
+    fused = plan_memory("flux-dev", EngineConfig(adapter_mode="fused"), device="cuda", budget=ACCELERATORS["h200-141gb"])
+    assert not any(p.name == "adapters in use (estimate)" for p in fused.parts)
+
+
 def test_fused_pristine_copy_is_every_linear_weight_and_goes_to_the_host_when_it_does_not_fit(flux_dev_linears):
     linear_bytes = sum(i * o for i, o in flux_dev_linears.values()) * 2
     on_h200 = plan_memory("flux-dev", EngineConfig(adapter_mode="fused"), device="cuda",

@@ -160,9 +160,10 @@ def plan_memory(model: str, config: EngineConfig | None = None, *, budget: int |
     notes.append("activations: the eager peak of one chunk (denoiser forward or VAE decode, the larger), "
                  "from coefficients measured on the CPU (engine/plan/activations.py); the text encoders' "
                  "activations are not counted")
-    notes.append("host memory that grows with the adapters served is not counted: the adapter store's RAM "
-                 "cache (its ram_budget_bytes) and the slots' packed copies of prepared adapters (up to 2 GiB)"
-                 + ("; on a CPU that is the same memory" if device_type == "cpu" else ""))
+    notes.append("adapters in use: one per slot at the target rank is counted (an estimate); more adapters "
+                 "held grow the adapter store's RAM cache up to its ram_budget_bytes and the slots' packed "
+                 "copies up to 2 GiB" + ("; on a CPU that is the same memory" if device_type == "cpu" else
+                                        " (host memory)"))
     settings = {"slots": ",".join(config.slots), "target_rank": config.target_rank,
                 "adapter_mode": config.adapter_mode, "mixed": config.mixed, "batch": chunk,
                 "base_quantization": config.base_quantization, "writer": summary["writer"],

@@ -163,11 +163,14 @@ class SlotBank:
             # A torchao-quantized base (base_quantization): PEFT warns that its LoRA layer cannot
             # merge; the slots never merge (fused mode is refused with a quantized base).
             warnings.filterwarnings("ignore", "TorchaoLoraLinear was instantiated without", UserWarning)
-            denoiser.add_adapter(config, adapter_name=PEFT_ADAPTER)
+            _add_adapter_without_weights(denoiser, config)
         denoiser.set_adapters([PEFT_ADAPTER], [1.0])  # once, before compile
-        first = denoiser.get_submodule(next(iter(modules))).lora_A[PEFT_ADAPTER].weight
-        all_down = torch.zeros(total, self.layout.down_width, dtype=first.dtype, device=first.device)
-        all_up = torch.zeros(total, self.layout.up_width, dtype=first.dtype, device=first.device)
+        # The dtype and device PEFT gives LoRA weights: the base weight's (its default dtype when the
+        # base weight is not floating point).
+        base = denoiser.get_submodule(next(iter(modules))).get_base_layer().weight
+        dtype = base.dtype if base.dtype.is_floating_point else torch.get_default_dtype()
+        all_down = torch.zeros(total, self.layout.down_width, dtype=dtype, device=base.device)
+        all_up = torch.zeros(total, self.layout.up_width, dtype=dtype, device=base.device)
         for name in modules:
             layer = denoiser.get_submodule(name)
             self._peft.append((name, layer.lora_A, layer.lora_B))
@@ -294,6 +297,20 @@ class SlotBank:
         synchronize(self.device)  # host-to-device copies are asynchronous
         report.ms = (time.perf_counter() - start) * 1000
         return report
+
+
+def _add_adapter_without_weights(denoiser, config) -> None:
+    """diffusers' ``add_adapter`` (its two steps), with PEFT making the LoRA weights on the meta
+    device (``low_cpu_mem_usage``): the slots point every layer at views of their own buffers at once
+    (``_point``), so real weights would only be allocated, randomly initialised and freed: 1.29 GiB at
+    rank 2 x 128 on the full SDXL U-Net, which a CPU process kept resident afterwards (freed into a
+    fragmented heap) and a CUDA one would keep reserved in its caching allocator."""
+    from peft import inject_adapter_in_model
+
+    denoiser._hf_peft_config_loaded = True  # what add_adapter sets: diffusers' adapter methods check it
+    config.base_model_name_or_path = None
+    inject_adapter_in_model(config, denoiser, PEFT_ADAPTER, low_cpu_mem_usage=True)
+    denoiser.set_adapter(PEFT_ADAPTER)
 
 
 @torch.no_grad()
