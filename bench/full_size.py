@@ -110,8 +110,12 @@ class Server:
         engine_s = float(re.search(r"engine ready in ([\d.]+)s", text).group(1))
         warmup_s = float(re.search(r"'warmup_s': ([\d.]+)", text).group(1))
         described = {k: int(v) for k, v in re.findall(r"'(denoiser_bytes|slot_bytes|text_encoder_bytes)': (\d+)", text)}
+        # --batch-size auto: the chunk-size measurement's seconds (its last progress line; none when
+        # the saved measurement was loaded or the batch size is fixed)
+        chunks = re.findall(r"chunk timing \d+/\d+: .*\((\d+)s of", text)
+        chunks_s = float(chunks[-1]) if chunks else 0.0
         return {"process_start_to_ready_s": round(ready_s, 1), "engine_build_s": engine_s, "warmup_s": warmup_s,
-                "load_s": round(engine_s - warmup_s, 1), **described,
+                "chunk_measurement_s": chunks_s, "load_s": round(engine_s - warmup_s - chunks_s, 1), **described,
                 "artifacts_loaded": "loaded compile artifacts" in text}
 
     def generate(self, adapters: dict[str, str], steps: int, num_images: int) -> tuple[dict, list[bytes]]:
@@ -270,10 +274,12 @@ def table(result: dict) -> str:
     cold, t = result["startup_cold"], result["timings"]
     rows = [["load (from_pretrained, slots)", f"{cold['load_s']} s"],
             ["warm-up, cold (empty inductor cache, no artifacts)", f"{cold['warmup_s']} s"],
+            ["chunk-size measurement, cold (--batch-size auto)", f"{cold.get('chunk_measurement_s', 0.0)} s"],
             ["process start to ready, cold", f"{cold['process_start_to_ready_s']} s"]]
     if "startup_warm" in result:
         warm = result["startup_warm"]
         rows += [["warm-up from the saved compile artifacts (empty inductor cache)", f"{warm['warmup_s']} s"],
+                 ["chunk-size measurement, warm (the saved one is loaded)", f"{warm.get('chunk_measurement_s', 0.0)} s"],
                  ["process start to ready, warm", f"{warm['process_start_to_ready_s']} s"]]
     for label in t:
         rows.append([f"pack, {label} (median generate_ms)", f"{median(t[label]['generate_ms']) / 1000:.1f} s"])
@@ -307,7 +313,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bfloat16", help="the server's dtype")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--num-images", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=1, help="fixed: no chunk-size measurement at start-up")
+    p.add_argument("--batch-size", default="1", help="a number (fixed: no chunk-size measurement at start-up) or auto")
     p.add_argument("--target-rank", type=int, default=128)
     p.add_argument("--size", default="256x256")
     p.add_argument("--reference-dtypes", default="bfloat16,float32", help="plain diffusers runs, comma-separated")

@@ -5,7 +5,7 @@ answers the no-adapter request, a kohya rank-32 LoRA on the U-Net and both text 
 diffusers rank-128 LoRA, swapped and brought back, with 0 recompiles, the same bytes each time an
 adapter comes back, and images as close to plain diffusers as plain diffusers' own dtype noise.
 
-Needs ~15 GB of free memory (one full-size process at a time: the server peaks at 11.7 GB, the
+Needs ~15 GB of free memory (one full-size process at a time: the server peaks at 10.4 GiB, the
 float32 reference at 14.7 GB) and ~7 GB of disk under
 ``.cache/fullsize`` (the model, built on first use, kept across runs; HOTLORA_FULLSIZE_WORK moves
 it). Keeps the inductor cache and compile artifacts of earlier runs (``--warm-caches``).

@@ -132,13 +132,14 @@ def _adapters_in_use(writer, dtype: torch.dtype, device_type: str) -> Part:
     """An estimate, not the engine's tensors: what serving adds beside the slots, one adapter per slot
     at the target rank on every ceiling Linear: the adapter store's copy (float16, as trainers write
     them: 2 bytes an element) and its packed copy (the slots' dtype, writers/packing.py). Measured at
-    full size (SDXL, bf16, a kohya rank-32 and a diffusers rank-128 adapter in two slots): +1.74 GiB
-    resident after they were served, against 2.58 GiB estimated. Host memory beside a GPU."""
+    full size (SDXL, bf16, a kohya rank-32 and an attention-only diffusers rank-128 adapter in two
+    slots): the peak resident memory grew ~2.1 GiB when they were served, against 2.58 GiB estimated
+    (docs/benchmarks.md, "Full size"). Host memory beside a GPU."""
     slots = len(writer.slot_names)
     elements = writer.nbytes // dtype.itemsize // max(1, slots)  # one slot's, at the target rank
     nbytes = slots * elements * (2 + dtype.itemsize)
     return Part("adapters in use (estimate)", nbytes, "host" if device_type == "cuda" else "device",
-                f"one adapter per slot at the target rank: the store's float16 copy and its packed copy")
+                "one adapter per slot at the target rank: the store's float16 copy and its packed copy")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
