@@ -58,6 +58,21 @@ def test_adapters_in_use_are_one_float16_copy_and_one_packed_copy_per_slot_at_th
     assert not any(p.name == "adapters in use (estimate)" for p in fused.parts)
 
 
+def test_a_plan_that_fits_only_without_the_estimate_fits_tight_and_is_not_refused():
+    """On a CPU the estimate is counted in the totals, but the start-up check refuses only what the
+    engine itself needs: servers whose adapters are below the target rank must still start."""
+    config = EngineConfig(target_rank=64, sizes="512x512", batch_size=1)
+    unbounded = plan_memory("flux-dev", config, device="cpu", budget=2**50)
+    estimate = part(unbounded, "adapters in use (estimate)").bytes
+    assert unbounded.required_bytes == unbounded.peak_bytes - estimate
+    tight = plan_memory("flux-dev", config, device="cpu", budget=unbounded.peak_bytes - estimate // 2)
+    assert tight.fits is True and tight.verdict.startswith("FITS, TIGHT") and "--target-rank" in tight.verdict
+    refused = plan_memory("flux-dev", config, device="cpu", budget=unbounded.required_bytes - 1)
+    assert refused.fits is False and "DOES NOT FIT" in refused.verdict
+    roomy = plan_memory("flux-dev", config, device="cpu", budget=unbounded.peak_bytes)
+    assert roomy.verdict.startswith("FITS: peak")
+
+
 def test_fused_pristine_copy_is_every_linear_weight_and_goes_to_the_host_when_it_does_not_fit(flux_dev_linears):
     linear_bytes = sum(i * o for i, o in flux_dev_linears.values()) * 2
     on_h200 = plan_memory("flux-dev", EngineConfig(adapter_mode="fused"), device="cuda",

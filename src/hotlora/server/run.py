@@ -78,7 +78,8 @@ def check_memory(config: ServerConfig):
         return None
     if plan.fits is False:
         raise DoesNotFit(plan)
-    log.info("%s", plan.text())
+    # Fits, but perhaps only with adapters smaller than the target rank (the verdict says "TIGHT").
+    (log.warning if plan.budget is not None and plan.peak_bytes > plan.budget else log.info)("%s", plan.text())
     return plan
 
 

@@ -27,6 +27,9 @@ class Part:
     bytes: int
     where: str = "device"  # "device" (counted against the budget) or "host" (pinned host memory)
     detail: str = ""
+    # An estimate of memory that comes with serving, not a tensor the warm engine holds: counted in the
+    # totals, but a plan that fits only without it still fits (with a warning), it is not refused.
+    estimate: bool = False
 
 
 def _float8_bytes(denoiser: torch.nn.Module) -> int:
@@ -139,7 +142,8 @@ def _adapters_in_use(writer, dtype: torch.dtype, device_type: str) -> Part:
     elements = writer.nbytes // dtype.itemsize // max(1, slots)  # one slot's, at the target rank
     nbytes = slots * elements * (2 + dtype.itemsize)
     return Part("adapters in use (estimate)", nbytes, "host" if device_type == "cuda" else "device",
-                "one adapter per slot at the target rank: the store's float16 copy and its packed copy")
+                "one adapter per slot at the target rank: the store's float16 copy and its packed copy",
+                estimate=True)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

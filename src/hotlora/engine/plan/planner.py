@@ -37,7 +37,7 @@ class SizePlan:
     denoiser_bytes: int | None
     vae_decode_bytes: int | None
     largest_chunk: int | None  # the largest chunk whose peak fits beside the static parts (searched up to 64)
-    fits: bool | None
+    fits: bool | None  # beside the static parts less the estimates (see MemoryPlan.required_bytes)
 
 
 @dataclass
@@ -62,15 +62,27 @@ class MemoryPlan:
         return sum(p.bytes for p in self.parts if p.where == "host")
 
     @property
+    def estimated_bytes(self) -> int:
+        """The device bytes of the parts that are estimates (adapters in use), not engine tensors."""
+        return sum(p.bytes for p in self.parts if p.where == "device" and p.estimate)
+
+    @property
     def peak_bytes(self) -> int:
         """The device bytes at the worst served size (static parts + its activation peak)."""
         return self.static_bytes + max((s.activation_bytes or 0 for s in self.sizes), default=0)
 
     @property
+    def required_bytes(self) -> int:
+        """The peak without the estimates: what must fit for the engine to start and serve."""
+        return self.peak_bytes - self.estimated_bytes
+
+    @property
     def fits(self) -> bool | None:
+        """Whether the engine fits (the estimates aside: a plan refused for them would refuse servers
+        whose adapters are smaller than the target rank everywhere)."""
         if self.budget is None:
             return None
-        if self.static_bytes > self.budget:
+        if self.static_bytes - self.estimated_bytes > self.budget:
             return False
         return all(s.fits is not False for s in self.sizes)
 
@@ -78,8 +90,9 @@ class MemoryPlan:
     def verdict(self) -> str:
         if self.budget is None:
             return f"needs {format_bytes(self.peak_bytes)} (no budget given)"
-        if self.static_bytes > self.budget:
-            return (f"DOES NOT FIT: the weights and adapter buffers alone need {format_bytes(self.static_bytes)}, "
+        if self.static_bytes - self.estimated_bytes > self.budget:
+            return (f"DOES NOT FIT: the weights and adapter buffers alone need "
+                    f"{format_bytes(self.static_bytes - self.estimated_bytes)}, "
                     f"over the {format_bytes(self.budget)} of {self.budget_name}")
         unknown = [s.size for s in self.sizes if s.activation_bytes is None]
         failing = [s for s in self.sizes if s.fits is False]
@@ -90,6 +103,11 @@ class MemoryPlan:
             return (f"DOES NOT FIT: {', '.join(f'{s.size} at chunk {s.chunk} needs {format_bytes(self.static_bytes + s.activation_bytes)}' for s in failing)}"
                     f" of {format_bytes(self.budget)} ({self.budget_name}){hint}")
         free = self.budget - self.peak_bytes
+        if free < 0:  # fits only without the estimates
+            return (f"FITS, TIGHT: {format_bytes(self.required_bytes)} of {format_bytes(self.budget)} "
+                    f"({self.budget_name}) without the estimates, {format_bytes(self.peak_bytes)} with them (adapters "
+                    f"at the target rank in every slot): lower --target-rank or the store's ram_budget_bytes, or "
+                    f"serve smaller adapters")
         text = f"FITS: peak {format_bytes(self.peak_bytes)} of {format_bytes(self.budget)} ({self.budget_name}), " \
                f"{format_bytes(free)} to spare"
         if unknown:
@@ -100,9 +118,11 @@ class MemoryPlan:
         return {
             "model": self.model, "family": self.family, "device": self.device, "dtype": self.dtype,
             "budget_bytes": self.budget, "budget": self.budget_name, "settings": self.settings,
-            "parts": [{"name": p.name, "bytes": p.bytes, "where": p.where, "detail": p.detail} for p in self.parts],
+            "parts": [{"name": p.name, "bytes": p.bytes, "where": p.where, "detail": p.detail, "estimate": p.estimate}
+                      for p in self.parts],
             "static_bytes": self.static_bytes, "host_bytes": self.host_bytes,
             "sizes": [s.__dict__ for s in self.sizes], "peak_bytes": self.peak_bytes,
+            "required_bytes": self.required_bytes,
             "fits": self.fits, "verdict": self.verdict, "notes": self.notes,
         }
 
@@ -148,7 +168,7 @@ def plan_memory(model: str, config: EngineConfig | None = None, *, budget: int |
         parts.append(Part("process runtime", CPU_RUNTIME_BYTES[bool(config.compile)],
                           detail="Python and the libraries (measured on the tiny engine, bench/memory.py)"))
     table = _coefficients()
-    static = sum(p.bytes for p in parts if p.where == "device")
+    static = sum(p.bytes for p in parts if p.where == "device" and not p.estimate)
     sizes = config.sizes or ((config.height or DEFAULT_SIZE[family][0], config.width or DEFAULT_SIZE[family][1]),)
     writer = "fused" if config.adapter_mode == "fused" else "slots" if config.slots else "fused"
     chunk = config.batch_limit
@@ -186,7 +206,7 @@ def _size_plan(spec, table: dict, dtype: torch.dtype, writer: str, cfg: bool, st
 
     at_chunk, predicted = peak(chunk)
     largest, fits = None, None
-    if at_chunk is not None and budget is not None:
+    if at_chunk is not None and budget is not None:  # ``static``: the static parts less the estimates
         fits = static + at_chunk <= budget
         largest = 0
         for images in range(1, MAX_CHUNK_SEARCHED + 1):
