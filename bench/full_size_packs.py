@@ -73,7 +73,7 @@ def timed_pack(pipeline, args, eager: bool = False) -> float:
 
     began = time.perf_counter()
     with torch.compiler.set_stance("force_eager" if eager else "default"):
-            pipeline("a lighthouse on a cliff at dawn", num_images_per_prompt=1, num_inference_steps=args.steps,
+        pipeline("a lighthouse on a cliff at dawn", num_images_per_prompt=1, num_inference_steps=args.steps,
                  guidance_scale=5.0, height=args.size, width=args.size, output_type="latent",
                  generator=[torch.Generator().manual_seed(0)])
     return (time.perf_counter() - began) * 1000
