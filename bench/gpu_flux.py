@@ -124,6 +124,9 @@ class Report:
         self.data["elapsed_s"] = round(time.monotonic() - self.began, 1)
         if torch.cuda.is_available():
             self.data["cuda_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            # What the caching allocator holds: allocated-and-freed memory (e.g. weights made only to be
+            # replaced) stays reserved; compare with the plan and with cuda_peak_gib.
+            self.data["cuda_reserved_peak_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
         derive(self.data)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         staged = self.path.with_suffix(tmp)
