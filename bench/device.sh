@@ -10,7 +10,7 @@
 #    a bf16 matmul and a torch.compile on the GPU, and prints versions and nvidia-smi: a broken
 #    environment fails here in about a minute, before any GPU time goes to the bench;
 # 3. runs bench/gpu_flux.py at full size (1024x1536, 30 steps, pack 6, rank 128): no slots first,
-#    then slots on every Linear (with the swap rows), the bf16 fused-kept rows (eager auto mode:
+#    then slots on every Linear (with the plan_check and swap rows), the bf16 fused-kept rows (eager auto mode:
 #    what a bf16 merge keeps of 0.1/0.3/1% adapters, the path auto takes, output effect fused vs
 #    unfused), the FP8 and int8 bases (torchao; pack time, swap, denoiser bytes, CUDA peak, effect
 #    kept against the bf16 base), fused mode (pack time and the fused swap against a copy of the

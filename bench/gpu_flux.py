@@ -13,8 +13,10 @@ Then, one configuration at a time, each on a freshly built model with the same s
   1. no_slots: the compiled model with no adapter slots (the baseline, first, so that an overhead
      figure exists even when the budget runs out);
   2. every_linear: both slots on every Linear, filled with two random rank-R adapters: compiled
-     pack time (steady-state adapter cost against no_slots), then the swap of both slots for rank
-     1..R against one plain copy_ of the same bytes (bench/swap.py's measurement);
+     pack time (steady-state adapter cost against no_slots), the memory plan's activation line
+     against the CUDA allocator's peak for one decoded pack (plan_check, bench/gpu_rows.py), then the
+     swap of both slots for rank 1..R against one plain copy_ of the same bytes (bench/swap.py's
+     measurement);
   3. attention_only: both slots on the attention projections only;
   4. every_linear_rank_bucket (with --bucket-rank N): every Linear with a rank bucket N, rank-N adapters;
   5. eager_every_linear: every_linear without compile (compile speedup and warm-up against eager);
@@ -182,7 +184,9 @@ def main() -> None:
     from hotlora import Engine
     from hotlora.adapters.families import family_named
 
-    from bench.gpu_rows import KEPT_RANK, adapters, fused_kept_rows, fused_swap_measurements, quantized_effect, record_finite
+    from bench.gpu_rows import (
+        KEPT_RANK, adapters, fused_kept_rows, fused_swap_measurements, plan_activation_check, quantized_effect, record_finite,
+    )
     from bench.swap import allow_many_compiled_engines
 
     allow_many_compiled_engines()
@@ -327,6 +331,7 @@ def main() -> None:
                 report.save(label, row, quiet=True)
                 print(json.dumps({label: row}), flush=True)
             if label == "every_linear":
+                plan_activation_check(engine, request, args, report, lambda what: fits(what, estimate("pack", compiled)))
                 _swap_measurements(engine, args, report, fits)
             if label in FUSED and request:
                 fused_swap_measurements(engine, request, label, args, report, fits)

@@ -223,3 +223,40 @@ def quantized_effect(engine, label: str, args, report: Report, fits, latents: di
         report.save(label, row)
     except Exception:  # noqa: BLE001 - the pack figures stay valid
         report.save(f"error_effect_{label}", traceback.format_exc())
+
+
+def plan_activation_check(engine, request: dict, args, report: Report, fits) -> None:
+    """``plan_check``: the memory plan's activation model against the GPU (what ``hotlora plan``
+    cannot measure on a CPU). One pack of ``args.pack`` images at the served size, 2 steps, decoded
+    (the plan's activation line is the larger of one denoiser forward and the VAE decode): the CUDA
+    allocator's peak during it above what was allocated before it, against the plan's line for
+    flux-dev at the same size and chunk (its widths and token counts are this model's; the number of
+    blocks does not enter a per-layer model). The plan models the eager peak; this engine may be
+    compiled, which the row records."""
+    from hotlora.config import EngineConfig
+    from hotlora.engine.plan import plan_memory
+
+    if not torch.cuda.is_available():
+        report.save("skipped_plan_check", "needs CUDA (torch.cuda.max_memory_allocated)", quiet=True)
+        return
+    if not fits("plan check"):
+        return
+    try:
+        config = EngineConfig(target_rank=args.rank, sizes=f"{args.width}x{args.height}", batch_size=args.pack)
+        (planned,) = plan_memory("flux-dev", config, device="cuda").sizes
+        sync()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        engine.generate("a portrait", adapters=request, num_images=args.pack, num_inference_steps=2, seed=0,
+                        height=args.height, width=args.width, output_type="pil")
+        sync()
+        measured = torch.cuda.max_memory_allocated() - before
+        row = {"size": planned.size, "chunk": planned.chunk, "compiled": engine.compile_mode is not None,
+               "planned_activation_gib": round(planned.activation_bytes / 2**30, 3),
+               "planned_denoiser_gib": round(planned.denoiser_bytes / 2**30, 3),
+               "planned_vae_decode_gib": round(planned.vae_decode_bytes / 2**30, 3),
+               "measured_peak_above_static_gib": round(measured / 2**30, 3),
+               "planned_over_measured": round(planned.activation_bytes / max(1, measured), 3)}
+        report.save("plan_check", row)
+    except Exception:  # noqa: BLE001 - a failed check must not cost the rows after it
+        report.save("error_plan_check", traceback.format_exc())
