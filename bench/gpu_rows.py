@@ -95,23 +95,6 @@ def fused_swap_measurements(engine, request, label: str, args, report: Report, f
         report.save(f"error_swap_{label}", traceback.format_exc())
 
 
-def _adapters(engine, rank: int):
-    from hotlora.adapters.formats import Adapter, LoraWeights
-
-    dtype = next(engine.denoiser.parameters()).dtype
-    pin = torch.cuda.is_available()
-    out = []
-    for seed in (1, 2):
-        g = torch.Generator().manual_seed(seed)
-        modules = {}
-        for m, (i, o) in engine.ceiling.modules.items():
-            down = torch.randn(rank, i, generator=g).to(dtype)
-            up = torch.randn(o, rank, generator=g).to(dtype).mul_(0.01)
-            modules[m] = LoraWeights(down.pin_memory() if pin else down, up.pin_memory() if pin else up, 1.0)
-        out.append(Adapter(f"random-{seed}", "flux", "diffusers", modules, sha256=f"gpu-random-{seed}"))
-    return out
-
-
 def adapters(engine, rank: int):
     """Two random rank-``rank`` adapters on the engine's ceiling (seeds 1 and 2, bf16, up x 0.01)."""
     from hotlora.adapters.formats import Adapter, LoraWeights
