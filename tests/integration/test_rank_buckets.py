@@ -48,13 +48,18 @@ def test_each_request_runs_the_smallest_bucket_that_holds_it(bucketed, tmp_path)
         result = engine.generate(PROMPT, adapters=request, num_images=4, num_inference_steps=STEPS,
                                  output_type="latent")
         assert result.swap.rank_bucket == bucket, f"case {i}"
-        theirs = plain_diffusers_reference(
-            model_dir, pair, prompt=PROMPT, num_images=4, num_inference_steps=STEPS,
-            guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=0)
-        diff = (result.images - theirs).abs().max().item()
-        assert diff <= TOLERANCE, f"case {i}: max |engine - diffusers| = {diff}"
+        assert_equals_diffusers(engine, model_dir, pair, result.images, f"case {i}")
     assert engine.recompiles == 0
     engine.writer.check_intact()
+
+
+def assert_equals_diffusers(engine, model_dir, pair, images, case: str) -> None:
+    """A pack of 4 (seed 0) within TOLERANCE of plain diffusers with the same two adapters."""
+    theirs = plain_diffusers_reference(
+        model_dir, pair, prompt=PROMPT, num_images=4, num_inference_steps=STEPS,
+        guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=0)
+    diff = (images - theirs).abs().max().item()
+    assert diff <= TOLERANCE, f"{case}: max |engine - diffusers| = {diff}"
 
 
 def test_bucket_settings_are_checked(tiny_models):
@@ -96,11 +101,7 @@ def test_the_default_buckets_include_one_without_any_lora_branch(tiny_models, tm
             assert result.swap.rank_bucket == bucket, f"case {i}"
             assert all(layer.disable_adapters == (bucket == 0) for layer in engine.writer._layers)
             pair = {slot: request.get(slot, (None, 0.0)) for slot in ("identity", "style")}
-            theirs = plain_diffusers_reference(
-                model_dir, pair, prompt=PROMPT, num_images=4, num_inference_steps=STEPS,
-                guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=0)
-            diff = (result.images - theirs).abs().max().item()
-            assert diff <= TOLERANCE, f"case {i}: max |engine - diffusers| = {diff}"
+            assert_equals_diffusers(engine, model_dir, pair, result.images, f"case {i}")
     assert engine.recompiles == 0
     engine.writer.check_intact()
     engine.writer._layers[0]._disable_adapters = False  # someone switching a branch back on behind the engine
