@@ -163,7 +163,10 @@ class SlotBank:
             # A torchao-quantized base (base_quantization): PEFT warns that its LoRA layer cannot
             # merge; the slots never merge (fused mode is refused with a quantized base).
             warnings.filterwarnings("ignore", "TorchaoLoraLinear was instantiated without", UserWarning)
-            _add_adapter_without_weights(denoiser, config)
+            # PEFT's weights on the meta device (it leaves them there), replaced at once by ``_point``: real
+            # ones were allocated and freed, 1.29 GiB at full SDXL, kept resident on a CPU, reserved on CUDA.
+            with torch.device("meta"):
+                denoiser.add_adapter(config, adapter_name=PEFT_ADAPTER)
         denoiser.set_adapters([PEFT_ADAPTER], [1.0])  # once, before compile
         # The dtype and device PEFT gives LoRA weights: the base weight's (its default dtype when the
         # base weight is not floating point).
@@ -297,20 +300,6 @@ class SlotBank:
         synchronize(self.device)  # host-to-device copies are asynchronous
         report.ms = (time.perf_counter() - start) * 1000
         return report
-
-
-def _add_adapter_without_weights(denoiser, config) -> None:
-    """diffusers' ``add_adapter`` (its two steps), with PEFT making the LoRA weights on the meta
-    device (``low_cpu_mem_usage``): the slots point every layer at views of their own buffers at once
-    (``_point``), so real weights would only be allocated, randomly initialised and freed: 1.29 GiB at
-    rank 2 x 128 on the full SDXL U-Net, which a CPU process kept resident afterwards (freed into a
-    fragmented heap) and a CUDA one would keep reserved in its caching allocator."""
-    from peft import inject_adapter_in_model
-
-    denoiser._hf_peft_config_loaded = True  # what add_adapter sets: diffusers' adapter methods check it
-    config.base_model_name_or_path = None
-    inject_adapter_in_model(config, denoiser, PEFT_ADAPTER, low_cpu_mem_usage=True)
-    denoiser.set_adapter(PEFT_ADAPTER)
 
 
 @torch.no_grad()
