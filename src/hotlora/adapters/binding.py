@@ -10,7 +10,7 @@ writers never disagree about what changed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 from hotlora.adapters.formats import Adapter
 
@@ -50,3 +50,21 @@ def assignment_key(bindings: Bindings) -> tuple:
     """What a whole assignment writes: each slot's ``Binding.key``; empty slots and scale 0 write
     nothing, so they are left out (``{}`` and ``{"style": Binding(a, 0.0)}`` are the same state)."""
     return tuple(sorted((slot, b.key) for slot, b in bindings.items() if b is not None and b.writes))
+
+
+def factors_by_module(bindings: Bindings, weights_of: Callable[[Adapter], Mapping]) -> tuple[dict, dict]:
+    """What an assignment writes, layer by layer, for the writers that stack a request's factors (fused
+    mode, the text encoders): ``{module: [(down, up, alpha/r x scale), ...]}`` in slot-name order, and
+    per writing slot ``{"modules": n, "rank": r}``. ``weights_of(adapter)``: the adapter's LoraWeights
+    for this writer's layers (``{module: LoraWeights}``)."""
+    per_module: dict[str, list] = {}
+    bound = {}
+    for slot in sorted(bindings):
+        binding = bindings[slot]
+        if binding is None or not binding.writes:
+            continue
+        weights = weights_of(binding.adapter)
+        for module, w in weights.items():
+            per_module.setdefault(module, []).append((w.down, w.up, w.scaling * float(binding.scale)))
+        bound[slot] = {"modules": len(weights), "rank": max((w.rank for w in weights.values()), default=0)}
+    return per_module, bound

@@ -43,7 +43,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import torch
 
 from hotlora.adapters.formats import Adapter, LoraWeights
-from hotlora.adapters.binding import Bindings, assignment_key
+from hotlora.adapters.binding import Bindings, assignment_key, factors_by_module
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
 from hotlora.engine.writers.slots import SwapReport, ceiling_modules
@@ -217,17 +217,7 @@ class FusedWriter:
 
     @torch.no_grad()
     def _plan(self, assignment: Bindings) -> _Plan:
-        per_module: dict[str, list[tuple[torch.Tensor, torch.Tensor, float]]] = {}
-        fused = {}
-        for slot in sorted(assignment):
-            binding = assignment[slot]
-            if binding is None or not binding.writes:
-                continue
-            adapter, scale = binding
-            weights = self.weights_of(adapter)
-            for module, w in weights.items():
-                per_module.setdefault(module, []).append((w.up, w.down, w.scaling * float(scale)))
-            fused[slot] = {"modules": len(weights), "rank": max((w.rank for w in weights.values()), default=0)}
+        per_module, fused = factors_by_module(assignment, self.weights_of)
         shapes: dict[tuple[int, ...], list[str]] = {}
         for module in per_module:
             shapes.setdefault(tuple(self._params[module].shape), []).append(module)
@@ -235,12 +225,12 @@ class FusedWriter:
         kwargs = {"dtype": torch.float32, "device": self.device}
         for shape, modules in shapes.items():
             out_features, in_features = shape[0], math.prod(shape[1:])  # a conv: in * kh * kw
-            rank = max(sum(up.shape[1] for up, _, _ in per_module[m]) for m in modules)
+            rank = max(sum(a.shape[0] for a, _, _ in per_module[m]) for m in modules)
             up = torch.zeros(len(modules), out_features, rank, **kwargs)
             down = torch.zeros(len(modules), rank, in_features, **kwargs)
             for g, module in enumerate(modules):
                 row = 0
-                for b, a, factor in per_module[module]:
+                for a, b, factor in per_module[module]:
                     r = a.shape[0]
                     # flatten(1): a conv's B [out, r, 1, 1] and A [r, in, kh, kw]; a no-op for a Linear
                     up[g, :, row:row + r].copy_(b.flatten(1)).mul_(factor)  # float32 before scaling: one rounding

@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
-from hotlora.adapters.binding import Bindings, assignment_key
+from hotlora.adapters.binding import Bindings, assignment_key, factors_by_module
 from hotlora.adapters.formats import Adapter, LoraWeights
 from hotlora.adapters.validate import SlotCeiling
 from hotlora.engine.writers.slots import ceiling_modules
@@ -73,16 +73,7 @@ class UnfusedTextLora:
 
     @torch.no_grad()
     def _plan(self, assignment: Bindings) -> _Plan:
-        per_module: dict[str, list[tuple[torch.Tensor, torch.Tensor, float]]] = {}
-        bound = {}
-        for slot in sorted(assignment):
-            binding = assignment[slot]
-            if binding is None or not binding.writes:
-                continue
-            weights = self.weights_of(binding.adapter)
-            for module, w in weights.items():
-                per_module.setdefault(module, []).append((w.down, w.up, w.scaling * float(binding.scale)))
-            bound[slot] = {"modules": len(weights), "rank": max((w.rank for w in weights.values()), default=0)}
+        per_module, bound = factors_by_module(assignment, self.weights_of)
         factors, nbytes = {}, 0
         for module, parts in per_module.items():
             # float32 before scaling (one rounding into the encoder's dtype), as diffusers' PEFT
