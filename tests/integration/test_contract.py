@@ -210,6 +210,20 @@ def test_swaps_copy_in_place_without_growth(warm):
     engine.writer.check_intact()
 
 
+def test_the_base_is_restored_bit_for_bit(warm, tmp_path):
+    """After adapters were served, a request without any gives the very same latents as before, and
+    every base weight of the denoiser holds the very same bits."""
+    family, model_dir, engine = warm
+    base = {name: p.detach().clone() for name, p in engine.denoiser.named_parameters() if "lora_" not in name}
+    before = served(engine, {}, num_images=2)
+    for pair in random_pairs(family, model_dir, dict(engine.ceiling.modules), tmp_path)[:3]:
+        served(engine, as_request(pair), num_images=2)
+    assert torch.equal(served(engine, {}, num_images=2), before)
+    changed = [name for name, p in engine.denoiser.named_parameters() if name in base and not torch.equal(p, base[name])]
+    assert not changed and len(base) > 0, changed[:5]
+    assert engine.recompiles == 0
+
+
 def test_the_recompile_guard_is_live(warm):
     """Canary: a shape the warm-up never saw must trip ``error_on_recompile``, so the zero-recompile
     assertions above are real. (The engine itself refuses such a size before running anything:

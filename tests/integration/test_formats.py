@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from hotlora.families import FAMILIES, family_named
 from hotlora.adapters.formats import load_adapter
 from hotlora.errors import AdapterFormatError, AdapterNotFound
+from hotlora.families import FAMILIES, family_named
 
 from ..helpers import assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas
 
