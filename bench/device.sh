@@ -38,58 +38,28 @@ OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
 if [ "$DRY" = 1 ]; then BUDGET=${DEVICE_BUDGET_S:-240}; else BUDGET=${DEVICE_BUDGET_S:-530}; fi
 DEPS=${DEVDEPS:-$REPO/.cache/devdeps}
+WHEELS=${WHEELS_DIR:-$REPO/.whl}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$REPO/.cache/inductor}
 
 elapsed() { echo $(( $(date +%s) - STARTED )); }
 
 install_missing() {
-    echo "== [$(elapsed)s] wheels: install what $PY lacks or has outside pyproject's pins"
+    echo "== [$(elapsed)s] wheels: install what $PY lacks or has outside the recorded pins ($WHEELS/manifest.json)"
     rm -rf "$DEPS"
-    if ! ls .whl/*.whl >/dev/null 2>&1; then
-        echo "  no .whl/*.whl: nothing to install (on a lent machine: run 'bash bench/device-wheels.sh' on the"
+    if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+        echo "  no $WHEELS/*.whl: nothing to install (on a lent machine: run 'bash bench/device-wheels.sh' on the"
         echo "  dev machine first and carry [\".whl\"]); the import check below says what is missing"
         return 0
     fi
     local wanted
-    # Reads the machine's own packages; prints name==version for each carried package to install.
-    wanted=$("$PY" - <<'EOF'
-import importlib.metadata as md, re, sys
-from pathlib import Path
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
-try:
-    import tomllib
-    deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-except ImportError:  # Python < 3.11: the dependency strings are one per line
-    deps = re.findall(r'^\s*"([^"]+)",', Path("pyproject.toml").read_text().split("dependencies = [", 1)[1].split("]", 1)[0], re.M)
-pins = {canonicalize_name(Requirement(d).name): Requirement(d).specifier for d in deps}
-carried = {}
-for wheel in sorted(Path(".whl").glob("*.whl")):
-    name, version, _, _ = parse_wheel_filename(wheel.name)
-    carried[name] = str(version)
-for name, version in carried.items():
-    try:
-        have = md.version(name)
-    except md.PackageNotFoundError:
-        have = None
-    spec = pins.get(name)
-    if have is None:
-        print(f"  {name}: missing -> {version} from .whl", file=sys.stderr)
-        print(f"{name}=={version}")
-    elif spec is not None and not spec.contains(have, prereleases=True):
-        print(f"  {name}: {have} is outside pyproject's {spec} -> {version} from .whl", file=sys.stderr)
-        print(f"{name}=={version}")
-    else:
-        print(f"  {name}: {have} already there{f' (pyproject: {spec})' if spec else ''}", file=sys.stderr)
-EOF
-) || return 1
+    wanted=$("$PY" -m bench.device_deps install-list "$WHEELS") || return 1
     if [ -n "$wanted" ]; then
-        # Only .whl/: the dev machine's pip settings (extra indexes, find-links, constraints) stay out.
+        # Only the carried wheels: the dev machine's pip settings (extra indexes, find-links, constraints) stay out.
         # shellcheck disable=SC2086
         env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
             "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
-            --upgrade --find-links .whl --target "$DEPS" $wanted || return 1
+            --upgrade --find-links "$WHEELS" --target "$DEPS" $wanted || return 1
         echo "  installed into $DEPS: $(echo $wanted)"
     else
         echo "  nothing to install"
@@ -106,29 +76,29 @@ from packaging.utils import canonicalize_name
 dry = os.environ["DRY"] == "1"
 print(f"python {platform.python_version()} at {sys.executable}")
 failed = []
-for name in ("torch", "diffusers", "peft", "transformers", "accelerate", "huggingface_hub", "safetensors",
-             "PIL", "requests", "numpy", "hotlora", "hotlora.engine", "hotlora.engine.runner", "hotlora.testing",
-             "hotlora.adapters.families", "bench.swap", "bench.gpu_flux"):
+from bench.device_env import BASE_MODULES, bench_imports, check_imports
+
+for name in BASE_MODULES:
     try:
         module = importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - every failure is reported, then the run stops
         failed.append(name)
         print(f"  FAIL {name}: {type(exc).__name__}: {exc}")
         continue
-    version = getattr(module, "__version__", "")
-    print(f"  ok   {name} {version} ({os.path.dirname(getattr(module, '__file__', '') or '')})")
+    print(f"  ok   {name} {getattr(module, '__version__', '')} ({os.path.dirname(getattr(module, '__file__', '') or '')})")
 try:  # only the quantized rows (float8_base, int8_base) need it: a failure here is a warning
     import torchao
     print(f"  ok   torchao {torchao.__version__} ({os.path.dirname(torchao.__file__)})")
 except Exception as exc:  # noqa: BLE001
     print(f"  WARN torchao: {type(exc).__name__}: {exc} (the float8_base and int8_base rows will fail)")
-try:  # what bench/gpu_flux.py takes from them
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel  # noqa: F401
-    from hotlora import Engine  # noqa: F401
-    from bench.swap import swap_rows  # noqa: F401
-except Exception as exc:  # noqa: BLE001
-    failed.append("names")
-    print(f"  FAIL names used by the bench: {type(exc).__name__}: {exc}")
+# Every import statement of bench/gpu_flux.py and the bench modules it imports, wherever it stands.
+imports = bench_imports()
+bench_failed = check_imports(imports)
+for line in bench_failed:
+    print(f"  FAIL {line}")
+print(f"  {len(imports) - len(bench_failed)} of {len(imports)} imports of bench/gpu_flux.py and its bench modules ok")
+if bench_failed:
+    failed.append("bench imports")
 
 # Declared requirements of hotlora (pyproject), diffusers and peft against what is installed.
 import tomllib
