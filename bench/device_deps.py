@@ -130,7 +130,7 @@ def walk(roots, follow: Callable[[str], bool], distribution=_installed, markers=
     """Every package the roots reach, following the requirements (markers evaluated for ``markers``,
     a requirement's extras only where it asks for them) of each package ``follow`` accepts."""
     needs: dict[str, Need] = {}
-    queue = deque(roots)
+    queue = deque((o, r) for o, r in roots if r.marker is None or r.marker.evaluate({**markers, "extra": ""}))
     expanded: set[tuple[str, str]] = set()
     while queue:
         owner, req = queue.popleft()
