@@ -161,6 +161,12 @@ for label in report.get("configs_done", []):
 for row in report.get("swap", []):
     print(f"  swap rank {row['rank']:4d}  {row['bytes']:>12d} B  swap {row['swap_ms']} ms  copy_ {row['copy_ms']} ms"
           f"  ratio {row['swap_over_copy']}x")
+row = report.get("plan_check")
+if row:
+    measured = row["measured_peak_above_static_gib"]
+    print(f"  plan_check {row['size']} chunk {row['chunk']}: planned activations {row['planned_activation_gib']} GiB, "
+          + (f"measured {measured} GiB above static, ratio {row['planned_over_measured']}"
+             if isinstance(measured, (int, float)) else f"not measured: {measured}"))
 for key in ("swap_fused", "swap_fused_host"):
     row = report.get(key)
     if row:

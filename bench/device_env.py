@@ -144,7 +144,12 @@ def check_imports(imports) -> list[str]:
         try:
             imported = importlib.import_module(module)
             if name not in (None, "*") and not hasattr(imported, name):
-                importlib.import_module(f"{module}.{name}")  # a submodule, not yet an attribute
+                try:  # a submodule, not yet an attribute
+                    importlib.import_module(f"{module}.{name}")
+                except ModuleNotFoundError as exc:
+                    if exc.name != f"{module}.{name}":
+                        raise
+                    raise ImportError(f"cannot import name {name!r} from {module!r}") from None
         except Exception as exc:  # noqa: BLE001 - every failure is reported, then the run stops
             failures.append(f"{module}{f' ({name})' if name else ''}: {type(exc).__name__}: {exc}")
     return failures

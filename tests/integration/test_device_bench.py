@@ -85,7 +85,7 @@ def test_dry_run_in_the_image_only_python(device):
     assert "pydantic-settings: missing ->" in run.stdout and "preflight ok" in run.stdout
     report = json.loads((out / "gpu.json").read_text())
     assert report["configs_done"] == [ROW] and report["done"] is True
-    assert report[ROW]["pack_ms"] > 0 and report["swap"]
+    assert report[ROW]["pack_ms"] > 0 and report["swap"] and report["plan_check"]["planned_activation_gib"] > 0
     assert not [k for k in report if k.startswith("error_")], report
     assert (out / "device.log").exists()
 

@@ -167,14 +167,17 @@ def test_bench_imports_finds_imports_inside_functions_and_follows_bench_modules(
     (tmp_path / "bench" / "other.py").write_text("def thing():\n    import no_such_package_xyz\n")
     imports = device_env.bench_imports("bench.entry", tmp_path)
     assert imports == [("json", None), ("bench.other", "thing"), ("no_such_package_xyz", None)]
-    failures = device_env.check_imports([("json", "dumps"), ("json", "no_such_name"), ("no_such_package_xyz", None)])
-    assert [f.split(":")[0] for f in failures] == ["json (no_such_name)", "no_such_package_xyz"]
+    failures = device_env.check_imports([("json", "dumps"), ("json", "no_such_name"), ("no_such_package_xyz", None),
+                                         ("importlib", "metadata")])  # a submodule: fine
+    assert failures == ["json (no_such_name): ImportError: cannot import name 'no_such_name' from 'json'",
+                        "no_such_package_xyz: ModuleNotFoundError: No module named 'no_such_package_xyz'"]
 
 
 def test_the_gpu_bench_imports_resolve_here():
     """What device.sh's preflight tries on the machine, tried in the dev venv: a stale import in
-    bench/ (a renamed hotlora module, a helper moved) fails here without a GPU or the network."""
+    bench/ (a renamed hotlora module, a helper moved) fails here without a GPU or the network.
+    bench/sizes.py: bench/gpu.sh runs it after device.sh on a GPU box of one's own."""
     imports = device_env.bench_imports()
     assert ("hotlora", "Engine") in imports and ("bench.swap", "swap_rows") in imports
     assert any(module.startswith("bench.gpu_rows") for module, _ in imports)
-    assert device_env.check_imports(imports) == []
+    assert device_env.check_imports(imports + device_env.bench_imports("bench.sizes")) == []
