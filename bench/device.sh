@@ -4,20 +4,26 @@
 #
 #   command: bash bench/device.sh        carry: [".whl"]        timeout_s: 600
 #
-# 1. installs from .whl/ only what the machine's python3 lacks, or has outside pyproject's pins
-#    (pip --no-index --no-deps --target .cache/devdeps), and prepends it and src/ to PYTHONPATH;
-# 2. checks every import (torch with CUDA, diffusers, peft, transformers, hotlora, hotlora.engine),
-#    a bf16 matmul and a torch.compile on the GPU, and prints versions and nvidia-smi: a broken
-#    environment fails here in about a minute, before any GPU time goes to the bench;
-# 3. runs bench/gpu_flux.py at full size (1024x1536, 30 steps, pack 6, rank 128): no slots first,
-#    then slots on every Linear (with the plan_check and swap rows), the bf16 fused-kept rows (eager auto mode:
-#    what a bf16 merge keeps of 0.1/0.3/1% adapters, the path auto takes, output effect fused vs
-#    unfused), the FP8 and int8 bases (torchao; pack time, swap, denoiser bytes, CUDA peak, effect
-#    kept against the bf16 base), fused mode (pack time and the fused swap against a copy of the
-#    touched bytes), attention only, eager, fused with host restore, as far as the budget goes.
+# 1. installs from .whl/ what the machine's python3 lacks, or has outside the specifier
+#    device-wheels.sh recorded for it (.whl/manifest.json; pip --no-index --no-deps --target
+#    .cache/devdeps), and prepends that and src/ to PYTHONPATH;
+# 2. preflight: imports torch, diffusers, peft, transformers, hotlora, hotlora.engine and every
+#    import statement of bench/gpu_flux.py and the bench modules it imports (bench/device_env.py
+#    reads them from the source, so a module renamed in hotlora needs no edit here), runs a bf16
+#    matmul and a torch.compile on the GPU, and prints versions and nvidia-smi: a broken
+#    environment fails here in about a minute (rc 3), before any GPU time goes to the bench;
+# 3. runs bench/gpu_flux.py at full size (1024x1536, 30 steps, pack 6, rank 128), the most valuable
+#    figures first: slots on every Linear with two rank-128 adapters (the pack time to set against
+#    the seed article's 40.6 s on an H100), its swap rows and the memory plan against
+#    torch.cuda.max_memory_allocated (plan_check); no slots (the overhead's baseline); the bf16
+#    fused-kept rows (eager auto mode: what a bf16 merge keeps of 0.1/0.3/1% adapters, the path
+#    auto takes, output effect fused vs unfused); the FP8 and int8 bases (torchao; pack time, swap,
+#    denoiser bytes, CUDA peak, effect kept against the bf16 base); a rank bucket of 32; fused mode
+#    (pack time and the fused swap against a copy of the touched bytes); attention only; eager;
+#    fused with host restore; as far as the budget goes, each row within its own share of it.
 #    Each result is written to $OUT/gpu.json as soon as it is measured; the log goes to $OUT/device.log.
-#    torchao travels in .whl (device-wheels.sh); if it does not import there, preflight says so and
-#    only the two quantized rows fail (recorded as error_*), not the call.
+#    torchao travels in .whl; if it does not import there, preflight warns and only the two
+#    quantized rows fail (recorded as error_*), not the call.
 # The whole command stops within DEVICE_BUDGET_S (530 s): gpu_flux.py starts no measurement it
 # does not expect to finish in time, and `timeout` kills it 25 s before the end, which leaves time
 # to print the summary. Extra arguments go to gpu_flux.py, e.g. a second call for what the first
@@ -25,7 +31,9 @@
 #
 #   bash bench/device.sh --dry-run        # here, on the CPU, in minutes: tiny sizes, eager (float8_base is
 #                                         # skipped with a message: FP8 needs CUDA)
-# OUT defaults to ./out (ignored by git).
+# PYTHON picks the interpreter (default python3), OUT the results folder (default ./out, ignored by
+# git), WHEELS_DIR the wheels (default .whl), DEVDEPS where they are installed (.cache/devdeps).
+# The check of this script in CI, as the machine would run it: tests/integration/test_device_bench.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
