@@ -236,7 +236,7 @@ def _default_markers() -> dict:
     return dict(default_environment())
 
 
-def print_plan(items: list[Item], image: dict[str, str | None], out=sys.stdout) -> None:
+def print_plan(items: list[Item], out=sys.stdout) -> None:
     for tier, title in (("needed", "carried for the GPU machine"),
                         ("lean", "carried for a leaner environment (the image has them; installed only where missing)")):
         rows = [i for i in items if i.tier == tier]
@@ -291,24 +291,38 @@ def fetch(items: list[Item], dest: Path, pythons: list[str], local_pythons: list
     for stale in [*dest.glob("*.whl"), dest / MANIFEST]:
         stale.unlink(missing_ok=True)
     tiers = {"needed": list(dict.fromkeys([*pythons, *local_pythons])), "lean": local_pythons}
-    for tier, tier_pythons in tiers.items():
-        for python in tier_pythons:
-            print(f"== {tier} wheels for CPython {python}", file=out)
-            _download(pip, [i.pin for i in items if i.tier == tier], python, dest, cache)
+    lean = [i for i in items if i.tier == "lean"]
+    for python in tiers["needed"]:
+        print(f"== needed wheels for CPython {python}", file=out)
+        _download(pip, [i.pin for i in items if i.tier == "needed"], python, dest, cache)
+    for python in tiers["lean"]:
+        print(f"== lean wheels for CPython {python}", file=out)
+        try:
+            _download(pip, [i.pin for i in lean], python, dest, cache)
+        except DeviceDepsError:  # one lean package without a wheel must not cost the others
+            for item in lean:
+                try:
+                    _download(pip, [item.pin], python, dest, cache)
+                except DeviceDepsError:
+                    print(f"  {item.pin}: no wheel for CPython {python}, left out", file=out)
     wheels: dict[str, list[Path]] = {}
     for wheel in sorted(dest.glob("*.whl")):
         wheels.setdefault(canonicalize_name(parse_wheel_filename(wheel.name)[0]), []).append(wheel)
-    problems = [f"{i.name}: no wheel for CPython {python} on x86-64 Linux"
-                for i in items for python in tiers[i.tier] if not any(wheel_fits(w.name, python) for w in wheels.get(i.name, []))]
-    if problems:
+    missing = {(i.name, i.tier, python) for i in items for python in tiers[i.tier]
+               if not any(wheel_fits(w.name, python) for w in wheels.get(i.name, []))}
+    if problems := sorted(f"{name}: no wheel for CPython {python} on x86-64 Linux" for name, tier, python in missing
+                          if tier == "needed"):
         raise DeviceDepsError("; ".join(problems))
+    dropped = sorted({name for name, _, _ in missing})
+    for name in dropped:
+        for wheel in wheels.pop(name, []):
+            wheel.unlink()
 
     def size(name: str) -> int:
         return sum(w.stat().st_size for w in wheels.get(name, []))
 
     total = sum(size(i.name) for i in items)
-    dropped = []
-    for item in sorted((i for i in items if i.tier == "lean"), key=lambda i: -size(i.name)):
+    for item in sorted((i for i in lean if i.name in wheels), key=lambda i: -size(i.name)):
         if total <= limit_bytes:
             break
         total -= size(item.name)
@@ -328,7 +342,7 @@ def fetch(items: list[Item], dest: Path, pythons: list[str], local_pythons: list
     count = sum(len(ws) for ws in wheels.values())
     print(f"{total:10d}  total: {count} wheels, {total / 2**20:.1f} MiB (limit {limit_bytes / 2**20:.1f} MiB)", file=out)
     if dropped:
-        print(f"lean wheels left out to keep within the limit: {', '.join(dropped)}", file=out)
+        print(f"lean wheels left out (no wheel, or over the limit): {', '.join(dropped)}", file=out)
     return manifest
 
 
@@ -386,7 +400,9 @@ def main(argv=None) -> None:
         roots += [("--require", Requirement(r)) for r in args.require]
         image = read_image(args.image)
         items = resolve(roots, image)
-        print_plan(items, image)
+        if args.command == "fetch" and not args.local_python:  # the lean tier is for a dry run here
+            items = [i for i in items if i.tier == "needed"]
+        print_plan(items)
         if args.command == "fetch":
             fetch(items, args.dest, args.python or [IMAGE_PYTHON], args.local_python, args.limit_bytes, args.cache)
     except DeviceDepsError as exc:

@@ -1,10 +1,12 @@
 """bench/device_deps.py and bench/device_env.py: what travels to the lent GPU machine, derived from
 declared requirements, and the import check that stops a run there before any GPU time."""
 
+import io
 import json
 import sys
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 from bench import device_deps, device_env
@@ -181,3 +183,34 @@ def test_the_gpu_bench_imports_resolve_here():
     assert ("hotlora", "Engine") in imports and ("bench.swap", "swap_rows") in imports
     assert any(module.startswith("bench.gpu_rows") for module, _ in imports)
     assert device_env.check_imports(imports + device_env.bench_imports("bench.sizes")) == []
+
+
+FAKE_PIP = """
+import json, os, sys
+from pathlib import Path
+args = sys.argv[1:]
+dest, sizes = Path(args[args.index("-d") + 1]), json.loads(os.environ["FAKE_WHEEL_SIZES"])
+pins = [a for a in args[args.index("-d") + 2:] if not a.startswith("-")]
+if "--no-index" in args or any(pin.split("==")[0] not in sizes for pin in pins):
+    sys.exit(1)  # no cache, and a package without a wheel fails the whole download, as pip does
+for pin in pins:
+    name, version = pin.split("==")
+    (dest / f"{name}-{version}-py3-none-any.whl").write_bytes(b"x" * sizes[name])
+"""
+
+
+def test_fetch_keeps_within_the_limit_dropping_lean_wheels_first(tmp_path, monkeypatch):
+    (tmp_path / "pip.py").write_text(FAKE_PIP)
+    monkeypatch.setenv("FAKE_WHEEL_SIZES", json.dumps({"need": 100_000, "big": 300_000, "small": 50_000}))
+    items = [Item("need", "1.0", ">=1", "needed", "missing"), Item("big", "2.0", "", "lean", "in the image"),
+             Item("small", "3.0", "", "lean", "in the image"), Item("nowheel", "4.0", "", "lean", "in the image")]
+    pip, dest = [sys.executable, str(tmp_path / "pip.py")], tmp_path / "whl"
+    out = io.StringIO()
+    manifest = device_deps.fetch(items, dest, ["3.12"], ["3.11"], 200_000, pip=pip, out=out)
+    assert [p["name"] for p in manifest["packages"]] == ["need", "small"]
+    assert sorted(manifest["dropped"]) == ["big", "nowheel"]
+    assert sorted(w.name for w in dest.glob("*.whl")) == ["need-1.0-py3-none-any.whl", "small-3.0-py3-none-any.whl"]
+    assert json.loads((dest / device_deps.MANIFEST).read_text()) == manifest
+    assert "lean wheels left out (no wheel, or over the limit): nowheel, big" in out.getvalue()
+    with pytest.raises(device_deps.DeviceDepsError, match="the needed wheels are 0.1 MiB, over the 0.0 MiB"):
+        device_deps.fetch(items, dest, ["3.12"], [], 50_000, pip=pip, out=out)
