@@ -308,30 +308,7 @@ def fetch(items: list[Item], dest: Path, pythons: list[str], local_pythons: list
     wheels: dict[str, list[Path]] = {}
     for wheel in sorted(dest.glob("*.whl")):
         wheels.setdefault(canonicalize_name(parse_wheel_filename(wheel.name)[0]), []).append(wheel)
-    missing = {(i.name, i.tier, python) for i in items for python in tiers[i.tier]
-               if not any(wheel_fits(w.name, python) for w in wheels.get(i.name, []))}
-    if problems := sorted(f"{name}: no wheel for CPython {python} on x86-64 Linux" for name, tier, python in missing
-                          if tier == "needed"):
-        raise DeviceDepsError("; ".join(problems))
-    dropped = sorted({name for name, _, _ in missing})
-    for name in dropped:
-        for wheel in wheels.pop(name, []):
-            wheel.unlink()
-
-    def size(name: str) -> int:
-        return sum(w.stat().st_size for w in wheels.get(name, []))
-
-    total = sum(size(i.name) for i in items)
-    for item in sorted((i for i in lean if i.name in wheels), key=lambda i: -size(i.name)):
-        if total <= limit_bytes:
-            break
-        total -= size(item.name)
-        dropped.append(item.name)
-        for wheel in wheels.pop(item.name):
-            wheel.unlink()
-    if total > limit_bytes:
-        raise DeviceDepsError(f"the needed wheels are {total / 2**20:.1f} MiB, over the {limit_bytes / 2**20:.1f} MiB "
-                              "the device call can carry besides the repository")
+    total, dropped = _keep_installable_within(items, wheels, tiers, limit_bytes)
     packages = [{"name": i.name, "version": str(parse_wheel_filename(wheels[i.name][0].name)[1]),
                  "specifier": i.specifier, "tier": i.tier, "why": i.why, "wheels": [w.name for w in wheels[i.name]]}
                 for i in items if i.name in wheels]
@@ -344,6 +321,38 @@ def fetch(items: list[Item], dest: Path, pythons: list[str], local_pythons: list
     if dropped:
         print(f"lean wheels left out (no wheel, or over the limit): {', '.join(dropped)}", file=out)
     return manifest
+
+
+def _keep_installable_within(items: list[Item], wheels: dict[str, list[Path]], tiers: dict, limit_bytes: int):
+    """Fail unless every needed package has a wheel for each of its pythons; delete the lean ones
+    without, then lean ones largest first until the total fits: (total bytes, names left out)."""
+    missing = {(i.name, i.tier, python) for i in items for python in tiers[i.tier]
+               if not any(wheel_fits(w.name, python) for w in wheels.get(i.name, []))}
+    if problems := sorted(f"{name}: no wheel for CPython {python} on x86-64 Linux" for name, tier, python in missing
+                          if tier == "needed"):
+        raise DeviceDepsError("; ".join(problems))
+
+    def size(name: str) -> int:
+        return sum(w.stat().st_size for w in wheels.get(name, []))
+
+    def drop(name: str) -> None:
+        dropped.append(name)
+        for wheel in wheels.pop(name, []):
+            wheel.unlink()
+
+    dropped: list[str] = []
+    for name in sorted({name for name, _, _ in missing}):
+        drop(name)
+    total = sum(size(i.name) for i in items)
+    for item in sorted((i for i in items if i.tier == "lean" and i.name in wheels), key=lambda i: -size(i.name)):
+        if total <= limit_bytes:
+            break
+        total -= size(item.name)
+        drop(item.name)
+    if total > limit_bytes:
+        raise DeviceDepsError(f"the needed wheels are {total / 2**20:.1f} MiB, over the {limit_bytes / 2**20:.1f} MiB "
+                              "the device call can carry besides the repository")
+    return total, dropped
 
 
 def install_list(dest: Path, err=sys.stderr) -> list[str]:
