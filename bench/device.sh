@@ -4,20 +4,26 @@
 #
 #   command: bash bench/device.sh        carry: [".whl"]        timeout_s: 600
 #
-# 1. installs from .whl/ only what the machine's python3 lacks, or has outside pyproject's pins
-#    (pip --no-index --no-deps --target .cache/devdeps), and prepends it and src/ to PYTHONPATH;
-# 2. checks every import (torch with CUDA, diffusers, peft, transformers, hotlora, hotlora.engine),
-#    a bf16 matmul and a torch.compile on the GPU, and prints versions and nvidia-smi: a broken
-#    environment fails here in about a minute, before any GPU time goes to the bench;
-# 3. runs bench/gpu_flux.py at full size (1024x1536, 30 steps, pack 6, rank 128): no slots first,
-#    then slots on every Linear (with the plan_check and swap rows), the bf16 fused-kept rows (eager auto mode:
-#    what a bf16 merge keeps of 0.1/0.3/1% adapters, the path auto takes, output effect fused vs
-#    unfused), the FP8 and int8 bases (torchao; pack time, swap, denoiser bytes, CUDA peak, effect
-#    kept against the bf16 base), fused mode (pack time and the fused swap against a copy of the
-#    touched bytes), attention only, eager, fused with host restore, as far as the budget goes.
+# 1. installs from .whl/ what the machine's python3 lacks, or has outside the specifier
+#    device-wheels.sh recorded for it (.whl/manifest.json; pip --no-index --no-deps --target
+#    .cache/devdeps), and prepends that and src/ to PYTHONPATH;
+# 2. preflight: imports torch, diffusers, peft, transformers, hotlora, hotlora.engine and every
+#    import statement of bench/gpu_flux.py and the bench modules it imports (bench/device_env.py
+#    reads them from the source, so a module renamed in hotlora needs no edit here), runs a bf16
+#    matmul and a torch.compile on the GPU, and prints versions and nvidia-smi: a broken
+#    environment fails here in about a minute (rc 3), before any GPU time goes to the bench;
+# 3. runs bench/gpu_flux.py at full size (1024x1536, 30 steps, pack 6, rank 128), the most valuable
+#    figures first: slots on every Linear with two rank-128 adapters (the pack time to set against
+#    the seed article's 40.6 s on an H100), its swap rows and the memory plan against
+#    torch.cuda.max_memory_allocated (plan_check); no slots (the overhead's baseline); the bf16
+#    fused-kept rows (eager auto mode: what a bf16 merge keeps of 0.1/0.3/1% adapters, the path
+#    auto takes, output effect fused vs unfused); the FP8 and int8 bases (torchao; pack time, swap,
+#    denoiser bytes, CUDA peak, effect kept against the bf16 base); a rank bucket of 32; fused mode
+#    (pack time and the fused swap against a copy of the touched bytes); attention only; eager;
+#    fused with host restore; as far as the budget goes, each row within its own share of it.
 #    Each result is written to $OUT/gpu.json as soon as it is measured; the log goes to $OUT/device.log.
-#    torchao travels in .whl (device-wheels.sh); if it does not import there, preflight says so and
-#    only the two quantized rows fail (recorded as error_*), not the call.
+#    torchao travels in .whl; if it does not import there, preflight warns and only the two
+#    quantized rows fail (recorded as error_*), not the call.
 # The whole command stops within DEVICE_BUDGET_S (530 s): gpu_flux.py starts no measurement it
 # does not expect to finish in time, and `timeout` kills it 25 s before the end, which leaves time
 # to print the summary. Extra arguments go to gpu_flux.py, e.g. a second call for what the first
@@ -25,7 +31,9 @@
 #
 #   bash bench/device.sh --dry-run        # here, on the CPU, in minutes: tiny sizes, eager (float8_base is
 #                                         # skipped with a message: FP8 needs CUDA)
-# OUT defaults to ./out (ignored by git).
+# PYTHON picks the interpreter (default python3), OUT the results folder (default ./out, ignored by
+# git), WHEELS_DIR the wheels (default .whl), DEVDEPS where they are installed (.cache/devdeps).
+# The check of this script in CI, as the machine would run it: tests/integration/test_device_bench.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -38,58 +46,28 @@ OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
 if [ "$DRY" = 1 ]; then BUDGET=${DEVICE_BUDGET_S:-240}; else BUDGET=${DEVICE_BUDGET_S:-530}; fi
 DEPS=${DEVDEPS:-$REPO/.cache/devdeps}
+WHEELS=${WHEELS_DIR:-$REPO/.whl}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$REPO/.cache/inductor}
 
 elapsed() { echo $(( $(date +%s) - STARTED )); }
 
 install_missing() {
-    echo "== [$(elapsed)s] wheels: install what $PY lacks or has outside pyproject's pins"
+    echo "== [$(elapsed)s] wheels: install what $PY lacks or has outside the recorded pins ($WHEELS/manifest.json)"
     rm -rf "$DEPS"
-    if ! ls .whl/*.whl >/dev/null 2>&1; then
-        echo "  no .whl/*.whl: nothing to install (on a lent machine: run 'bash bench/device-wheels.sh' on the"
+    if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+        echo "  no $WHEELS/*.whl: nothing to install (on a lent machine: run 'bash bench/device-wheels.sh' on the"
         echo "  dev machine first and carry [\".whl\"]); the import check below says what is missing"
         return 0
     fi
     local wanted
-    # Reads the machine's own packages; prints name==version for each carried package to install.
-    wanted=$("$PY" - <<'EOF'
-import importlib.metadata as md, re, sys
-from pathlib import Path
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
-try:
-    import tomllib
-    deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-except ImportError:  # Python < 3.11: the dependency strings are one per line
-    deps = re.findall(r'^\s*"([^"]+)",', Path("pyproject.toml").read_text().split("dependencies = [", 1)[1].split("]", 1)[0], re.M)
-pins = {canonicalize_name(Requirement(d).name): Requirement(d).specifier for d in deps}
-carried = {}
-for wheel in sorted(Path(".whl").glob("*.whl")):
-    name, version, _, _ = parse_wheel_filename(wheel.name)
-    carried[name] = str(version)
-for name, version in carried.items():
-    try:
-        have = md.version(name)
-    except md.PackageNotFoundError:
-        have = None
-    spec = pins.get(name)
-    if have is None:
-        print(f"  {name}: missing -> {version} from .whl", file=sys.stderr)
-        print(f"{name}=={version}")
-    elif spec is not None and not spec.contains(have, prereleases=True):
-        print(f"  {name}: {have} is outside pyproject's {spec} -> {version} from .whl", file=sys.stderr)
-        print(f"{name}=={version}")
-    else:
-        print(f"  {name}: {have} already there{f' (pyproject: {spec})' if spec else ''}", file=sys.stderr)
-EOF
-) || return 1
+    wanted=$("$PY" -m bench.device_deps install-list "$WHEELS") || return 1
     if [ -n "$wanted" ]; then
-        # Only .whl/: the dev machine's pip settings (extra indexes, find-links, constraints) stay out.
+        # Only the carried wheels: the dev machine's pip settings (extra indexes, find-links, constraints) stay out.
         # shellcheck disable=SC2086
         env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
             "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
-            --upgrade --find-links .whl --target "$DEPS" $wanted || return 1
+            --upgrade --find-links "$WHEELS" --target "$DEPS" $wanted || return 1
         echo "  installed into $DEPS: $(echo $wanted)"
     else
         echo "  nothing to install"
@@ -106,29 +84,29 @@ from packaging.utils import canonicalize_name
 dry = os.environ["DRY"] == "1"
 print(f"python {platform.python_version()} at {sys.executable}")
 failed = []
-for name in ("torch", "diffusers", "peft", "transformers", "accelerate", "huggingface_hub", "safetensors",
-             "PIL", "requests", "numpy", "hotlora", "hotlora.engine", "hotlora.engine.runner", "hotlora.testing",
-             "hotlora.families", "bench.swap", "bench.gpu_flux"):
+from bench.device_env import BASE_MODULES, bench_imports, check_imports
+
+for name in BASE_MODULES:
     try:
         module = importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - every failure is reported, then the run stops
         failed.append(name)
         print(f"  FAIL {name}: {type(exc).__name__}: {exc}")
         continue
-    version = getattr(module, "__version__", "")
-    print(f"  ok   {name} {version} ({os.path.dirname(getattr(module, '__file__', '') or '')})")
+    print(f"  ok   {name} {getattr(module, '__version__', '')} ({os.path.dirname(getattr(module, '__file__', '') or '')})")
 try:  # only the quantized rows (float8_base, int8_base) need it: a failure here is a warning
     import torchao
     print(f"  ok   torchao {torchao.__version__} ({os.path.dirname(torchao.__file__)})")
 except Exception as exc:  # noqa: BLE001
     print(f"  WARN torchao: {type(exc).__name__}: {exc} (the float8_base and int8_base rows will fail)")
-try:  # what bench/gpu_flux.py takes from them
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel  # noqa: F401
-    from hotlora import Engine  # noqa: F401
-    from bench.swap import swap_rows  # noqa: F401
-except Exception as exc:  # noqa: BLE001
-    failed.append("names")
-    print(f"  FAIL names used by the bench: {type(exc).__name__}: {exc}")
+# Every import statement of bench/gpu_flux.py and the bench modules it imports, wherever it stands.
+imports = bench_imports()
+bench_failed = check_imports(imports)
+for line in bench_failed:
+    print(f"  FAIL {line}")
+print(f"  {len(imports) - len(bench_failed)} of {len(imports)} imports of bench/gpu_flux.py and its bench modules ok")
+if bench_failed:
+    failed.append("bench imports")
 
 # Declared requirements of hotlora (pyproject), diffusers and peft against what is installed.
 import tomllib
@@ -191,6 +169,12 @@ for label in report.get("configs_done", []):
 for row in report.get("swap", []):
     print(f"  swap rank {row['rank']:4d}  {row['bytes']:>12d} B  swap {row['swap_ms']} ms  copy_ {row['copy_ms']} ms"
           f"  ratio {row['swap_over_copy']}x")
+row = report.get("plan_check")
+if row:
+    measured = row["measured_peak_above_static_gib"]
+    print(f"  plan_check {row['size']} chunk {row['chunk']}: planned activations {row['planned_activation_gib']} GiB, "
+          + (f"measured {measured} GiB above static, ratio {row['planned_over_measured']}"
+             if isinstance(measured, (int, float)) else f"not measured: {measured}"))
 for key in ("swap_fused", "swap_fused_host"):
     row = report.get(key)
     if row:

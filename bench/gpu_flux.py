@@ -2,38 +2,38 @@
 
 Usage (bench/device.sh runs it on a lent GPU; see docs/benchmarks.md):
     python -m bench.gpu_flux [--height 1024 --width 1536 --steps 30 --pack 6 --rank 128]
-                             [--budget-s 420] [--out DIR] [--configs no_slots,every_linear,...]
+                             [--budget-s 420] [--out DIR] [--configs every_linear,no_slots,...]
                              [--repeats N] [--layers N --single-layers M --heads H --text-width W]
                              [--bucket-rank N] [--no-compile] [--device cpu]
 
 Builds a Flux pipeline with the real transformer architecture (19 double + 38 single blocks, width
 3072; fewer with --layers/--single-layers/--heads) and random bf16 weights in memory (no download),
 small random text encoders with the real embedding widths (T5 4096, CLIP 768) and the Flux VAE.
-Then, one configuration at a time, each on a freshly built model with the same seeded weights:
-  1. no_slots: the compiled model with no adapter slots (the baseline, first, so that an overhead
-     figure exists even when the budget runs out);
-  2. every_linear: both slots on every Linear, filled with two random rank-R adapters: compiled
-     pack time (steady-state adapter cost against no_slots), the memory plan's activation line
-     against the CUDA allocator's peak for one decoded pack (plan_check, bench/gpu_rows.py), then the
-     swap of both slots for rank 1..R against one plain copy_ of the same bytes (bench/swap.py's
-     measurement);
-  3. attention_only: both slots on the attention projections only;
-  4. every_linear_rank_bucket (with --bucket-rank N): every Linear with a rank bucket N, rank-N adapters;
-  5. eager_every_linear: every_linear without compile (compile speedup and warm-up against eager);
-  6. fused: adapter_mode="fused" (no LoRA layers: the two rank-R adapters merged into the weights,
-     restored from a pristine copy on the device): pack time against no_slots, then the fused swap
-     (every Linear restored and re-merged) against one copy_ of the touched weights' bytes;
-  7. fused_host: the same with the pristine copy in pinned host memory (fused_restore="host"): the
-     swap then also brings W0 over the bus;
-  8. fused_kept (bf16, eager, adapter_mode="auto", rank-16 slots): for adapters of delta RMS 0.1%,
+Then, one configuration at a time, each on a freshly built model with the same seeded weights, in
+this order (the most valuable figures first; --configs picks and orders others):
+  1. every_linear: both slots on every Linear, filled with two random rank-R adapters: compiled
+     pack time (the figure to set against the seed article's 40.6 s on an H100), then the swap of
+     both slots for rank 1..R against one plain copy_ of the same bytes (bench/swap.py's
+     measurement), then the memory plan's activation line against the CUDA allocator's peak for
+     one decoded pack (plan_check, bench/gpu_rows.py);
+  2. no_slots: the compiled model with no adapter slots (the baseline: every row's overhead_pct);
+  3. fused_kept (bf16, eager, adapter_mode="auto", rank-16 slots): for adapters of delta RMS 0.1%,
      0.3% and 1% of each layer's weight RMS on every Linear, the fraction of the weight delta a bf16
      merge keeps (fused_kept), the path auto mode takes, the plan's time, and the output effect of
      one image served fused against the same served through the slots (bench/gpu_rows.py);
-  9. float8_base / int8_base: every_linear on a torchao-quantized base (base_quantization float8:
+  4. float8_base / int8_base: every_linear on a torchao-quantized base (base_quantization float8:
      row-wise FP8, CUDA only, skipped with a message elsewhere; int8_weight_only): pack time, swap,
      the denoiser's bytes, CUDA peak, and the adapters' effect kept against every_linear's bf16 base
-     (one more image without adapters).
-The default order runs the baseline, every_linear, then 8 and 9, then the rest, as the budget allows.
+     (one more image without adapters);
+  5. every_linear_rank_bucket: slots of rank R with one rank bucket at --bucket-rank (default R/4,
+     the engine's default bucket) and adapters of that rank: the pack time a low-rank request gets;
+  6. fused: adapter_mode="fused" (no LoRA layers: the two rank-R adapters merged into the weights,
+     restored from a pristine copy on the device): pack time against no_slots, then the fused swap
+     (every Linear restored and re-merged) against one copy_ of the touched weights' bytes;
+  7. attention_only: both slots on the attention projections only;
+  8. eager_every_linear: every_linear without compile (compile speedup and warm-up against eager);
+  9. fused_host: fused with the pristine copy in pinned host memory (fused_restore="host"): the
+     swap then also brings W0 over the bus.
 Every configuration records its build and warm-up (compile) times, pack time and CUDA peak.
 
 Timing: CUDA is synchronised at every measurement boundary (torch.cuda.synchronize before the
@@ -43,7 +43,8 @@ finite check), both medians over --repeats packs.
 
 Budget: before each configuration and before each measurement inside one (build, warm-up, every
 pack, every swap rank) the expected time, from what was measured so far, is checked against what
-is left of --budget-s; a measurement that would not fit is skipped and says so. --out/gpu.json is
+is left of --budget-s, and, once the row's first pack is measured, of the row's own share of it
+(ROW_SHARE); a measurement that would not fit is skipped and says so. --out/gpu.json is
 rewritten after every measurement (atomically), so a run killed from outside keeps what it measured.
 Random weights: the engine's non-finite-output check is recorded (``finite``) instead of raising,
 since overflowing random activations say nothing about timing.
@@ -65,8 +66,16 @@ from pathlib import Path
 import torch
 
 RESULTS_NAME = "gpu.json"
-CONFIG_ORDER = ("no_slots", "every_linear", "fused_kept", "float8_base", "int8_base", "fused", "attention_only",
-                "every_linear_rank_bucket", "eager_every_linear", "fused_host")
+# The most valuable figures first: a run cut short keeps them. every_linear's pack time with two
+# rank-R adapters is the one to set against the seed's 40.6 s (H100), then its swap rows; no_slots
+# next, for the overhead (every row's overhead_pct is derived whenever both exist).
+CONFIG_ORDER = ("every_linear", "no_slots", "fused_kept", "float8_base", "int8_base", "every_linear_rank_bucket", "fused",
+                "attention_only", "eager_every_linear", "fused_host")
+# The most of --budget-s one row may spend: once its first pack is measured, the row's further
+# measurements (more packs, swap ranks, the plan check, effect images) stop at its share and the
+# time goes to the rows after it.
+ROW_SHARE = {"every_linear": 0.6, "fused_kept": 0.3}
+DEFAULT_ROW_SHARE = 0.45
 QUANTIZED = {"float8_base": "float8", "int8_base": "int8_weight_only"}
 FUSED = ("fused", "fused_host")
 SLOW_EAGER = 1.6  # eager pack time over compiled, for the budget only (a guess until measured)
@@ -169,16 +178,18 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or "bench/results",
                         help=f"folder for {RESULTS_NAME} (default: $OUT, else bench/results)")
     parser.add_argument("--configs", default="",
-                        help=f"comma-separated, in the order to run (default: {','.join(CONFIG_ORDER)}, "
-                             "the rank-bucket one only with --bucket-rank)")
+                        help=f"comma-separated, in the order to run (default: {','.join(CONFIG_ORDER)}; "
+                             "the rank-bucket one unless --bucket-rank 0)")
     parser.add_argument("--repeats", type=int, default=1, help="packs per configuration, budget permitting")
     parser.add_argument("--swap-repeats", type=int, default=10, help="swaps (and copies) timed per rank")
     parser.add_argument("--no-compile", action="store_true", help="every configuration eager (CPU dry runs)")
     parser.add_argument("--device", default="cuda", help="cpu only for a smoke test of this script with tiny sizes")
-    parser.add_argument("--bucket-rank", type=int, default=0,
-                        help="also run every Linear with a rank bucket at this rank (besides --rank) and adapters "
-                             "of this rank (0: off)")
+    parser.add_argument("--bucket-rank", type=int, default=-1,
+                        help="every_linear_rank_bucket: slots of --rank with one rank bucket at this rank and "
+                             "adapters of this rank (default: a quarter of --rank, the engine's default bucket; 0: off)")
     args = parser.parse_args()
+    if args.bucket_rank < 0:
+        args.bucket_rank = max(1, args.rank // 4)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_flux.py needs a CUDA device (or --device cpu for a smoke test)")
     from hotlora import Engine
@@ -219,8 +230,13 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_term)
 
-    def left() -> float:
+    row_ends = [float("inf")]  # when the running row's share of the budget is spent (monotonic clock)
+
+    def run_left() -> float:
         return args.budget_s - (time.monotonic() - report.began)
+
+    def left() -> float:
+        return min(run_left(), row_ends[0] - time.monotonic())
 
     seen: dict[str, float] = {}  # the latest of each kind of measurement, seconds: the budget's estimates
 
@@ -239,7 +255,8 @@ def main() -> None:
         """Whether ``need`` seconds (with a 15% margin) fit in what is left; a miss is recorded."""
         if left() >= 1.15 * need and left() > 0:
             return True
-        note = f"{what}: time budget ({left():.0f} s left, about {need:.0f} s needed)"
+        whose = "the row's share of the" if left() < run_left() else "the"
+        note = f"{what}: {whose} time budget ({left():.0f} s left, about {need:.0f} s needed)"
         print(f"skipped {note}", flush=True)
         missed[:] = [note]
         if row is not None:
@@ -267,6 +284,8 @@ def main() -> None:
         need = estimate("build", compiled) + estimate("warmup", compiled) + estimate("pack", compiled)
         if label != "no_slots":
             need += estimate("adapters", compiled)
+        row_ends[0] = float("inf")  # the share bounds what a row adds after its first pack, not the pack
+        row_began, share = time.monotonic(), ROW_SHARE.get(label, DEFAULT_ROW_SHARE) * args.budget_s
         if not fits(f"configuration {label}", need):
             report.save(f"skipped_{label}", missed[-1], quiet=True)
             continue
@@ -302,6 +321,7 @@ def main() -> None:
             data["configs_done"].append(label)
             report.save(label, row)  # built and warm: already worth keeping
             if label == "fused_kept":
+                row_ends[0] = row_began + share
                 fused_kept_rows(engine, args, report, fits)
                 continue
 
@@ -317,6 +337,7 @@ def main() -> None:
                 if not fits(f"pack {len(samples) + 1}", estimate("pack", compiled), row):
                     break
                 samples.append(_pack(engine, request or {}, args))
+                row_ends[0] = row_began + share
                 latents.setdefault(label, samples[-1].pop("latents0"))
                 seen["pack_compiled" if compiled else "pack_eager"] = samples[-1]["wall_ms"] / 1000
                 row["pack_ms"] = round(statistics.median(s["pack_ms"] for s in samples), 1)
@@ -331,8 +352,8 @@ def main() -> None:
                 report.save(label, row, quiet=True)
                 print(json.dumps({label: row}), flush=True)
             if label == "every_linear":
-                plan_activation_check(engine, request, args, report, lambda what: fits(what, estimate("pack", compiled)))
                 _swap_measurements(engine, args, report, fits)
+                plan_activation_check(engine, request, args, report, lambda what: fits(what, estimate("pack", compiled)))
             if label in FUSED and request:
                 fused_swap_measurements(engine, request, label, args, report, fits)
             if label in QUANTIZED and samples:

@@ -83,12 +83,13 @@ def build_engine(spec: dict):
     options = {"target_rank": 8, "batch_size": spec["batch"], "compile": spec["compile"], "sizes": spec["sizes"]}
     if not spec.get("full"):
         return Engine.from_pretrained(spec["model"], **options)
-    from bench.gpu_flux import _record_finite, build_full_flux
+    from bench.gpu_flux import build_full_flux
+    from bench.gpu_rows import record_finite
 
     pipeline = build_full_flux(**spec["full"], device=spec["device"])
     pipeline.set_progress_bar_config(disable=True)
     engine = Engine(pipeline, family_named("flux"), **options)
-    _record_finite(engine)  # random weights may overflow: the figures wanted here are times
+    record_finite()  # random weights may overflow: the figures wanted here are times
     return engine
 
 

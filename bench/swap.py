@@ -193,7 +193,7 @@ def full_width_overhead_rows(base, target_rank: int, runs: int) -> list[dict]:
     images, so ~530 tokens with the text): slots on every Linear with full-rank and quarter-rank
     adapters, the same with a rank bucket, attention only, against no slots. One set of weights,
     a copy of the transformer per engine, runs interleaved."""
-    from bench.gpu_flux import _adapters
+    from bench.gpu_rows import adapters as _adapters
     from hotlora import Engine
     from hotlora.families import family_named
 
