@@ -120,7 +120,7 @@ def cmd_serve(args) -> int:
 
     config, store_config = serve_settings(args)
     if args.ray:  # one deployment per base model on Ray Serve; see docs/scale-out.md
-        from hotlora.deploy import RayServeConfig, run
+        from hotlora.scaleout import RayServeConfig, run
 
         run(RayServeConfig.load(args.config, config, store_config))
         return 0

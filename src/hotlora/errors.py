@@ -25,17 +25,17 @@
     │   ├── Unauthorized, Forbidden
     │   │                         (server.auth) no or an unknown API key: 401 with WWW-Authenticate;
     │   │                         a key outside its scopes or adapter sources: 403
-    │   └── UnknownModel          (deploy.routing) a model id no deployment serves: 404
+    │   └── UnknownModel          (scaleout.routing) a model id no deployment serves: 404
     ├── SourceUnavailable     a remote source failed after retries: 502, nobody's fault here,
     │                         nothing to rebuild
     ├── EngineError           our fault: 5xx, the engine is rebuilt
     │   └── SlotStateCorrupt      slot tensors found in a state no swap can produce
     ├── ReplicasUnavailable (503), ModelsOverloaded (429)
-    │                         (deploy.ingress) the Ray ingress's answers; nothing to rebuild
+    │                         (scaleout.ingress) the Ray ingress's answers; nothing to rebuild
     └── start-up faults, raised before anything serves: ModelLoadError (engine.pipeline),
         StepCacheError (engine.stepcache), CatalogError (adapters.catalog), ModelDefaultsError
         (config: an unreadable hotlora.json), SettingsError (config: a setting's value refused; a
-        ValueError too), DeployConfigError (deploy.config), AuthConfigError
+        ValueError too), DeployConfigError (scaleout.config), AuthConfigError
         (server.auth: no API keys where they are required, an unreadable keys line),
         DoesNotFit (here: the memory plan of the configured engine exceeds the memory it has;
         the plan is in the message and on ``.plan``)

@@ -208,7 +208,7 @@ def test_deployment_config_file_loads_as_hotlora_serve_config(tmp_path):
 
 def test_rayservice_serves_our_application_with_autoscaling_that_fits_the_gpu_workers(tmp_path):
     from hotlora.config import ServerConfig
-    from hotlora.deploy.config import RayServeConfig
+    from hotlora.scaleout.config import RayServeConfig
 
     docs = rendered("rayservice")
     (service,) = of_kind(docs, "RayService")

@@ -8,7 +8,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from hotlora.deploy.routing import route
+from hotlora.scaleout.routing import route
 from hotlora.errors import AdapterNotFound, EngineError, HotloraError, InvalidRequest, RequestError
 from hotlora.server.errors import (
     error_body, error_reply, http_error_reply, internal_error_body, internal_error_reply, is_openai, status_of,
@@ -19,7 +19,7 @@ from hotlora.server.schemas import GenerateRequest
 HEAVY = ("torch", "fastapi", "starlette", "prometheus_client", "ray", "diffusers")
 
 
-@pytest.mark.parametrize("module", ["hotlora.server.errors", "hotlora.deploy.routing"])
+@pytest.mark.parametrize("module", ["hotlora.server.errors", "hotlora.scaleout.routing"])
 def test_imports_without_torch_fastapi_or_prometheus(module):
     code = f"import sys, {module}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -1,7 +1,7 @@
 """Errors as HTTP answers, decided in one place: status, body, ``Retry-After``, validation messages.
 
 Plain Python over ``hotlora.errors`` (no FastAPI, Starlette, prometheus-client or torch), so the Ray
-ingress (``deploy/routing.py``, ``deploy/ingress.py``) answers in exactly the shape ``hotlora serve``
+ingress (``scaleout/routing.py``, ``scaleout/ingress.py``) answers in exactly the shape ``hotlora serve``
 does without importing the server. The two shapes:
 
 * hotlora's own APIs: ``{"error": message, "type": ExceptionName}``

@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hotlora.adapters.references import reference_id
-from hotlora.deploy.config import RayServeConfig
-from hotlora.deploy.replica import ForwardedReply, ForwardedRequest
-from hotlora.deploy.routing import ATTEMPTS_HEADER, Route, route
+from hotlora.scaleout.config import RayServeConfig
+from hotlora.scaleout.replica import ForwardedReply, ForwardedRequest
+from hotlora.scaleout.routing import ATTEMPTS_HEADER, Route, route
 from hotlora.errors import HotloraError
 from hotlora.server.errors import error_reply, is_openai
 
