@@ -49,6 +49,33 @@ def test_the_fingerprint_follows_what_the_graphs_depend_on():
     assert EngineConfig(target_rank=8, mixed=True).fingerprint("m", "flux", size=[32, 32]) != same
 
 
+# Computed before config.py was folded into settings (commit 81f3542): a compiled engine's cache folder and chunk record
+# are keyed by these strings, so a refactor that changes one byte silently throws every cache away.
+PINNED_DEFAULT = (
+    '{"adapter_mode": "slots", "attention": "sdpa", "bank_entries": null, "base_quantization": "none", '
+    '"batch_size": "auto", "compile": true, "dtype": "torch.float32", "dynamic_sizes": false, "family": "flux", '
+    '"fused_restore": "auto", "max_batch_size": 6, "mixed": false, "model": "tiny/flux", "rank_buckets": [0, 4], '
+    '"sizes": [[32, 32]], "slots": ["identity", "style"], "step_cache": null, "target_modules": null, '
+    '"target_rank": 16}')
+PINNED_CHANGED = (
+    '{"adapter_mode": "slots", "attention": "sdpa", "bank_entries": null, "base_quantization": "int8_weight_only", '
+    '"batch_size": 3, "compile": true, "dtype": "torch.bfloat16", "dynamic_sizes": true, "family": "sdxl", '
+    '"fused_restore": "auto", "max_batch_size": 6, "mixed": false, "model": "some/model", "rank_buckets": [0, 8], '
+    '"sizes": [[64, 32], [32, 32]], "slots": ["a", "b", "c"], '
+    '"step_cache": "StepCache(backend=\'fbcache\', threshold=0.2, warmup_steps=4, compute_blocks=1)", '
+    '"target_modules": ["to_q", "to_k"], "target_rank": 32}')
+
+
+def test_the_fingerprint_strings_are_pinned():
+    assert EngineConfig().fingerprint("tiny/flux", "flux", sizes=((32, 32),), dynamic_sizes=False, attention="sdpa",
+                                      dtype="torch.float32") == PINNED_DEFAULT
+    changed = EngineConfig(slots=("a", "b", "c"), target_rank=32, batch_size=3, rank_buckets=(0, 8),
+                           step_cache=StepCache(backend="fbcache", threshold=0.2), target_modules=("to_q", "to_k"),
+                           base_quantization="int8_weight_only")
+    assert changed.fingerprint("some/model", "sdxl", sizes=((64, 32), (32, 32)), dynamic_sizes=True,
+                               attention="sdpa", dtype="torch.bfloat16") == PINNED_CHANGED
+
+
 def test_engine_config_refuses_impossible_combinations():
     with pytest.raises(ValueError, match="batch_size"):
         EngineConfig(batch_size=0)
