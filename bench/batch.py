@@ -39,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from hotlora import Engine
-    from hotlora.config import parse_size
+    from hotlora.settings import parse_size
     from hotlora.engine.warmup import candidates
     from hotlora.testing import save_tiny_model
 

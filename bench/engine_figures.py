@@ -33,7 +33,7 @@ def prepare_ms(engine, request: dict, pack: int, steps: int, runs: int = 50) -> 
 
 def measure(family: str, model_dir: Path, runs: int, pack: int, steps: int) -> dict:
     from hotlora import Engine
-    from hotlora.config import StoreConfig
+    from hotlora.settings import StoreConfig
 
     adapters_dir = model_dir / "adapters"
     request = {"identity": (adapters_dir / "identity-diffusers", 0.9), "style": (adapters_dir / "style-diffusers", 0.7)}

@@ -216,7 +216,7 @@ def plan_activation_check(engine, request: dict, args, report: Report, fits) -> 
     flux-dev at the same size and chunk (its widths and token counts are this model's; the number of
     blocks does not enter a per-layer model). The plan models the eager peak; this engine may be
     compiled, which the row records."""
-    from hotlora.config import EngineConfig
+    from hotlora.settings import EngineConfig
     from hotlora.engine.plan import plan_memory
 
     if not torch.cuda.is_available():

@@ -61,7 +61,7 @@ def serve(spec: dict) -> None:
     """In a fresh process: build and warm one engine, say so, then time one pack per stdin line."""
     import torch
 
-    from hotlora.config import parse_size
+    from hotlora.settings import parse_size
     from hotlora.engine.pipeline import graph_count
 
     engine = build_engine(spec)

@@ -44,7 +44,7 @@ def cmd_tiny_model(args) -> int:
 
 def cmd_generate(args) -> int:
     from hotlora import Engine
-    from hotlora.config import EngineConfig
+    from hotlora.settings import EngineConfig
 
     adapters = {}
     for slot, path, scale in args.lora:
@@ -80,7 +80,7 @@ def cmd_generate(args) -> int:
 def _cli_store(args):
     from hotlora.adapters.families import family_named
     from hotlora.adapters.store import AdapterStore
-    from hotlora.config import StoreConfig
+    from hotlora.settings import StoreConfig
 
     # The operator's own offline command, never the server's path: any local path they can read
     # is fair game (the server's roots come from StoreConfig.local_roots and the catalog).
@@ -107,7 +107,7 @@ def cmd_adapters_convert(args) -> int:
 def serve_settings(args) -> tuple:
     """``hotlora serve``'s ServerConfig and StoreConfig from its flags (generated from the fields:
     ``_add_setting_flags``), over ``HOTLORA_*`` variables, over the ``--config`` file, over defaults."""
-    from hotlora.config import ServerConfig, StoreConfig
+    from hotlora.settings import ServerConfig, StoreConfig
     from hotlora.settings.flags import given
 
     server_names, store_names = list(ServerConfig.model_fields), list(StoreConfig.model_fields)
@@ -197,7 +197,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser, plan_only: bool = False)
     """Every server, engine and store setting as a flag; the names are the fields' (one namespace:
     a store field may not share a server field's name). ``plan_only``: what a memory plan reads
     (the model, the memory, the engine's settings)."""
-    from hotlora.config import ServerConfig, StoreConfig
+    from hotlora.settings import ServerConfig, StoreConfig
     from hotlora.settings.flags import add_flags
     from hotlora.settings.server import ENGINE_SETTINGS
 

@@ -34,8 +34,8 @@
     │                         (scaleout.ingress) the Ray ingress's answers; nothing to rebuild
     └── start-up faults, raised before anything serves: ModelLoadError (engine.pipeline),
         StepCacheError (engine.stepcache), CatalogError (adapters.catalog), ModelDefaultsError
-        (config: an unreadable hotlora.json), SettingsError (config: a setting's value refused; a
-        ValueError too), DeployConfigError (scaleout.config), AuthConfigError
+        (settings.files: an unreadable hotlora.json), SettingsError (settings.fields: a setting's
+        value refused; a ValueError too), DeployConfigError (scaleout.config), AuthConfigError
         (server.auth: no API keys where they are required, an unreadable keys line),
         DoesNotFit (here: the memory plan of the configured engine exceeds the memory it has;
         the plan is in the message and on ``.plan``)

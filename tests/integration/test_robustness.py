@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hotlora import Engine
-from hotlora.config import RequestLimits
+from hotlora.settings import RequestLimits
 from hotlora.engine.guard import NonFiniteOutput
 from hotlora.engine.request import UnservedShape
 from hotlora.errors import AdapterRejected, EngineError, InvalidRequest, RequestError, RequestTooLarge

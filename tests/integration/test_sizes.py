@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from hotlora import Engine
-from hotlora.config import EngineConfig, parse_size, parse_sizes
+from hotlora.settings import EngineConfig, parse_size, parse_sizes
 from hotlora.engine.pipeline import graph_count
 from hotlora.engine.request import RequestRules, UnservedShape, nearest_size
 from hotlora.engine.worker import Job, Worker

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 import hotlora.scaleout
 import hotlora.server
-from hotlora.config import ServerConfig
+from hotlora.settings import ServerConfig
 from hotlora.server.app import create_app
 
 ROUTES = {

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from hotlora.adapters.references import UnsafeReference
 from hotlora.cli import main
-from hotlora.config import ServerConfig
+from hotlora.settings import ServerConfig
 from hotlora.server.access import Access, public_model
 from hotlora.server.app import create_app
 from hotlora.server.auth import (ANONYMOUS, AuthConfigError, Forbidden, Keyring, canonical_reference, is_loopback,

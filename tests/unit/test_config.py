@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hotlora.config import (
+from hotlora.settings import (
     EngineConfig, ModelDefaultsError, RequestLimits, ServerConfig, StepCache, read_model_defaults,
 )
 
@@ -108,7 +108,7 @@ from pathlib import Path  # noqa: E402
 import yaml  # noqa: E402
 
 from hotlora.cli import build_parser, serve_settings  # noqa: E402
-from hotlora.config import SettingsError, StoreConfig  # noqa: E402
+from hotlora.settings import SettingsError, StoreConfig  # noqa: E402
 from hotlora.settings.fields import bare, declared, default_of  # noqa: E402
 from hotlora.settings.server import ENGINE_SETTINGS  # noqa: E402
 

@@ -108,7 +108,7 @@ def test_s3_keys_with_dot_segments_are_refused(bad):
 
 
 def test_the_default_local_roots_are_empty_never_the_working_directory():
-    from hotlora.config import StoreConfig
+    from hotlora.settings import StoreConfig
 
     assert StoreConfig().local_roots == ()
     assert StoreConfig().allowed_s3 == () and StoreConfig().allowed_hub_repos == ()
@@ -117,7 +117,7 @@ def test_the_default_local_roots_are_empty_never_the_working_directory():
 
 
 def test_store_settings_come_from_the_environment(monkeypatch):
-    from hotlora.config import StoreConfig
+    from hotlora.settings import StoreConfig
 
     monkeypatch.setenv("HOTLORA_ALLOWED_S3", "loras/users,public")
     monkeypatch.setenv("HOTLORA_ALLOWED_HUB_REPOS", "acme/*,someone/style")
@@ -224,7 +224,7 @@ def test_the_remote_client_turns_an_invalid_url_into_a_422_and_odd_httpx_errors_
     from hotlora.adapters.egress import EgressPolicy
     from hotlora.adapters.references import Reference
     from hotlora.adapters.remote import Remote
-    from hotlora.config import StoreConfig
+    from hotlora.settings import StoreConfig
     from hotlora.errors import SourceUnavailable
 
     config = StoreConfig(retries=1, download_deadline_s=30)
@@ -282,7 +282,7 @@ def _within(seconds, call):
 def test_a_fifo_or_device_inside_a_root_is_refused_not_read(tmp_path):
     from hotlora.adapters.reading import ReadLimits, read_files
     from hotlora.adapters.sources import LocalSource
-    from hotlora.config import StoreConfig
+    from hotlora.settings import StoreConfig
 
     root = tmp_path / "root"
     (root / "dir").mkdir(parents=True)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from hotlora.config import ServerConfig, StoreConfig
+from hotlora.settings import ServerConfig, StoreConfig
 from hotlora.scaleout.config import DeployConfigError, RayServeConfig
 from hotlora.scaleout.routing import UnknownModel, route
 from hotlora.errors import InvalidRequest

@@ -35,7 +35,7 @@ def test_error_tree_splits_caller_faults_from_engine_faults():
 
 
 def test_rank_buckets_come_from_flags_env_and_files(monkeypatch, tmp_path):
-    from hotlora.config import ServerConfig
+    from hotlora.settings import ServerConfig
 
     assert ServerConfig.load(rank_buckets="4, 8")[0].rank_buckets == (4, 8)
     monkeypatch.setenv("HOTLORA_RANK_BUCKETS", "2,16")

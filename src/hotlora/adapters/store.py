@@ -43,7 +43,7 @@ from hotlora.adapters.references import Reference, parse_reference
 from hotlora.adapters.remote import Deadline
 from hotlora.adapters.hub import HubSource
 from hotlora.adapters.sources import Fetched, HttpSource, LocalSource, S3Source, Source
-from hotlora.config import StoreConfig
+from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterNotFound, SourceUnavailable
 from hotlora.lru import LRU
 

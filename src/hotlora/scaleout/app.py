@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from hotlora.config import ServerConfig
+from hotlora.settings import ServerConfig
 from hotlora.scaleout.config import RayServeConfig
 from hotlora.scaleout.ingress import Ingress
 from hotlora.scaleout.replica import ModelReplica
