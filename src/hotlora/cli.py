@@ -178,15 +178,29 @@ def cmd_keys_new(args) -> int:
     return 0
 
 
+def source_checkout(given: str | None = None) -> Path | None:
+    """The source checkout whose bench/ folder holds the benchmarks, which are not part of the
+    installed package: ``given`` (``--repo``), else the current directory, else the checkout an
+    editable install (`make install`, `pip install -e`) imports hotlora from. None when there is none."""
+    import hotlora
+
+    roots = [Path(given)] if given else [Path.cwd(), Path(hotlora.__file__).resolve().parents[2]]
+    return next((root for root in roots if (root / "bench" / "harness.py").is_file()), None)
+
+
 def cmd_bench(args) -> int:
-    """Benchmarks live in the repository's bench/ folder (a source checkout, as `make` installs)."""
     import runpy
 
-    from hotlora.benchmarking import REPO
-
-    script = REPO / "bench" / f"{args.name}.py"
+    root = source_checkout(args.repo)
+    if root is None:
+        where = args.repo or "the current directory or where hotlora is installed from"
+        print(f"error: no source checkout in {where}: the benchmarks live in the repository's bench/ folder and "
+              "are not installed with the package; run `hotlora bench` inside a clone of the repository, or "
+              "pass --repo DIR", file=sys.stderr)
+        return 2
+    script = root / "bench" / f"{args.name}.py"
     if not script.is_file():
-        print(f"error: no benchmark {args.name!r} at {script} (benchmarks need a source checkout)", file=sys.stderr)
+        print(f"error: no benchmark {args.name!r} at {script}", file=sys.stderr)
         return 2
     sys.argv = [str(script), *args.rest]
     runpy.run_path(str(script), run_name="__main__")
@@ -268,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     new.set_defaults(run=cmd_keys_new)
 
     bench = sub.add_parser("bench", help="run a benchmark from bench/ (ablation, swap, mixed, affinity, ...)")
+    bench.add_argument("--repo", metavar="DIR", help="the source checkout whose bench/ to run (default: the "
+                       "current directory, else the checkout hotlora is installed from in editable mode)")
     bench.add_argument("name", help="ablation | swap | mixed | affinity | engine_figures | sizes | batch | text_encoders")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     bench.set_defaults(run=cmd_bench)
