@@ -6,6 +6,7 @@ import pytest
 from hotlora.adapters.references import (InvalidReference, UnsafeReference, confine_local_path, parse_reference,
                                          redact_reference, redact_url)
 from hotlora.errors import AdapterFormatError, InvalidRequest
+from hotlora.server.errors import status_of
 
 
 def test_every_reference_kind_parses():
@@ -181,7 +182,7 @@ def test_egress_policy_lists_hosts_and_ports():
 def test_malformed_references_are_a_422_at_parse_time_and_never_quoted(bad):
     with pytest.raises(InvalidReference) as raised:
         parse_reference(bad)
-    assert raised.value.status_code == 422 and "SECRET" not in str(raised.value)
+    assert status_of(raised.value) == 422 and "SECRET" not in str(raised.value)
     shown = redact_reference(bad)
     assert shown.startswith("<unparseable reference") and "SECRET" not in shown
 
@@ -293,7 +294,7 @@ def test_a_fifo_or_device_inside_a_root_is_refused_not_read(tmp_path):
     for ref in ("pipe.safetensors", "dir", "link.safetensors"):
         for call in (source.probe, lambda r: source.fetch(r, tmp_path)):
             exc = _within(10, lambda: call(parse_reference(ref)))
-            assert isinstance(exc, AdapterFormatError) and exc.status_code == 422, (ref, exc)
+            assert isinstance(exc, AdapterFormatError) and status_of(exc) == 422, (ref, exc)
             assert "not a regular file" in str(exc)
     # The reader checks the file it opened too (no window to swap a checked file for a pipe).
     limits = ReadLimits(roots=(root,))
