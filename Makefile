@@ -15,7 +15,7 @@ BROWSER := /usr/bin/chromium /usr/bin/chromedriver
 PROMTOOL := /usr/bin/promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test test-full serve clean
+.PHONY: install lint test test-full serve clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,11 @@ $(PROMTOOL):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus
 
-test: install $(BROWSER) $(PROMTOOL)
+# ruff's rules: pyproject.toml [tool.ruff]; ruff itself is pinned in the dev extra.
+lint: install
+	$(VENV)/bin/ruff check src tests bench
+
+test: lint $(BROWSER) $(PROMTOOL)
 	$(PY) -m pytest -q -ra --durations=25
 
 # The real SDXL architecture served end to end (~15 GB peak in one process, ~40 min on 2 cores; the model is

@@ -35,7 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from hotlora.benchmarking import (  # noqa: E402
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import (  # noqa: E402
     allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results,
 )
 
@@ -48,7 +51,7 @@ PROMPT = "a portrait in watercolor"
 
 def adapter_pairs(model: Path, count: int, rank: int) -> list[tuple[Path, Path]]:
     """``count`` distinct (identity, style) pairs in diffusers layout, saved next to the model."""
-    from hotlora.benchmarking import denoiser_layers
+    from bench.harness import denoiser_layers
     from hotlora.testing import random_lora, save_diffusers_lora
 
     family, linears = denoiser_layers(model)  # from the config: no weights loaded

@@ -22,10 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hotlora.benchmarking import REPO, allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from bench.harness import REPO, allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results
 
 use_repo_compile_cache()
 

@@ -7,7 +7,7 @@ whose latency grows with the adapter's size on a miss (fetches overlap, as the s
 
 Three routings of the same request sequence, in one run, on one local Ray cluster:
   affinity     one deployment of N replicas, handle.options(multiplexed_model_id=user): Serve's
-               model multiplexing (what hotlora.deploy uses)
+               model multiplexing (what hotlora.scaleout uses)
   serve-p2c    the same deployment without a multiplexed id: Serve's default power-of-two-choices
   round-robin  N single-replica deployments, request i sent to replica i mod N
 

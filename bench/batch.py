@@ -14,12 +14,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hotlora.benchmarking import (
-    REPO, allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results,
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import (
+    allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results,
 )
 
-if str(REPO) not in sys.path:  # run as a file (hotlora bench batch): bench.ablation is imported from the repo root
-    sys.path.insert(0, str(REPO))
 use_repo_compile_cache()
 
 from bench.ablation import PROMPT, adapter_pairs, measure  # noqa: E402
@@ -39,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from hotlora import Engine
-    from hotlora.config import parse_size
+    from hotlora.settings import parse_size
     from hotlora.engine.warmup import candidates
     from hotlora.testing import save_tiny_model
 

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from hotlora.benchmarking import markdown_table, use_repo_compile_cache, write_results  # noqa: E402
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import markdown_table, use_repo_compile_cache, write_results  # noqa: E402
 
 use_repo_compile_cache()
 
@@ -33,7 +37,7 @@ def prepare_ms(engine, request: dict, pack: int, steps: int, runs: int = 50) -> 
 
 def measure(family: str, model_dir: Path, runs: int, pack: int, steps: int) -> dict:
     from hotlora import Engine
-    from hotlora.config import StoreConfig
+    from hotlora.settings import StoreConfig
 
     adapters_dir = model_dir / "adapters"
     request = {"identity": (adapters_dir / "identity-diffusers", 0.9), "style": (adapters_dir / "style-diffusers", 0.7)}

@@ -34,6 +34,9 @@ import sys
 import time
 from pathlib import Path
 
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "a lighthouse on a cliff at dawn, oil painting"
 SEED = 7
@@ -269,7 +272,7 @@ def summarize(cold: dict, warm: dict | None, references: dict[str, dict], args) 
 
 
 def table(result: dict) -> str:
-    from hotlora.benchmarking import markdown_table
+    from bench.harness import markdown_table
 
     cold, t = result["startup_cold"], result["timings"]
     rows = [["load (from_pretrained, slots)", f"{cold['load_s']} s"],
@@ -346,7 +349,7 @@ def run(args) -> dict:
 
 def main() -> None:
     args = parser().parse_args()
-    from hotlora.benchmarking import write_results
+    from bench.harness import write_results
 
     result = run(args)
     write_results(args.out, "full_size", result, table(result),

@@ -33,9 +33,10 @@ import sys
 import time
 from pathlib import Path
 
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hotlora.benchmarking import (
+from bench.harness import (
     allow_many_compiled_engines,
     markdown_table,
     use_repo_compile_cache,

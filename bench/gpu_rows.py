@@ -217,7 +217,7 @@ def plan_activation_check(engine, request: dict, args, report: Report, fits) -> 
     blocks does not enter a per-layer model). The plan models the eager peak; this engine may be
     compiled, which the row records. Without CUDA (a dry run) the plan and the pack still run, so
     the row's code is proven, and nothing is measured."""
-    from hotlora.config import EngineConfig
+    from hotlora.settings import EngineConfig
     from hotlora.engine.plan import plan_memory
 
     if not fits("plan check"):

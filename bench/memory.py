@@ -14,6 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 CHILD = r"""
 import json, resource, sys, torch
 config, model, pack = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -45,7 +48,7 @@ def main() -> None:
     parser.add_argument("--pack", type=int, default=6)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
-    from hotlora.benchmarking import markdown_table, write_results
+    from bench.harness import markdown_table, write_results
     from hotlora.testing import TINY_SIZE, save_tiny_model
 
     size = TINY_SIZE[args.family]

@@ -13,11 +13,15 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from hotlora.benchmarking import markdown_table, use_repo_compile_cache, write_results  # noqa: E402
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import markdown_table, use_repo_compile_cache, write_results  # noqa: E402
 
 use_repo_compile_cache()
 

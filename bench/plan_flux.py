@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from hotlora.config import EngineConfig
+from hotlora.settings import EngineConfig
 from hotlora.engine.plan import ACCELERATORS, format_bytes, plan_memory
 from hotlora.engine.plan.planner import MAX_CHUNK_SEARCHED
 

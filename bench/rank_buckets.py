@@ -26,9 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hotlora.benchmarking import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results,
 )
 

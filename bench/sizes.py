@@ -45,6 +45,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 SIZES = {  # WIDTHxHEIGHT; distinct sequence lengths (Flux) and latent shapes (SDXL), three aspect ratios
     "flux": ["32x32", "48x32", "32x64"],
     "sdxl": ["64x64", "96x64", "64x128"],
@@ -61,7 +64,7 @@ def serve(spec: dict) -> None:
     """In a fresh process: build and warm one engine, say so, then time one pack per stdin line."""
     import torch
 
-    from hotlora.config import parse_size
+    from hotlora.settings import parse_size
     from hotlora.engine.pipeline import graph_count
 
     engine = build_engine(spec)
@@ -213,7 +216,7 @@ def modes_of(args) -> list[str]:
 
 
 def tables(data: dict, modes: list[str]) -> str:
-    from hotlora.benchmarking import markdown_table
+    from bench.harness import markdown_table
 
     speed, warm = [], []
     for family, result in data["families"].items():
@@ -274,7 +277,7 @@ def main() -> None:
     if args.child:
         serve(json.loads(args.child))
         return
-    from hotlora.benchmarking import write_results
+    from bench.harness import write_results
     from hotlora.testing import save_tiny_model
 
     families = ["flux"] if args.full_flux else args.families.split(",")

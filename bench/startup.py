@@ -17,6 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 CHILD = """
 import sys
 from hotlora import Engine
@@ -39,7 +42,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
-    from hotlora.benchmarking import markdown_table, write_results
+    from bench.harness import markdown_table, write_results
     from hotlora.testing import save_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,7 +4,7 @@ Usage: .venv/bin/python bench/swap.py [--family flux] [--model DIR] [--height H 
                                      [--target-rank 16] [--pack 6] [--runs 5] [--fused-only]
 
 Any local diffusers model directory works (``--model``): the adapters are built for its denoiser
-(random weights over every Linear, ``hotlora.benchmarking.bench_adapters``), and ``--height`` /
+(random weights over every Linear, ``bench.harness.bench_adapters``), and ``--height`` /
 ``--width`` set the image size (default: the model's). Say which regime a run is in: the tiny
 model at 32x32 is launch-bound (kernel launches and Python), a model at thousands of tokens per
 image compute-bound; neither predicts a GPU.
@@ -31,13 +31,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from hotlora.adapters.binding import Binding  # noqa: E402
-from hotlora.benchmarking import (  # noqa: E402
-    REPO, allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results,
-)
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-if str(REPO) not in sys.path:  # run as a file (hotlora bench swap): bench.gpu_flux is imported from the repo root
-    sys.path.insert(0, str(REPO))
+from bench.harness import (  # noqa: E402
+    allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results,
+)
+from hotlora.adapters.binding import Binding  # noqa: E402
 
 use_repo_compile_cache()
 
@@ -234,7 +234,7 @@ def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: in
     that needs the full rank and one that needs a quarter of it, the same with rank buckets, and
     an attention-only ceiling. ``size``: height and width (default: the model's)."""
     from hotlora import Engine
-    from hotlora.benchmarking import bench_adapters
+    from bench.harness import bench_adapters
 
     low = max(1, target_rank // 4)
     adapters = bench_adapters(model, target_rank, tempfile.mkdtemp(prefix="swap-adapters-"))  # for this model

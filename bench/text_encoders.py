@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
-from hotlora.benchmarking import markdown_table, use_repo_compile_cache, write_results
+# Run as a file, Python puts bench/ first on sys.path: bench.harness needs the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import markdown_table, use_repo_compile_cache, write_results
 
 use_repo_compile_cache()
 

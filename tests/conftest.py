@@ -27,7 +27,7 @@ def many_engines_in_one_process():
     """A test session builds dozens of compiled engines in one process; they share the blocks' code
     objects, so their graphs add up against dynamo's per-code-object recompile limit (8), which a
     server (one engine per process) never reaches. The benchmarks raise it the same way
-    (hotlora.benchmarking). ``error_on_recompile`` still fails any request that compiles."""
+    (bench/harness.py). ``error_on_recompile`` still fails any request that compiles."""
     import torch
 
     previous = (torch._dynamo.config.recompile_limit, torch._dynamo.config.accumulated_recompile_limit)

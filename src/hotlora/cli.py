@@ -45,7 +45,7 @@ def cmd_tiny_model(args) -> int:
 
 def cmd_generate(args) -> int:
     from hotlora import Engine
-    from hotlora.config import EngineConfig
+    from hotlora.settings import EngineConfig
 
     adapters = {}
     for slot, path, scale in args.lora:
@@ -81,7 +81,7 @@ def cmd_generate(args) -> int:
 def _cli_store(args):
     from hotlora.families import family_named
     from hotlora.adapters.store import AdapterStore
-    from hotlora.config import StoreConfig
+    from hotlora.settings import StoreConfig
 
     # The operator's own offline command, never the server's path: any local path they can read
     # is fair game (the server's roots come from StoreConfig.local_roots and the catalog).
@@ -108,7 +108,7 @@ def cmd_adapters_convert(args) -> int:
 def serve_settings(args) -> tuple:
     """``hotlora serve``'s ServerConfig and StoreConfig from its flags (generated from the fields:
     ``_add_setting_flags``), over ``HOTLORA_*`` variables, over the ``--config`` file, over defaults."""
-    from hotlora.config import ServerConfig, StoreConfig
+    from hotlora.settings import ServerConfig, StoreConfig
     from hotlora.settings.flags import given
 
     server_names, store_names = list(ServerConfig.model_fields), list(StoreConfig.model_fields)
@@ -121,7 +121,7 @@ def cmd_serve(args) -> int:
 
     config, store_config = serve_settings(args)
     if args.ray:  # one deployment per base model on Ray Serve; see docs/scale-out.md
-        from hotlora.deploy import RayServeConfig, run
+        from hotlora.scaleout import RayServeConfig, run
 
         run(RayServeConfig.load(args.config, config, store_config))
         return 0
@@ -180,15 +180,29 @@ def cmd_keys_new(args) -> int:
     return 0
 
 
+def source_checkout(given: str | None = None) -> Path | None:
+    """The source checkout whose bench/ folder holds the benchmarks, which are not part of the
+    installed package: ``given`` (``--repo``), else the current directory, else the checkout an
+    editable install (`make install`, `pip install -e`) imports hotlora from. None when there is none."""
+    import hotlora
+
+    roots = [Path(given)] if given else [Path.cwd(), Path(hotlora.__file__).resolve().parents[2]]
+    return next((root for root in roots if (root / "bench" / "harness.py").is_file()), None)
+
+
 def cmd_bench(args) -> int:
-    """Benchmarks live in the repository's bench/ folder (a source checkout, as `make` installs)."""
     import runpy
 
-    from hotlora.benchmarking import REPO
-
-    script = REPO / "bench" / f"{args.name}.py"
+    root = source_checkout(args.repo)
+    if root is None:
+        where = args.repo or "the current directory or where hotlora is installed from"
+        print(f"error: no source checkout in {where}: the benchmarks live in the repository's bench/ folder and "
+              "are not installed with the package; run `hotlora bench` inside a clone of the repository, or "
+              "pass --repo DIR", file=sys.stderr)
+        return 2
+    script = root / "bench" / f"{args.name}.py"
     if not script.is_file():
-        print(f"error: no benchmark {args.name!r} at {script} (benchmarks need a source checkout)", file=sys.stderr)
+        print(f"error: no benchmark {args.name!r} at {script}", file=sys.stderr)
         return 2
     sys.argv = [str(script), *args.rest]
     runpy.run_path(str(script), run_name="__main__")
@@ -199,7 +213,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser, plan_only: bool = False)
     """Every server, engine and store setting as a flag; the names are the fields' (one namespace:
     a store field may not share a server field's name). ``plan_only``: what a memory plan reads
     (the model, the memory, the engine's settings)."""
-    from hotlora.config import ServerConfig, StoreConfig
+    from hotlora.settings import ServerConfig, StoreConfig
     from hotlora.settings.flags import add_flags
     from hotlora.settings.server import ENGINE_SETTINGS
 
@@ -270,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     new.set_defaults(run=cmd_keys_new)
 
     bench = sub.add_parser("bench", help="run a benchmark from bench/ (ablation, swap, mixed, affinity, ...)")
+    bench.add_argument("--repo", metavar="DIR", help="the source checkout whose bench/ to run (default: the "
+                       "current directory, else the checkout hotlora is installed from in editable mode)")
     bench.add_argument("name", help="ablation | swap | mixed | affinity | engine_figures | sizes | batch | text_encoders")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     bench.set_defaults(run=cmd_bench)

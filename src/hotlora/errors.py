@@ -1,46 +1,53 @@
-"""One exception tree for hotlora.
+"""One exception tree for hotlora, defined here (httpx's way: one error module).
 
 ::
 
     HotloraError
-    ├── RequestError          the caller's fault: 4xx, the worker stays warm, nothing is rebuilt
+    ├── RequestError          the caller's fault: the worker stays warm, nothing is rebuilt
     │   ├── AdapterNotFound       a reference that names nothing
     │   ├── AdapterFormatError    a file we cannot read or convert (layout, dtype, header)
     │   ├── AdapterRejected       a readable adapter that does not fit the served engine;
     │   │                         carries every problem found, not just the first
     │   ├── InvalidRequest        bad generation parameters
-    │   │   ├── RequestTooLarge       over a work, body or field bound: 413, the limit in the message
+    │   │   ├── RequestTooLarge       over a work, body or field bound, the limit in the message
+    │   │   ├── UnsafeReference       a path or host outside what is allowed
+    │   │   │   └── EgressRefused         (adapters.egress) a destination the egress policy refuses
     │   │   ├── InvalidReference      (adapters.references) a reference that is not well-formed: a URL
     │   │   │                         with a bad port or host, whitespace, a control character
-    │   │   ├── UnsafeReference       (adapters.references) a path or host outside what is allowed
     │   │   ├── UnservedShape         (engine.request) a size or shape the warm engine would compile for
     │   │   ├── NonFiniteOutput       (engine.guard) the request's adapters overflowed the pack; the
     │   │   │                         base weights were checked and are intact
-    │   │   └── UnsupportedMediaType  (server.middleware) POST / with a body a cross-site form could
-    │   │                             send, or JSON not labelled as JSON: 415
+    │   │   └── UnsupportedMediaType  POST / with a body a cross-site form could send, or JSON not
+    │   │                             labelled as JSON
     │   ├── Overloaded, NotAccepting, DeadlineExceeded, ClientGone
-    │   │                         (engine.worker) the queue's answers: 429, 503, 504, 499
-    │   ├── BodyTimeout           (server.middleware) a body that trickled in too long: 408
-    │   ├── CrossOriginRefused    (server.middleware) a web page's request from another origin: 403
+    │   │                         the queue's answers (engine.worker): full, not accepting (starting,
+    │   │                         rebuilding, stopping), not started in time, the client left
+    │   ├── FetchersBusy          every adapter fetcher stayed busy for the fetch's whole deadline
+    │   ├── BodyTimeout           a body that trickled in too long
+    │   ├── CrossOriginRefused    a web page's request from another origin
     │   ├── Unauthorized, Forbidden
-    │   │                         (server.auth) no or an unknown API key: 401 with WWW-Authenticate;
-    │   │                         a key outside its scopes or adapter sources: 403
-    │   └── UnknownModel          (deploy.routing) a model id no deployment serves: 404
-    ├── SourceUnavailable     a remote source failed after retries: 502, nobody's fault here,
+    │   │                         no or an unknown API key; a key outside its scopes or adapter sources
+    │   └── UnknownModel          a model id no deployment serves (scaleout.routing)
+    ├── SourceUnavailable     a remote source failed after retries: nobody's fault here,
     │                         nothing to rebuild
-    ├── EngineError           our fault: 5xx, the engine is rebuilt
+    ├── EngineError           our fault: the engine is rebuilt
     │   └── SlotStateCorrupt      slot tensors found in a state no swap can produce
-    ├── ReplicasUnavailable (503), ModelsOverloaded (429)
-    │                         (deploy.ingress) the Ray ingress's answers; nothing to rebuild
+    ├── ReplicasUnavailable, ModelsOverloaded
+    │                         the Ray ingress's answers (scaleout.ingress); nothing to rebuild
     └── start-up faults, raised before anything serves: ModelLoadError (engine.pipeline),
         StepCacheError (engine.stepcache), CatalogError (adapters.catalog), ModelDefaultsError
-        (config: an unreadable hotlora.json), SettingsError (config: a setting's value refused; a
-        ValueError too), DeployConfigError (deploy.config), AuthConfigError
+        (settings.files: an unreadable hotlora.json), SettingsError (settings.fields: a setting's
+        value refused; a ValueError too), DeployConfigError (scaleout.config), AuthConfigError
         (server.auth: no API keys where they are required, an unreadable keys line),
         DoesNotFit (here: the memory plan of the configured engine exceeds the memory it has;
         the plan is in the message and on ``.plan``)
 
-The subclasses that belong to one module are defined next to it; they all derive from this tree.
+The errors say what went wrong, not how a transport answers it: the HTTP edge maps classes to
+status codes in one table (``hotlora.server.errors.STATUS``, looked up along the class's MRO), which
+the Ray ingress uses too. Every class with an entry of its own there is defined in this module, so
+the table imports nothing else; a subclass that only refines its parent's meaning (the ones marked
+with a module above) is defined next to the code that raises it. ``retry_after_s`` on a class or
+an instance is how long the caller should wait before trying again.
 
 Foreign exceptions (diffusers, safetensors, huggingface_hub, botocore) are translated into this
 tree at the boundary where they are raised, so callers only ever catch these.
@@ -56,21 +63,17 @@ class HotloraError(Exception):
 class RequestError(HotloraError):
     """The request is at fault. Fail fast, keep the warm engine untouched."""
 
-    status_code = 400
-
 
 class AdapterNotFound(RequestError):
-    status_code = 404
+    """A reference that names nothing: no such file, object or repository."""
 
 
 class AdapterFormatError(RequestError):
-    status_code = 422
+    """An adapter file we cannot read or convert (layout, dtype, header)."""
 
 
 class AdapterRejected(RequestError):
     """An adapter that was read fine but cannot be served here; lists every problem at once."""
-
-    status_code = 422
 
     def __init__(self, adapter: str, problems: list[str]):
         self.adapter = adapter
@@ -80,27 +83,103 @@ class AdapterRejected(RequestError):
 
 
 class InvalidRequest(RequestError):
-    status_code = 422
+    """Bad generation parameters."""
 
 
 class RequestTooLarge(InvalidRequest):
-    status_code = 413
+    """Over a work, body or field bound; the message names the limit."""
+
+
+class UnsafeReference(InvalidRequest):
+    """A reference that points outside what this server may read."""
+
+
+class UnsupportedMediaType(InvalidRequest):
+    """A body whose content type a cross-site form could have sent, or JSON not labelled as JSON."""
+
+
+# ------------------------------------------------------------------ the queue's answers (engine.worker)
+
+
+class Overloaded(RequestError):
+    """The queue is full; retry later."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class NotAccepting(RequestError):
+    """Starting up, rebuilding past the wait limit, or shutting down."""
+
+    retry_after_s = 5
+
+
+class DeadlineExceeded(RequestError):
+    """The request's deadline passed before it could start."""
+
+
+class ClientGone(RequestError):
+    """The client went away before its request ran."""
+
+
+class FetchersBusy(RequestError):
+    """A fetch that spent its whole deadline waiting for a worker: retry later."""
+
+    retry_after_s = 5
+
+
+# ------------------------------------------------------------------ the HTTP edge's refusals (server)
+
+
+class BodyTimeout(RequestError):
+    """A request body that trickled in for longer than the server waits."""
+
+
+class CrossOriginRefused(RequestError):
+    """A browser request from another origin (its ``Origin`` header) without a key."""
+
+
+class Unauthorized(RequestError):
+    """No key, a malformed ``Authorization`` header, or a key this server does not know."""
+
+
+class Forbidden(RequestError):
+    """A known key asking for something outside its scopes or its adapter sources."""
+
+
+# ------------------------------------------------------------------ scale-out (scaleout)
+
+
+class UnknownModel(RequestError):
+    """A model id no deployment serves."""
+
+
+class ReplicasUnavailable(HotloraError):
+    """Every try of a request landed on a replica that died, or no answer came in time."""
+
+    retry_after_s = 5
+
+
+class ModelsOverloaded(HotloraError):
+    """Serve's own back-pressure: every replica of the model is at max_ongoing_requests and its queue is full."""
+
+    retry_after_s = 5
+
+
+# ------------------------------------------------------------------ not the caller's fault
 
 
 class SourceUnavailable(HotloraError):
     """Storage or the Hub did not answer in time, after retries. The engine is fine."""
 
-    status_code = 502
-
 
 class EngineError(HotloraError):
     """Something inside the engine failed; the warm state can no longer be trusted."""
 
-    status_code = 500
-
 
 class SlotStateCorrupt(EngineError):
-    pass
+    """Slot tensors found in a state no swap can produce."""
 
 
 class DoesNotFit(HotloraError):

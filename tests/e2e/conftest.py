@@ -8,7 +8,7 @@ import httpx
 import pytest
 import uvicorn
 
-from hotlora.config import ServerConfig, StoreConfig
+from hotlora.settings import ServerConfig, StoreConfig
 from hotlora.server.app import create_app
 from hotlora.server.run import build_worker
 

@@ -4,7 +4,7 @@ start with the plan in the message; enough starts and serves."""
 import httpx
 import pytest
 
-from hotlora.config import ServerConfig, StoreConfig
+from hotlora.settings import ServerConfig, StoreConfig
 from hotlora.errors import DoesNotFit
 from hotlora.server.run import build_worker
 

@@ -10,7 +10,7 @@ from hotlora import Engine
 from hotlora.families import family_named
 from hotlora.adapters.formats import load_adapter
 from hotlora.cli import main
-from hotlora.config import StoreConfig
+from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterRejected
 
 from ..helpers import canonical_deltas, fresh_pipeline, loaded_deltas

@@ -4,7 +4,7 @@ equals the bytes the warm engine built from the same folder and settings reports
 import pytest
 
 from hotlora import Engine
-from hotlora.config import EngineConfig
+from hotlora.settings import EngineConfig
 from hotlora.engine.plan import plan_memory
 from hotlora.engine.quantize import weight_bytes
 

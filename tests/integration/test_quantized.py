@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from hotlora import Engine
-from hotlora.config import EngineConfig
+from hotlora.settings import EngineConfig
 from hotlora.engine.quantize import weight_bytes
 from hotlora.families import FAMILIES
 from hotlora.testing import random_lora, save_diffusers_lora

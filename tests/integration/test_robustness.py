@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from hotlora import Engine
-from hotlora.config import RequestLimits
+from hotlora.settings import RequestLimits
 from hotlora.engine.guard import NonFiniteOutput
 from hotlora.engine.request import UnservedShape
 from hotlora.errors import AdapterRejected, EngineError, InvalidRequest, RequestError, RequestTooLarge
+from hotlora.server.errors import status_of
 from hotlora.testing import plain_diffusers_reference, random_lora
 
 from ..helpers import TARGET_RANK, recompiles_are_errors
@@ -68,7 +69,7 @@ def test_huge_but_finite_weights_are_refused_with_the_reason(warm, linears):
     exc = refused_fast(lambda: engine.generate(PROMPT, adapters={"identity": lora(linears, factor=1e12)},
                                                num_inference_steps=STEPS),
                        AdapterRejected, "too large for the serving dtype")
-    assert exc.status_code == 422
+    assert status_of(exc) == 422
 
 
 def test_an_overflowing_pack_is_the_requests_fault_and_the_engine_stays_warm(warm, linears):
@@ -78,7 +79,7 @@ def test_an_overflowing_pack_is_the_requests_fault_and_the_engine_stays_warm(war
     overflowing = lora(linears, factor=3e7)
     with pytest.raises(NonFiniteOutput, match="identity=.* at scale 1.*base model is intact") as info:
         engine.generate(PROMPT, adapters={"identity": (overflowing, 1.0)}, num_inference_steps=STEPS)
-    assert info.value.status_code == 422
+    assert status_of(info.value) == 422
 
     good = lora(linears, seed=2)
     ours = engine.generate(PROMPT, adapters={"identity": (good, 0.8)}, num_images=2, num_inference_steps=STEPS,
@@ -94,7 +95,7 @@ def test_a_size_the_engine_was_not_warmed_at_is_refused_without_compiling(warm):
     exc = refused_fast(lambda: engine.generate(PROMPT, height=engine.height * 2, width=engine.width,
                                                num_inference_steps=1),
                        UnservedShape, f"served sizes: {engine.width}x{engine.height}")
-    assert exc.status_code == 422
+    assert status_of(exc) == 422
     assert engine.describe()["sizes"] == [f"{engine.width}x{engine.height}"]
 
 
@@ -112,7 +113,7 @@ def test_work_caps_answer_413_with_the_limit(warm):
     _, engine = warm
     exc = refused_fast(lambda: engine.generate(PROMPT, num_images=8, num_inference_steps=11),
                        RequestTooLarge, "limit is 81,920")
-    assert exc.status_code == 413
+    assert status_of(exc) == 413
     refused_fast(lambda: engine.generate("x" * 20_000), RequestTooLarge, "prompt has 20000 characters")
     refused_fast(lambda: engine.generate(PROMPT, num_images=65), InvalidRequest, "num_images must be an integer in 1..64")
 

@@ -22,13 +22,14 @@ import pytest
 import torch
 
 from hotlora import Engine
-from hotlora.config import EngineConfig, parse_size, parse_sizes
+from hotlora.settings import EngineConfig, parse_size, parse_sizes
 from hotlora.engine.pipeline import graph_count
 from hotlora.engine.request import RequestRules, UnservedShape, nearest_size
 from hotlora.engine.worker import Job, Worker
 from hotlora.engine.writers import install_writer
 from hotlora.errors import InvalidRequest
 from hotlora.families import family_named
+from hotlora.server.errors import status_of
 from hotlora.testing import plain_diffusers_reference, random_lora, save_diffusers_lora
 
 from ..helpers import TARGET_RANK
@@ -175,7 +176,7 @@ def test_an_unserved_size_is_refused_with_the_list_without_compiling(flux):
         with pytest.raises(UnservedShape, match="served sizes: 32x32, 48x32, 32x64") as info:
             engine.generate(PROMPT, height=height, width=width, num_inference_steps=STEPS)
         assert time.perf_counter() - began < 2.0
-        assert info.value.status_code == 422 and info.value.sizes == FLUX_SIZES
+        assert status_of(info.value) == 422 and info.value.sizes == FLUX_SIZES
         assert f"size {width}x{height}" in str(info.value)
     assert graph_count() == graphs and engine.recompiles == 0
 

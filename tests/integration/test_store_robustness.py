@@ -26,7 +26,7 @@ from hotlora.families import family_named
 from hotlora.adapters.formats import Adapter, LoraWeights
 from hotlora.adapters.sources import Fetched
 from hotlora.adapters.store import AdapterStore, RamCache
-from hotlora.config import StoreConfig
+from hotlora.settings import StoreConfig
 from hotlora.errors import SourceUnavailable
 
 from ..helpers import drip, write_lora

@@ -21,7 +21,7 @@ from hotlora.families import family_named
 from hotlora.adapters.formats import load_adapter
 from hotlora.adapters.references import UnsafeReference, parse_reference
 from hotlora.adapters.store import AdapterStore
-from hotlora.config import StoreConfig
+from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound, SourceUnavailable
 
 from ..helpers import write_lora

@@ -10,9 +10,9 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 from ray import serve  # noqa: E402
 
-from hotlora.config import ServerConfig, StoreConfig  # noqa: E402
-from hotlora.deploy.app import APP_NAME, build_app  # noqa: E402
-from hotlora.deploy.config import RayServeConfig  # noqa: E402
+from hotlora.settings import ServerConfig, StoreConfig  # noqa: E402
+from hotlora.scaleout.app import APP_NAME, build_app  # noqa: E402
+from hotlora.scaleout.config import RayServeConfig  # noqa: E402
 
 from ..helpers import TARGET_RANK, free_port  # noqa: E402
 

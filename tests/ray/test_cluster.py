@@ -12,7 +12,7 @@ import pytest
 import ray
 from PIL import Image
 
-from hotlora.deploy.routing import ATTEMPTS_HEADER, REPLICA_HEADER
+from hotlora.scaleout.routing import ATTEMPTS_HEADER, REPLICA_HEADER
 from hotlora.families import FAMILIES
 
 STEPS = 2

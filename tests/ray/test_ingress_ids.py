@@ -10,10 +10,10 @@ import pytest
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
 from hotlora.adapters.references import reference_id  # noqa: E402
-from hotlora.config import ServerConfig, StoreConfig  # noqa: E402
-from hotlora.deploy.config import RayServeConfig  # noqa: E402
-from hotlora.deploy.ingress import Ingress  # noqa: E402
-from hotlora.deploy.replica import ForwardedReply  # noqa: E402
+from hotlora.settings import ServerConfig, StoreConfig  # noqa: E402
+from hotlora.scaleout.config import RayServeConfig  # noqa: E402
+from hotlora.scaleout.ingress import Ingress  # noqa: E402
+from hotlora.scaleout.replica import ForwardedReply  # noqa: E402
 
 PRESIGNED = "https://bucket.example/u/42.safetensors?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=5ecret5ig"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 from fastapi.testclient import TestClient
 
-import hotlora.deploy
+import hotlora.scaleout
 import hotlora.server
-from hotlora.config import ServerConfig
+from hotlora.settings import ServerConfig
 from hotlora.server.app import create_app
 
 ROUTES = {
@@ -242,6 +242,6 @@ def test_health_readiness_metrics_adapters_and_playground():
 def test_the_server_package_stays_small():
     """create_app only assembles; no module of the HTTP edge or the Ray deployment grows past 400 lines."""
     assert len(inspect.getsource(create_app).splitlines()) <= 60
-    for package in (hotlora.server, hotlora.deploy):
+    for package in (hotlora.server, hotlora.scaleout):
         for path in Path(package.__file__).parent.glob("*.py"):
             assert len(path.read_text().splitlines()) <= 400, path

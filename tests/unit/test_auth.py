@@ -4,18 +4,20 @@ parts directly, the app through Starlette's TestClient over a stand-in worker. T
 
 import hashlib
 import logging
+import re
 from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
 
 from hotlora.adapters.references import UnsafeReference
-from hotlora.cli import main
-from hotlora.config import ServerConfig
+from hotlora.cli import build_parser, main, serve_settings
+from hotlora.settings import ServerConfig
 from hotlora.server.access import Access, public_model
 from hotlora.server.app import create_app
 from hotlora.server.auth import (ANONYMOUS, AuthConfigError, Forbidden, Keyring, canonical_reference, is_loopback,
                                  keyring_for, new_key)
+from hotlora.server.errors import status_of
 from hotlora.server.logs import RedactURLs
 
 KEY = "hlk_unit-test-key"
@@ -113,6 +115,30 @@ def test_settings_from_the_environment(monkeypatch):
         ServerConfig(auth="maybe")
 
 
+def test_key_lines_have_no_flag_only_the_environment_and_config_files(monkeypatch, tmp_path, capsys):
+    # A flag's value is readable by every local user (ps, /proc/<pid>/cmdline): docs/security.md.
+    flags = set(re.findall(r"--[a-z][a-z-]*", _serve_help(capsys)))
+    assert "--api-keys-file" in flags and "--api-keys" not in flags
+    for argv in (["serve", "--api-keys", line()], ["serve", f"--api-keys={line()}"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+        error = capsys.readouterr().err
+        assert "no such flag" in error and "HOTLORA_API_KEYS" in error and KEY not in error
+    monkeypatch.setenv("HOTLORA_API_KEYS", line())
+    config, _ = serve_settings(build_parser().parse_args(["serve"]))
+    assert len(keyring_for(config)) == 1
+    monkeypatch.delenv("HOTLORA_API_KEYS")
+    (tmp_path / "serve.toml").write_text(f'[server]\napi_keys = "{line()};{line("hlk_2")}"\n')
+    config, _ = serve_settings(build_parser().parse_args(["serve", "--config", str(tmp_path / "serve.toml")]))
+    assert len(keyring_for(config)) == 2
+
+
+def _serve_help(capsys) -> str:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    return capsys.readouterr().out
+
+
 # --- source prefixes ------------------------------------------------------------------------------
 
 
@@ -131,7 +157,7 @@ def test_source_prefixes_match_the_canonical_reference():
     for ref in refused:
         with pytest.raises((Forbidden, UnsafeReference)) as raised:  # both 403; the parser refuses some itself
             alice.check_references([ref])
-        assert "X-Amz" not in str(raised.value) and raised.value.status_code == 403
+        assert "X-Amz" not in str(raised.value) and status_of(raised.value) == 403
     assert canonical_reference("https://h.example/k/./x") is None
     ANONYMOUS.check_references(refused)  # no sources: anything the store allows
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hotlora.config import ServerConfig, StoreConfig
+from hotlora.settings import ServerConfig, StoreConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINERFILE = (ROOT / "deploy" / "image" / "Containerfile").read_text()

@@ -13,7 +13,7 @@ class NoTorch:
             raise ImportError("torch is not installed here")
 
 sys.meta_path.insert(0, NoTorch())
-import hotlora.deploy.config, hotlora.deploy.ingress, hotlora.deploy.routing
+import hotlora.scaleout.config, hotlora.scaleout.ingress, hotlora.scaleout.routing
 import hotlora.adapters.references
 assert "torch" not in sys.modules
 try:

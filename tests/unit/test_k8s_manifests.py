@@ -200,15 +200,15 @@ def config_file(docs, name: str, tmp_path: Path) -> Path:
 
 
 def test_deployment_config_file_loads_as_hotlora_serve_config(tmp_path):
-    from hotlora.config import ServerConfig
+    from hotlora.settings import ServerConfig
 
     server, store = ServerConfig.load(config_file(rendered("overlays/cpu"), "hotlora.toml", tmp_path))
     assert server.slots == ("identity", "style") and store.disk_budget_bytes > 0
 
 
 def test_rayservice_serves_our_application_with_autoscaling_that_fits_the_gpu_workers(tmp_path):
-    from hotlora.config import ServerConfig
-    from hotlora.deploy.config import RayServeConfig
+    from hotlora.settings import ServerConfig
+    from hotlora.scaleout.config import RayServeConfig
 
     docs = rendered("rayservice")
     (service,) = of_kind(docs, "RayService")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hotlora.cli import main
-from hotlora.config import EngineConfig
+from hotlora.settings import EngineConfig
 from hotlora.engine.plan import ACCELERATORS, parse_bytes, plan_memory
 from hotlora.engine.plan.models import build_parts, find_model
 

@@ -1,6 +1,6 @@
 """Which rank buckets an engine compiles when ``rank_buckets`` is unset, and how to ask for none."""
 
-from hotlora.config import EngineConfig, ServerConfig
+from hotlora.settings import EngineConfig, ServerConfig
 
 
 def test_unset_means_no_adapters_and_a_quarter_of_the_target_rank_in_slots_mode():

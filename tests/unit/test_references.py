@@ -6,6 +6,7 @@ import pytest
 from hotlora.adapters.references import (InvalidReference, UnsafeReference, confine_local_path, parse_reference,
                                          redact_reference, redact_url)
 from hotlora.errors import AdapterFormatError, InvalidRequest
+from hotlora.server.errors import status_of
 
 
 def test_every_reference_kind_parses():
@@ -108,7 +109,7 @@ def test_s3_keys_with_dot_segments_are_refused(bad):
 
 
 def test_the_default_local_roots_are_empty_never_the_working_directory():
-    from hotlora.config import StoreConfig
+    from hotlora.settings import StoreConfig
 
     assert StoreConfig().local_roots == ()
     assert StoreConfig().allowed_s3 == () and StoreConfig().allowed_hub_repos == ()
@@ -117,7 +118,7 @@ def test_the_default_local_roots_are_empty_never_the_working_directory():
 
 
 def test_store_settings_come_from_the_environment(monkeypatch):
-    from hotlora.config import StoreConfig
+    from hotlora.settings import StoreConfig
 
     monkeypatch.setenv("HOTLORA_ALLOWED_S3", "loras/users,public")
     monkeypatch.setenv("HOTLORA_ALLOWED_HUB_REPOS", "acme/*,someone/style")
@@ -181,7 +182,7 @@ def test_egress_policy_lists_hosts_and_ports():
 def test_malformed_references_are_a_422_at_parse_time_and_never_quoted(bad):
     with pytest.raises(InvalidReference) as raised:
         parse_reference(bad)
-    assert raised.value.status_code == 422 and "SECRET" not in str(raised.value)
+    assert status_of(raised.value) == 422 and "SECRET" not in str(raised.value)
     shown = redact_reference(bad)
     assert shown.startswith("<unparseable reference") and "SECRET" not in shown
 
@@ -224,7 +225,7 @@ def test_the_remote_client_turns_an_invalid_url_into_a_422_and_odd_httpx_errors_
     from hotlora.adapters.egress import EgressPolicy
     from hotlora.adapters.references import Reference
     from hotlora.adapters.remote import Remote
-    from hotlora.config import StoreConfig
+    from hotlora.settings import StoreConfig
     from hotlora.errors import SourceUnavailable
 
     config = StoreConfig(retries=1, download_deadline_s=30)
@@ -282,7 +283,7 @@ def _within(seconds, call):
 def test_a_fifo_or_device_inside_a_root_is_refused_not_read(tmp_path):
     from hotlora.adapters.reading import ReadLimits, read_files
     from hotlora.adapters.sources import LocalSource
-    from hotlora.config import StoreConfig
+    from hotlora.settings import StoreConfig
 
     root = tmp_path / "root"
     (root / "dir").mkdir(parents=True)
@@ -293,7 +294,7 @@ def test_a_fifo_or_device_inside_a_root_is_refused_not_read(tmp_path):
     for ref in ("pipe.safetensors", "dir", "link.safetensors"):
         for call in (source.probe, lambda r: source.fetch(r, tmp_path)):
             exc = _within(10, lambda: call(parse_reference(ref)))
-            assert isinstance(exc, AdapterFormatError) and exc.status_code == 422, (ref, exc)
+            assert isinstance(exc, AdapterFormatError) and status_of(exc) == 422, (ref, exc)
             assert "not a regular file" in str(exc)
     # The reader checks the file it opened too (no window to swap a checked file for a pipe).
     limits = ReadLimits(roots=(root,))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hotlora.config import RequestLimits
+from hotlora.settings import RequestLimits
 from hotlora.engine.request import RequestRules, UnservedShape
 from hotlora.errors import InvalidRequest, RequestTooLarge
 from hotlora.families import family_named

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from hotlora.config import ServerConfig, StoreConfig
-from hotlora.deploy.config import DeployConfigError, RayServeConfig
-from hotlora.deploy.routing import UnknownModel, route
+from hotlora.settings import ServerConfig, StoreConfig
+from hotlora.scaleout.config import DeployConfigError, RayServeConfig
+from hotlora.scaleout.routing import UnknownModel, route
 from hotlora.errors import InvalidRequest
 
 

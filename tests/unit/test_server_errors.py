@@ -1,6 +1,7 @@
 """Errors as HTTP answers (hotlora/server/errors.py): one mapping for the server and the Ray ingress,
 importable where neither FastAPI nor torch is."""
 
+import importlib
 import json
 import subprocess
 import sys
@@ -8,10 +9,10 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from hotlora.deploy.routing import route
-from hotlora.errors import AdapterNotFound, EngineError, HotloraError, InvalidRequest, RequestError
+from hotlora.scaleout.routing import route
+from hotlora.errors import AdapterNotFound, EngineError, HotloraError, InvalidRequest, Overloaded
 from hotlora.server.errors import (
-    error_body, error_reply, http_error_reply, internal_error_body, internal_error_reply, is_openai, status_of,
+    STATUS, error_body, error_reply, http_error_reply, internal_error_body, internal_error_reply, is_openai, status_of,
     stream_error, validation_error,
 )
 from hotlora.server.schemas import GenerateRequest
@@ -19,19 +20,15 @@ from hotlora.server.schemas import GenerateRequest
 HEAVY = ("torch", "fastapi", "starlette", "prometheus_client", "ray", "diffusers")
 
 
-@pytest.mark.parametrize("module", ["hotlora.server.errors", "hotlora.deploy.routing"])
+@pytest.mark.parametrize("module", ["hotlora.server.errors", "hotlora.scaleout.routing"])
 def test_imports_without_torch_fastapi_or_prometheus(module):
     code = f"import sys, {module}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
 
 
-class Busy(RequestError):
-    status_code = 429
-
-    def __init__(self, message, retry_after_s):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+class Busy(Overloaded):
+    """A subclass with no entry of its own answers as its nearest ancestor in the table."""
 
 
 class Bare(HotloraError):
@@ -54,6 +51,53 @@ def test_status_and_retry_after():
     assert plain.body == {"error": {"message": "bad", "type": "InvalidRequest"}}
     assert status_of(EngineError("x")) == 500 and status_of(Bare("x")) == 500
     assert status_of(ValueError("x")) == 500
+
+
+# Every error's status and fixed headers as they were when each class carried its own status_code
+# (before the table): the answers must not change.
+ANSWERS = {
+    "AdapterFormatError": (422, {}), "AdapterNotFound": (404, {}), "AdapterRejected": (422, {}),
+    "AuthConfigError": (500, {}), "BodyTimeout": (408, {}), "CatalogError": (500, {}), "ClientGone": (499, {}),
+    "CrossOriginRefused": (403, {}), "DeadlineExceeded": (504, {}), "DeployConfigError": (500, {}),
+    "DoesNotFit": (500, {}), "EgressRefused": (403, {}), "EngineError": (500, {}),
+    "FetchersBusy": (429, {"Retry-After": "5"}), "Forbidden": (403, {}), "HotloraError": (500, {}),
+    "InvalidReference": (422, {}), "InvalidRequest": (422, {}), "ModelDefaultsError": (500, {}),
+    "ModelLoadError": (500, {}), "ModelsOverloaded": (429, {"Retry-After": "5"}), "NonFiniteOutput": (422, {}),
+    "NotAccepting": (503, {"Retry-After": "5"}), "Overloaded": (429, {}),
+    "ReplicasUnavailable": (503, {"Retry-After": "5"}), "RequestError": (400, {}), "RequestTooLarge": (413, {}),
+    "SettingsError": (500, {}), "SlotStateCorrupt": (500, {}), "SourceUnavailable": (502, {}),
+    "StepCacheError": (500, {}), "Unauthorized": (401, {"WWW-Authenticate": 'Bearer realm="hotlora"'}),
+    "UnknownModel": (404, {}), "UnsafeReference": (403, {}), "UnservedShape": (422, {}),
+    "UnsupportedMediaType": (415, {}),
+}
+
+
+DEFINE_ERRORS_NEXT_TO_THEIR_CODE = (
+    "hotlora.adapters.catalog", "hotlora.adapters.egress", "hotlora.adapters.references", "hotlora.engine.guard",
+    "hotlora.engine.pipeline", "hotlora.engine.request", "hotlora.engine.stepcache", "hotlora.scaleout.config",
+    "hotlora.server.auth", "hotlora.settings",
+)
+
+
+def _subclasses(cls):
+    yield cls
+    for sub in cls.__subclasses__():
+        yield from _subclasses(sub)
+
+
+def test_every_error_answers_as_it_always_did():
+    for module in DEFINE_ERRORS_NEXT_TO_THEIR_CODE:
+        importlib.import_module(module)
+    classes = {c.__name__: c for c in _subclasses(HotloraError) if c.__module__.startswith("hotlora.")}
+    assert set(ANSWERS) <= set(classes), set(ANSWERS) - set(classes)
+    for name, (status, headers) in ANSWERS.items():
+        exc = classes[name].__new__(classes[name])  # what answers is the class: no constructor arguments needed
+        reply = error_reply(exc)
+        assert (reply.status, reply.headers) == (status, headers), name
+
+
+def test_the_table_lists_only_hotlora_errors_and_every_one_defined_in_the_one_error_module():
+    assert all(issubclass(cls, HotloraError) and cls.__module__ == "hotlora.errors" for cls in STATUS)
 
 
 def test_unexpected_errors_name_only_their_type():

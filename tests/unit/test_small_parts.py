@@ -5,6 +5,7 @@ import pytest
 from hotlora.cli import _parse_lora
 from hotlora.engine.runner import chunk_sizes, image_generators
 from hotlora.errors import AdapterRejected, EngineError, RequestError, SlotStateCorrupt
+from hotlora.server.errors import status_of
 
 
 def test_lora_argument_takes_the_scale_from_the_right():
@@ -29,13 +30,13 @@ def test_image_noise_depends_only_on_seed_and_index():
 
 def test_error_tree_splits_caller_faults_from_engine_faults():
     rejected = AdapterRejected("x.safetensors", ["rank 32 exceeds", "NaN in a.b"])
-    assert isinstance(rejected, RequestError) and rejected.status_code == 422
+    assert isinstance(rejected, RequestError) and status_of(rejected) == 422
     assert "2 problem(s)" in str(rejected) and "NaN in a.b" in str(rejected)
     assert issubclass(SlotStateCorrupt, EngineError) and not issubclass(SlotStateCorrupt, RequestError)
 
 
 def test_rank_buckets_come_from_flags_env_and_files(monkeypatch, tmp_path):
-    from hotlora.config import ServerConfig
+    from hotlora.settings import ServerConfig
 
     assert ServerConfig.load(rank_buckets="4, 8")[0].rank_buckets == (4, 8)
     monkeypatch.setenv("HOTLORA_RANK_BUCKETS", "2,16")

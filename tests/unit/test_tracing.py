@@ -116,7 +116,7 @@ def test_the_endpoint_is_the_collectors_base_address():
 
 def test_otlp_endpoint_is_a_flag_a_variable_and_a_config_key(tmp_path, monkeypatch):
     from hotlora.cli import build_parser, serve_settings
-    from hotlora.config import ServerConfig
+    from hotlora.settings import ServerConfig
 
     assert ServerConfig().otlp_endpoint is None
     args = build_parser().parse_args(["serve", "--otlp-endpoint", "http://127.0.0.1:4318"])

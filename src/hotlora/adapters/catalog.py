@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hotlora.adapters.references import parse_reference
-from hotlora.config import read_config_file
+from hotlora.settings import read_config_file
 from hotlora.errors import HotloraError
 
 

@@ -30,19 +30,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from hotlora.adapters.remote import Deadline
-from hotlora.errors import RequestError
 
 log = logging.getLogger(__name__)
 
 REQUEST, PREFETCH = "request", "prefetch"
 LANES = (REQUEST, PREFETCH)
-
-
-class FetchersBusy(RequestError):
-    """A fetch that spent its whole deadline waiting for a worker: retry later."""
-
-    status_code = 429
-    retry_after_s = 5
 
 
 @dataclass(eq=False)

@@ -11,7 +11,7 @@ from hotlora.adapters.references import Reference, UnsafeReference, confine_tree
 from hotlora.adapters.remote import Deadline, Remote, check_size
 from hotlora.adapters.sources import Fetched
 from hotlora.adapters.egress import EgressPolicy
-from hotlora.config import StoreConfig
+from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterNotFound, SourceUnavailable
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import torch
 
 from hotlora.adapters.embeddings import embeddings_file_in, is_embeddings_file
 from hotlora.adapters.references import UnsafeReference, check_plain_file, inside
-from hotlora.config import StoreConfig
+from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound
 from hotlora.families import REGISTERED
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from hotlora.errors import AdapterFormatError, InvalidRequest
+from hotlora.errors import AdapterFormatError, InvalidRequest, UnsafeReference
 
 _HF = re.compile(r"^hf://(?P<repo>[\w.\-]+/[\w.\-]+)(?:@(?P<revision>[\w.\-/]+?))?(?:/(?P<file>[^@]+))?$")
 # S3 bucket names (AWS's rules, loosened for legacy and S3-compatible stores: case and "_" allowed).
@@ -35,14 +35,8 @@ _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,254}$")
 
 
 class InvalidReference(InvalidRequest):
-    """A reference that is not well-formed (a URL that does not parse, a control character): 422.
+    """A reference that is not well-formed (a URL that does not parse, a control character).
     Its message never quotes the reference: a malformed URL may still carry a signature."""
-
-
-class UnsafeReference(InvalidRequest):
-    """A reference that points outside what this server may read."""
-
-    status_code = 403
 
 
 def _has_control(text: str) -> bool:

@@ -24,7 +24,7 @@ from typing import Callable
 from hotlora.adapters import egress
 from hotlora.adapters.egress import EgressPolicy, EgressRefused
 from hotlora.adapters.references import InvalidReference, Reference, UnsafeReference
-from hotlora.config import StoreConfig
+from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound, SourceUnavailable
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from hotlora.adapters.egress import EgressPolicy, EgressRefused
 from hotlora.adapters.references import Reference, UnsafeReference, confine_local_path, confine_tree
 from hotlora.adapters.remote import Deadline, Remote, check_size
-from hotlora.config import StoreConfig
+from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterNotFound, SourceUnavailable
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ import torch
 from hotlora import __version__
 from hotlora.adapters import formats
 from hotlora.adapters.catalog import CatalogEntry, load_catalog
-from hotlora.adapters.fetching import PREFETCH, REQUEST, FetchersBusy, FetchJob, FetchScheduler
+from hotlora.adapters.fetching import PREFETCH, REQUEST, FetchJob, FetchScheduler
 from hotlora.adapters.diskcache import DiskCache, TierStats, owner_tag, sweep_orphans
 from hotlora.families import ModelFamily
 from hotlora.adapters.formats import Adapter, LoraWeights, ReadLimits, load_adapter
@@ -43,8 +43,8 @@ from hotlora.adapters.references import Reference, parse_reference
 from hotlora.adapters.remote import Deadline
 from hotlora.adapters.hub import HubSource
 from hotlora.adapters.sources import Fetched, HttpSource, LocalSource, S3Source, Source
-from hotlora.config import StoreConfig
-from hotlora.errors import AdapterNotFound, SourceUnavailable
+from hotlora.settings import StoreConfig
+from hotlora.errors import AdapterNotFound, FetchersBusy, SourceUnavailable
 from hotlora.lru import LRU
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import torch
 from hotlora.families import ModelFamily
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.resolver import AdapterResolver
-from hotlora.config import EngineConfig, StoreConfig, format_size, read_model_defaults
+from hotlora.settings import EngineConfig, StoreConfig, format_size, read_model_defaults
 from hotlora.engine import guard
 from hotlora.engine.guard import NonFiniteOutput
 from hotlora.engine.pipeline import (

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from hotlora.adapters.binding import AdapterSpec, Binding, Bindings, assignment_key  # noqa: F401 (re-exported)
-from hotlora.config import RequestLimits, format_size
+from hotlora.settings import RequestLimits, format_size
 from hotlora.engine.runner import Timings
 from hotlora.errors import InvalidRequest, RequestTooLarge
 from hotlora.families import ModelFamily

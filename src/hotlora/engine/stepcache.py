@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from hotlora.config import StepCache  # the settings; re-exported here for callers of this module
+from hotlora.settings import StepCache  # the settings; re-exported here for callers of this module
 from hotlora.errors import HotloraError
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from hotlora.config import format_size
+from hotlora.settings import format_size
 from hotlora.engine.pipeline import graph_count
 from hotlora.engine.runner import synchronize
 

@@ -24,34 +24,9 @@ from typing import Any, Callable
 
 from hotlora.engine.core import Engine, GenerationResult
 from hotlora.engine.request import PreparedRequest
-from hotlora.errors import EngineError, HotloraError, RequestError
+from hotlora.errors import ClientGone, DeadlineExceeded, EngineError, HotloraError, NotAccepting, Overloaded
 
 log = logging.getLogger(__name__)
-
-
-class Overloaded(RequestError):
-    """The queue is full; retry later."""
-
-    status_code = 429
-
-    def __init__(self, message: str, retry_after_s: int):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class NotAccepting(RequestError):
-    """Starting up, rebuilding past the wait limit, or shutting down."""
-
-    status_code = 503
-    retry_after_s = 5
-
-
-class DeadlineExceeded(RequestError):
-    status_code = 504
-
-
-class ClientGone(RequestError):
-    status_code = 499
 
 
 @dataclass

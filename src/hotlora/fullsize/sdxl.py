@@ -179,7 +179,8 @@ def write_kohya_lora(path: Path, layers: dict, rank: int = 32, alpha: float = 16
     ``.alpha`` per module, saved in float16 (``--save_precision fp16``) with its ``ss_*`` header."""
     from safetensors.torch import save_file
 
-    from hotlora.testing import random_lora, sd_scripts_metadata, sd_scripts_sdxl_lora
+    from hotlora.tiny import random_lora
+    from hotlora.trainer_layouts import sd_scripts_metadata, sd_scripts_sdxl_lora
 
     sds = {key: random_lora(layers[key], rank, seed + i, strength=ADAPTER_STRENGTH)
            for i, key in enumerate(("kohya_unet", "te1", "te2"))}
@@ -194,7 +195,7 @@ def write_kohya_lora(path: Path, layers: dict, rank: int = 32, alpha: float = 16
 def write_diffusers_lora(directory: Path, layers: dict, rank: int = 128, seed: int = 4) -> Path:
     """diffusers' layout as ``train_dreambooth_lora_sdxl.py`` saves it (U-Net attention,
     ``LoraConfig`` metadata with ``lora_alpha = rank``), in float16 as most shared files are."""
-    from hotlora.testing import random_lora, save_diffusers_lora
+    from hotlora.tiny import random_lora, save_diffusers_lora
 
     sd = {k: v.half() for k, v in random_lora(layers["diffusers_unet"], rank, seed, strength=ADAPTER_STRENGTH).items()}
     return save_diffusers_lora(directory, StableDiffusionXL.name, sd, rank=rank, alpha=rank)

@@ -18,9 +18,9 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from hotlora.adapters.references import parse_reference, redact_reference
-from hotlora.errors import InvalidRequest
+from hotlora.errors import Forbidden, InvalidRequest, Unauthorized
 from hotlora.lru import LRU
-from hotlora.server.auth import ANONYMOUS, Forbidden, Keyring, Principal, Unauthorized, keyring_for
+from hotlora.server.auth import ANONYMOUS, Keyring, Principal, keyring_for
 
 REFS_PER_CALLER = 1024  # adapters remembered per key for its listing (least recently fetched forgotten)
 

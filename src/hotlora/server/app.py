@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from hotlora import __version__
-from hotlora.config import ServerConfig
+from hotlora.settings import ServerConfig
 from hotlora.engine.worker import Worker
 from hotlora.server.handlers import error_response, install_error_handlers
 from hotlora.server.logs import redact_url_logs

@@ -33,7 +33,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from hotlora.adapters.references import parse_reference, redact_reference
-from hotlora.errors import HotloraError, RequestError
+from hotlora.errors import Forbidden, HotloraError
 
 log = logging.getLogger(__name__)
 
@@ -41,19 +41,6 @@ SCOPES = ("generate", "prefetch", "metrics", "admin")
 DEFAULT_SCOPES = ("generate", "prefetch")
 KEY_PREFIX = "hlk_"
 AUTH_MODES = ("auto", "on", "off")
-
-
-class Unauthorized(RequestError):
-    """No key, a malformed ``Authorization`` header, or a key this server does not know: 401."""
-
-    status_code = 401
-    http_headers = {"WWW-Authenticate": 'Bearer realm="hotlora"'}
-
-
-class Forbidden(RequestError):
-    """A known key asking for something outside its scopes or its adapter sources: 403."""
-
-    status_code = 403
 
 
 class AuthConfigError(HotloraError):

@@ -1,17 +1,19 @@
 """Errors as HTTP answers, decided in one place: status, body, ``Retry-After``, validation messages.
 
 Plain Python over ``hotlora.errors`` (no FastAPI, Starlette, prometheus-client or torch), so the Ray
-ingress (``deploy/routing.py``, ``deploy/ingress.py``) answers in exactly the shape ``hotlora serve``
+ingress (``scaleout/routing.py``, ``scaleout/ingress.py``) answers in exactly the shape ``hotlora serve``
 does without importing the server. The two shapes:
 
 * hotlora's own APIs: ``{"error": message, "type": ExceptionName}``
 * the OpenAI images API (paths under ``/v1/images``): ``{"error": {"message": ..., "type": ...}}``
 
-A ``HotloraError`` carries its status (``status_code``, 500 when it has none), for the answers
-that mean "try again later" (429, 503) ``retry_after_s``, and headers its class always sends
-(``http_headers``: ``WWW-Authenticate`` on a 401). Anything else is a 500 whose
-body names only the exception's type, with ``Connection: close`` (the server drops the connection
-after it). The web framework's own refusals (404, 405, a body it could not parse) take the same shapes.
+The errors carry no HTTP: ``STATUS`` maps each ``HotloraError`` class to its status, looked up
+along the exception's MRO (a subclass answers as its nearest listed ancestor: ``UnservedShape`` as
+``InvalidRequest``, 422; a ``HotloraError`` with no listed ancestor is a 500), and ``HEADERS`` the
+headers a class's answer always carries (``WWW-Authenticate`` on a 401). An error that means "try
+again later" carries ``retry_after_s``, sent as ``Retry-After``. Anything else is a 500 whose body
+names only the exception's type, with ``Connection: close`` (the server drops the connection after
+it). The web framework's own refusals (404, 405, a body it could not parse) take the same shapes.
 """
 
 from __future__ import annotations
@@ -20,9 +22,47 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Iterable, Mapping
 
-from hotlora.errors import HotloraError, InvalidRequest
+from hotlora.errors import (
+    AdapterFormatError, AdapterNotFound, AdapterRejected, BodyTimeout, ClientGone, CrossOriginRefused, DeadlineExceeded,
+    EngineError, FetchersBusy, Forbidden, HotloraError, InvalidRequest, ModelsOverloaded, NotAccepting, Overloaded,
+    ReplicasUnavailable, RequestError, RequestTooLarge, SourceUnavailable, Unauthorized, UnknownModel, UnsafeReference,
+    UnsupportedMediaType,
+)
 
 OPENAI_PREFIX = "/v1/images"  # the routes that answer in the OpenAI error shape
+
+STATUS: dict[type[HotloraError], int] = {
+    RequestError: 400,
+    AdapterNotFound: 404,
+    AdapterFormatError: 422,
+    AdapterRejected: 422,
+    InvalidRequest: 422,
+    RequestTooLarge: 413,
+    UnsafeReference: 403,
+    UnsupportedMediaType: 415,
+    Overloaded: 429,
+    NotAccepting: 503,
+    DeadlineExceeded: 504,
+    ClientGone: 499,  # nginx's "client closed request": nobody reads it, the logs and metrics do
+    FetchersBusy: 429,
+    BodyTimeout: 408,
+    CrossOriginRefused: 403,
+    Unauthorized: 401,
+    Forbidden: 403,
+    UnknownModel: 404,
+    ReplicasUnavailable: 503,
+    ModelsOverloaded: 429,
+    SourceUnavailable: 502,  # a remote source failed: a bad gateway, not our fault
+    EngineError: 500,
+}
+HEADERS: dict[type[HotloraError], dict[str, str]] = {
+    Unauthorized: {"WWW-Authenticate": 'Bearer realm="hotlora"'},  # RFC 9110: a 401 names its scheme
+}
+
+
+def _nearest(table: Mapping[type, Any], exc: BaseException):
+    """The entry of the exception's class or its nearest ancestor in ``table``, or None."""
+    return next((table[cls] for cls in type(exc).__mro__ if cls in table), None)
 
 
 @dataclass(frozen=True)
@@ -39,7 +79,7 @@ def is_openai(path: str) -> bool:
 
 
 def status_of(exc: BaseException) -> int:
-    return getattr(exc, "status_code", 500) if isinstance(exc, HotloraError) else 500
+    return _nearest(STATUS, exc) or 500
 
 
 def retry_after(exc: BaseException) -> str | None:
@@ -55,10 +95,10 @@ def error_body(exc: BaseException, openai: bool = False) -> dict:
 
 
 def error_reply(exc: BaseException, openai: bool = False) -> ErrorReply:
-    """A deliberate error (``HotloraError``) as status, body and headers (``http_headers``: those an
-    error class always carries, e.g. ``WWW-Authenticate`` on a 401)."""
+    """A deliberate error (``HotloraError``) as status, body and headers (``HEADERS``: those an
+    error class's answer always carries, e.g. ``WWW-Authenticate`` on a 401; ``Retry-After``)."""
     seconds = retry_after(exc)
-    headers = dict(getattr(exc, "http_headers", None) or {})
+    headers = dict(_nearest(HEADERS, exc) or {})
     if seconds is not None:
         headers["Retry-After"] = seconds
     return ErrorReply(status_of(exc), error_body(exc, openai), headers)

@@ -18,7 +18,7 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit
 
-from hotlora.errors import InvalidRequest, RequestError, RequestTooLarge
+from hotlora.errors import BodyTimeout, CrossOriginRefused, RequestTooLarge
 from hotlora.server.auth import is_loopback
 from hotlora.server.errors import is_openai
 
@@ -61,11 +61,6 @@ class CountRequests:
             route = scope.get("route")
             self.metrics.observe_request(route.path if route else "unmatched", outcome(status.get("code", 500)),
                                          time.monotonic() - began)
-
-
-
-class BodyTimeout(RequestError):
-    status_code = 408
 
 
 class BodyLimit:
@@ -125,18 +120,6 @@ class BodyLimit:
         response = self.refuse(exc, openai)
         response.headers["Connection"] = "close"  # the rest of the body is never read
         await response(scope, receive, send)
-
-
-class CrossOriginRefused(RequestError):
-    """A browser request from another origin (its ``Origin`` header) without a key: 403."""
-
-    status_code = 403
-
-
-class UnsupportedMediaType(InvalidRequest):
-    """A body whose content type a cross-site form could have sent, or JSON not labelled as JSON: 415."""
-
-    status_code = 415
 
 
 class SameOrigin:

@@ -14,10 +14,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import ValidationError
 
-from hotlora.errors import InvalidRequest, RequestTooLarge
+from hotlora.errors import InvalidRequest, RequestTooLarge, UnsupportedMediaType
 from hotlora.server.errors import validation_error
 from hotlora.server.images import MEDIA_TYPES, format_from_accept
-from hotlora.server.middleware import UnsupportedMediaType
 from hotlora.server.schemas import MAX_REF_CHARS, HFRequest
 from hotlora.server.service import Service, result_headers
 

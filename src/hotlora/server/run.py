@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from hotlora.config import ServerConfig, StoreConfig
+from hotlora.settings import ServerConfig, StoreConfig
 from hotlora.engine.worker import Worker
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hotlora.config import parse_size
+from hotlora.settings import parse_size
 from hotlora.errors import InvalidRequest
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from fastapi import Request
 from hotlora.adapters.binding import AdapterSpec
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.references import redact_reference
-from hotlora.config import ServerConfig
+from hotlora.settings import ServerConfig
 from hotlora.engine.request import GenerationRequest
 from hotlora.engine.worker import DeadlineExceeded, Job, NotAccepting, Overloaded, Worker
 from hotlora.errors import HotloraError

@@ -35,20 +35,23 @@ class Declared:
     """What a field carries besides its type and default (kept in the pydantic field's ``metadata``,
     which a forwarded copy of the field keeps too): ``choices`` for the flags and ``parse``, a
     function applied to every given value (text first split into parts for a tuple) when the type
-    alone cannot read it (``sizes``: ``"1024x832"`` strings)."""
+    alone cannot read it (``sizes``: ``"1024x832"`` strings); ``flag``: whether ``hotlora serve`` has a
+    flag for it (not for a secret)."""
 
     choices: tuple = ()
     parse: typing.Callable | None = None
+    flag: bool = True
 
 
-def setting(default=_UNSET, help: str = "", *, choices: tuple = (), factory=_UNSET, parse=None):
+def setting(default=_UNSET, help: str = "", *, choices: tuple = (), factory=_UNSET, parse=None, flag: bool = True):
     """A pydantic ``Field`` with its help text (``description``) and what the flags and the text
-    coercion need. The call reads as the dataclass field it replaced."""
+    coercion need. The call reads as the dataclass field it replaced. ``flag=False``: no command-line
+    flag (a secret: argv is readable by every local user, in ``ps`` and ``/proc/<pid>/cmdline``)."""
     if factory is not _UNSET:
         info = Field(default_factory=factory, description=help)
     else:
         info = Field(default=... if default is _UNSET else default, description=help)  # no default: required
-    info.metadata.append(Declared(tuple(choices), parse))
+    info.metadata.append(Declared(tuple(choices), parse, flag))
     return info
 
 

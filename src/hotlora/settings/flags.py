@@ -28,6 +28,15 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+class _NoSecretFlag(argparse.Action):
+    """A secret's would-be flag, hidden from ``--help``: it refuses with what to use instead. Without
+    it argparse would take ``--api-keys`` as an abbreviation of ``--api-keys-file``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: no such flag: a flag's value is readable by every local user (ps, "
+                     f"/proc/<pid>/cmdline); set {ENV_PREFIX}{self.dest.upper()} or {self.dest} in the --config file")
+
+
 def _default(info) -> str:
     value = default_of(info)
     if isinstance(value, tuple):
@@ -36,12 +45,16 @@ def _default(info) -> str:
 
 
 def add_flags(parser: argparse.ArgumentParser, cls, title: str, only=None) -> list[str]:
-    """One flag per field of ``cls`` (or of the names in ``only``) in an argument group; returns the
-    dests, which are the field names."""
+    """One flag per field of ``cls`` (or of the names in ``only``) in an argument group, but for the
+    fields declared without one (``setting(..., flag=False)``: secrets, whose flag only refuses);
+    returns the dests, which are the field names."""
     group = parser.add_argument_group(title)
     names = []
     for name, info in cls.model_fields.items():
         if only is not None and name not in only:
+            continue
+        if not declared(info).flag:
+            group.add_argument(flag(name), dest=name, default=None, action=_NoSecretFlag, help=argparse.SUPPRESS)
             continue
         kind, choices = info.annotation, declared(info).choices
         text = info.description or ""

@@ -88,8 +88,12 @@ class ServerConfig(EngineSettings):
     auth: str = setting("auto", "API keys: auto (required unless bound to loopback with none configured), "
                                 "on, or off", choices=("auto", "on", "off"))
     api_keys_file: str | None = setting(None, "file of API key hashes, one `sha256:<hex> name=.. scopes=.. "
-                                              "sources=..` line per key (`hotlora keys new` makes them)")
-    api_keys: str | None = setting(None, "the same lines (';' or newline between them), e.g. HOTLORA_API_KEYS")
+                                              "sources=..` line per key (`hotlora keys new` makes them); "
+                                              "or the lines themselves in HOTLORA_API_KEYS (no flag for those)")
+    # No flag: a flag's value is readable by every local user (`ps`, /proc/<pid>/cmdline), and these
+    # lines name every key, its scopes and sources. The environment or a config file only.
+    api_keys: str | None = setting(None, "the same lines (';' or newline between them): HOTLORA_API_KEYS or "
+                                         "a config file only", flag=False)
     # Starlette's TrustedHostMiddleware: DNS rebinding.
     allowed_host_headers: tuple[str, ...] = setting((), "Host header names answered (default: loopback names "
                                                         "while keys are not required on loopback, else any)")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from hotlora.config import EngineConfig
+from hotlora.settings import EngineConfig
 from hotlora.engine.plan.models import ModelSpec, build_parts, on_meta
 from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
 from hotlora.engine.writers import install_text_writer, install_writer

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hotlora.config import EngineConfig, format_size
+from hotlora.settings import EngineConfig, format_size
 from hotlora.engine.pipeline import default_device, resolve_dtype
 from hotlora.engine.plan import activations
 from hotlora.engine.plan.budget import CPU_RUNTIME_BYTES, CUDA_RUNTIME_BYTES, format_bytes

@@ -20,7 +20,7 @@ from typing import Iterable, Mapping, Protocol, Sequence
 from hotlora.adapters.binding import Binding, Bindings
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.validate import SlotCeiling
-from hotlora.config import EngineConfig
+from hotlora.settings import EngineConfig
 from hotlora.engine.writers.slots import SwapReport
 
 Assignment = Bindings  # slot -> Binding (None or absent: empty); ``Binding.key`` says what changed

@@ -17,8 +17,8 @@ import httpx
 from ray import serve
 
 from hotlora.adapters.references import redact_reference, reference_id
-from hotlora.deploy.config import ModelDeployment
-from hotlora.deploy.routing import REPLICA_HEADER
+from hotlora.scaleout.config import ModelDeployment
+from hotlora.scaleout.routing import REPLICA_HEADER
 from hotlora.errors import HotloraError
 from hotlora.lru import LRU
 

@@ -13,7 +13,7 @@ from typing import Mapping
 
 from pydantic import ValidationError
 
-from hotlora.errors import InvalidRequest, RequestError
+from hotlora.errors import InvalidRequest, UnknownModel
 from hotlora.server.errors import validation_error
 from hotlora.server.schemas import GenerateRequest, OpenAIImagesRequest
 
@@ -25,10 +25,6 @@ HF_MODEL_PREFIX = "/models/"
 # the OpenAI API has a `model` field of its own and keeps it.
 STRIP_MODEL_FIELD = {"/v1/generate"}
 SCHEMAS = {"/v1/generate": GenerateRequest, "/v1/images/generations": OpenAIImagesRequest}
-
-
-class UnknownModel(RequestError):
-    status_code = 404
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,10 @@
 """What the benchmarks in bench/ share: where compile caches go, the machine line, Markdown
-tables and results files (``bench/results/NAME.json`` + ``NAME.md``). No torch import at module
-level: the compile-cache location must be set before torch reads it."""
+tables and results files (``bench/results/NAME.json`` + ``NAME.md``), adapters for any model. No
+torch import at module level: the compile-cache location must be set before torch reads it.
+
+Part of the source checkout, not of the installed package: a script imports it as
+``bench.harness`` after putting the checkout's root on ``sys.path`` (run as a file, Python puts
+``bench/`` there instead)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import platform
 from pathlib import Path
 from typing import Iterable, Sequence
 
-REPO = Path(__file__).resolve().parents[2]  # a source checkout, as `make` installs it
+REPO = Path(__file__).resolve().parents[1]  # the source checkout this file is in
 
 
 def use_repo_compile_cache() -> None:

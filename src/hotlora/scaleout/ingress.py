@@ -19,30 +19,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hotlora.adapters.references import reference_id
-from hotlora.deploy.config import RayServeConfig
-from hotlora.deploy.replica import ForwardedReply, ForwardedRequest
-from hotlora.deploy.routing import ATTEMPTS_HEADER, Route, route
-from hotlora.errors import HotloraError
+from hotlora.scaleout.config import RayServeConfig
+from hotlora.scaleout.replica import ForwardedReply, ForwardedRequest
+from hotlora.scaleout.routing import ATTEMPTS_HEADER, Route, route
+from hotlora.errors import HotloraError, ModelsOverloaded, ReplicasUnavailable
 from hotlora.server.errors import error_reply, is_openai
 
 log = logging.getLogger(__name__)
 # A replica process that died (killed, OOM, node lost) under a request, or one Serve already
 # knows to be gone. Serve's router does not resend such a request; the ingress does (below).
 REPLICA_GONE = (RayActorError, ReplicaUnavailableError)
-
-
-class ReplicasUnavailable(HotloraError):
-    """Every try of a request landed on a replica that died, or no answer came in time."""
-
-    status_code = 503
-    retry_after_s = 5
-
-
-class ModelsOverloaded(HotloraError):
-    """Serve's own back-pressure: every replica of the model is at max_ongoing_requests and its queue is full."""
-
-    status_code = 429
-    retry_after_s = 5
 
 
 @serve.deployment

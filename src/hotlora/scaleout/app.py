@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from hotlora.config import ServerConfig
-from hotlora.deploy.config import RayServeConfig
-from hotlora.deploy.ingress import Ingress
-from hotlora.deploy.replica import ModelReplica
+from hotlora.settings import ServerConfig
+from hotlora.scaleout.config import RayServeConfig
+from hotlora.scaleout.ingress import Ingress
+from hotlora.scaleout.replica import ModelReplica
 
 log = logging.getLogger(__name__)
 APP_NAME = "hotlora"
@@ -37,7 +37,7 @@ def app_builder(args: dict):
 
         applications:
           - name: hotlora
-            import_path: hotlora.deploy.app:app_builder
+            import_path: hotlora.scaleout.app:app_builder
             args: {config: /etc/hotlora/serve.toml}
     """
     server, store = ServerConfig.load(args.get("config"))

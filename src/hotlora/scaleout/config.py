@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from hotlora.config import MiB, ModelDefaultsError, ServerConfig, StoreConfig, read_config_file, read_model_defaults
+from hotlora.settings import MiB, ModelDefaultsError, ServerConfig, StoreConfig, read_config_file, read_model_defaults
 from hotlora.errors import HotloraError
 from hotlora.server.auth import keyring_for  # torch-free, like everything the ingress imports
 
