@@ -43,3 +43,33 @@ def test_the_audit_sees_every_way_of_importing_them(tmp_path):
         assert "hotlora.testing" in imported_modules(tmp_path / "m.py", "hotlora.fullsize"), line
     (tmp_path / "m.py").write_text("from hotlora.tiny import random_lora\nfrom . import testing_notes\n")
     assert "hotlora.testing" not in imported_modules(tmp_path / "m.py", "hotlora")
+
+
+# The layers (design: "Imports point one way"): a module may import its own layer or one below.
+LAYERS = {"errors": 0, "settings": 0, "tracing": 0, "lru": 0,
+          "families": 1, "adapters": 1, "trainer_layouts": 1,
+          "engine": 2, "tiny": 2,
+          "server": 3, "scaleout": 3, "fullsize": 3,
+          "cli": 4, "testing": 4, "__init__": 4}
+
+
+def layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.get(parts[1]) if len(parts) > 1 and parts[0] == "hotlora" else None
+
+
+def test_imports_point_one_way():
+    upward = []
+    for path in sorted(SRC.rglob("*.py")):
+        own = LAYERS[path.relative_to(SRC).parts[0].removesuffix(".py")]
+        for module in imported_modules(path, package_of(path)):
+            target = layer_of(module)
+            if target is not None and target > own:
+                upward.append(f"{path.relative_to(SRC)} imports {module}")
+    assert not upward, "imports against the layers (errors, settings <- families, adapters <- engine <- server, " \
+                       "scaleout <- cli):\n" + "\n".join(sorted(set(upward)))
+
+
+def test_every_top_level_module_has_a_layer():
+    assert {p.name.removesuffix(".py") for p in SRC.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()} \
+        <= set(LAYERS)
