@@ -97,7 +97,7 @@ def fused_swap_measurements(engine, request, label: str, args, report: Report, f
 
 def adapters(engine, rank: int):
     """Two random rank-``rank`` adapters on the engine's ceiling (seeds 1 and 2, bf16, up x 0.01)."""
-    from hotlora.adapters.formats import Adapter, LoraWeights
+    from hotlora.adapters.format.convert import Adapter, LoraWeights
 
     dtype = next(engine.denoiser.parameters()).dtype
     pin = torch.cuda.is_available()
@@ -116,7 +116,7 @@ def adapters(engine, rank: int):
 def controlled_adapter(denoiser, modules, magnitude: float, rank: int, seed: int):
     """``hotlora.testing.controlled_lora`` on the device (a full-width model's factors are made
     where its weights are): every ceiling Linear, delta RMS ``magnitude`` x the layer's weight RMS."""
-    from hotlora.adapters.formats import Adapter, LoraWeights
+    from hotlora.adapters.format.convert import Adapter, LoraWeights
 
     device = next(denoiser.parameters()).device
     g = torch.Generator(device=device).manual_seed(seed)

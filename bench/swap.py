@@ -61,7 +61,7 @@ def timed(fn, repeats: int) -> float:
 
 
 def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
-    from hotlora.adapters.formats import Adapter, LoraWeights
+    from hotlora.adapters.format.convert import Adapter, LoraWeights
     from hotlora.testing import random_lora
 
     linears = dict(engine.ceiling.modules)
@@ -113,7 +113,7 @@ def fused_swap_rows(model: Path, ranks, repeats: int, restore: str = "auto") -> 
     bytes on the device (what a swap must at least write). Eager engine: a swap never runs the model.
     ``restore``: where the pristine weights live ("host": copied over to the weights on every swap)."""
     from hotlora import Engine
-    from hotlora.adapters.formats import Adapter, LoraWeights
+    from hotlora.adapters.format.convert import Adapter, LoraWeights
     from hotlora.testing import random_lora
 
     engine = Engine.from_pretrained(model, adapter_mode="fused", fused_restore=restore, batch_size=1, compile=False)
@@ -285,7 +285,7 @@ def overhead_rows(model: Path, target_rank: int, pack: int, steps: int, runs: in
 
 
 def _restrict(adapter, modules):
-    from hotlora.adapters.formats import Adapter
+    from hotlora.adapters.format.convert import Adapter
 
     kept = {m: w for m, w in adapter.modules.items() if m in modules}
     return Adapter(adapter.name, adapter.family, adapter.layout, kept, adapter.sha256 + "-attn", adapter.base_model)

@@ -47,8 +47,8 @@ def request(text_encoder, rank: int, seed: int):
     import torch
 
     from hotlora.adapters.binding import Binding
-    from hotlora.adapters.embeddings import Embeddings
-    from hotlora.adapters.formats import Adapter, LoraWeights
+    from hotlora.adapters.format.embeddings import Embeddings
+    from hotlora.adapters.format.convert import Adapter, LoraWeights
 
     g = torch.Generator().manual_seed(seed)
     out = {}

@@ -90,7 +90,7 @@ def _cli_store(args):
 
 
 def cmd_adapters_inspect(args) -> int:
-    from hotlora.adapters.export import describe
+    from hotlora.adapters.format.export import describe
 
     store = _cli_store(args)
     print(json.dumps({**describe(store.get(args.ref)), "cache": store.stats()}, indent=2))
@@ -98,7 +98,7 @@ def cmd_adapters_inspect(args) -> int:
 
 
 def cmd_adapters_convert(args) -> int:
-    from hotlora.adapters.export import save_as_diffusers
+    from hotlora.adapters.format.export import save_as_diffusers
 
     path = save_as_diffusers(_cli_store(args).get(args.ref), args.out)
     print(f"written {path}")

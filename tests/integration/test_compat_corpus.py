@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hotlora.families import FAMILIES, family_named
-from hotlora.adapters.formats import load_adapter
+from hotlora.adapters.format.convert import load_adapter
 from hotlora.errors import AdapterFormatError
 from hotlora.testing import denoiser_linears, random_lora
 
@@ -97,7 +97,7 @@ def test_training_script_metadata_is_a_real_lora_config(pipelines, tmp_path, fam
     fields; null means "not declared", never the base model "None"."""
     from peft import LoraConfig
 
-    from hotlora.adapters.validate import SlotCeiling, problems_with
+    from hotlora.adapters.format.validate import SlotCeiling, problems_with
 
     pipeline = pipelines(family)
     linears = denoiser_linears(pipeline)
@@ -199,7 +199,7 @@ def test_peft_save_pretrained(pipelines, tmp_path, family, variant):
 
     from peft import LoraConfig, get_peft_model
 
-    from hotlora.adapters.validate import SlotCeiling, problems_with
+    from hotlora.adapters.format.validate import SlotCeiling, problems_with
 
     pipeline = pipelines(family)
     denoiser = copy.deepcopy(denoiser_of(pipeline, family))
@@ -590,7 +590,7 @@ def test_engine_serves_real_tool_files_like_plain_diffusers(tiny_models, pipelin
 def test_hotlora_convert_output_reads_back_equal(pipelines, tmp_path):
     """``hotlora adapters convert`` writes ``^module$`` rank/alpha pattern keys for mixed ranks:
     anchored module names, which hotlora accepts and matches as PEFT does."""
-    from hotlora.adapters.export import save_as_diffusers
+    from hotlora.adapters.format.export import save_as_diffusers
 
     pipeline = pipelines("sdxl")
     linears = denoiser_linears(pipeline)

@@ -8,7 +8,7 @@ import torch
 
 from hotlora import Engine
 from hotlora.families import family_named
-from hotlora.adapters.formats import load_adapter
+from hotlora.adapters.format.convert import load_adapter
 from hotlora.cli import main
 from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterRejected

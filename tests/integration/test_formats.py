@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hotlora.adapters.formats import load_adapter
+from hotlora.adapters.format.convert import load_adapter
 from hotlora.errors import AdapterFormatError, AdapterNotFound
 from hotlora.families import FAMILIES, family_named
 
@@ -109,7 +109,7 @@ def test_unreadable_inputs_fail_with_clear_errors(tmp_path):
 def test_declared_base_model_is_read_from_the_file_header(tiny_models, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from hotlora.adapters.validate import SlotCeiling, problems_with
+    from hotlora.adapters.format.validate import SlotCeiling, problems_with
 
     path = tiny_models["flux"] / "adapters" / "identity-diffusers" / "pytorch_lora_weights.safetensors"
     save_file(load_file(str(path)), str(tmp_path / "tagged.safetensors"), metadata={"base_model": "acme/other-model"})
@@ -126,8 +126,8 @@ def test_declared_base_model_is_read_from_the_file_header(tiny_models, tmp_path)
 def test_text_parts_and_embeddings_travel_through_the_disk_cache_and_convert(tiny_models, tmp_path, family):
     """A pivotal-tuning folder (LoRA file + ``<name>_emb.safetensors``): its text-encoder LoRA and
     embeddings survive the disk tier's format and ``adapters convert``, which plain diffusers loads."""
-    from hotlora.adapters.diskcache import deserialize, serialize
-    from hotlora.adapters.export import describe, save_as_diffusers
+    from hotlora.adapters.store.diskcache import deserialize, serialize
+    from hotlora.adapters.format.export import describe, save_as_diffusers
     from hotlora.testing import (
         denoiser_linears, random_embeddings, random_lora, save_pivotal_lora, text_encoder_linears,
     )

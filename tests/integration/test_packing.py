@@ -10,7 +10,7 @@ import torch
 
 from hotlora import Engine
 from hotlora.adapters.binding import Binding
-from hotlora.adapters.formats import Adapter, LoraWeights
+from hotlora.adapters.format.convert import Adapter, LoraWeights
 from hotlora.engine.writers.packing import MAX_PADDING, PackLayout, pack
 from hotlora.testing import random_lora
 
@@ -155,9 +155,9 @@ def test_a_weight_moved_away_from_the_slot_buffers_is_caught(tiny_models):
 
 def test_a_packed_adapter_still_serialises_and_exports(engine, tmp_path):
     """Packing for the slots changes nothing the disk cache and ``adapters convert`` see."""
-    from hotlora.adapters.diskcache import deserialize, serialize
-    from hotlora.adapters.export import save_as_diffusers
-    from hotlora.adapters.formats import load_adapter
+    from hotlora.adapters.store.diskcache import deserialize, serialize
+    from hotlora.adapters.format.export import save_as_diffusers
+    from hotlora.adapters.format.convert import load_adapter
     from hotlora.families import family_named
 
     linears = dict(engine.ceiling.modules)

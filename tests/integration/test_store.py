@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hotlora.adapters.diskcache import DiskCache
+from hotlora.adapters.store.diskcache import DiskCache
 from hotlora.families import family_named
-from hotlora.adapters.formats import load_adapter
-from hotlora.adapters.references import UnsafeReference
+from hotlora.adapters.format.convert import load_adapter
+from hotlora.adapters.store.references import UnsafeReference
 from hotlora.adapters.store import AdapterStore
 from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound, SourceUnavailable
@@ -114,8 +114,8 @@ def test_a_corrupted_cache_entry_is_detected_and_refetched(adapters, tmp_path):
 CRASH = """
 import os, sys
 sys.path.insert(0, {src!r})
-from hotlora.adapters.diskcache import DiskCache
-from hotlora.adapters.formats import load_adapter
+from hotlora.adapters.store.diskcache import DiskCache
+from hotlora.adapters.format.convert import load_adapter
 from hotlora.families import family_named
 adapter = load_adapter({ref!r}, family_named("flux"))
 calls = []

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from hotlora.adapters import diskcache as diskcache_module
-from hotlora.adapters import formats
-from hotlora.adapters import store as store_module
-from hotlora.adapters.diskcache import DiskCache
+from hotlora.adapters.store import diskcache as diskcache_module
+from hotlora.adapters.format import convert as formats
+from hotlora.adapters.store import adapter_store as store_module
+from hotlora.adapters.store.diskcache import DiskCache
 from hotlora.families import family_named
-from hotlora.adapters.formats import Adapter, LoraWeights
-from hotlora.adapters.sources import Fetched
-from hotlora.adapters.store import AdapterStore, RamCache
+from hotlora.adapters.format.convert import Adapter, LoraWeights
+from hotlora.adapters.store.sources import Fetched
+from hotlora.adapters.store.adapter_store import AdapterStore, RamCache
 from hotlora.settings import StoreConfig
 from hotlora.errors import SourceUnavailable
 
@@ -258,7 +258,7 @@ def test_a_full_disk_degrades_to_ram_only(root, tmp_path, monkeypatch, caplog):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(DiskCache, "_atomic_write", full)
-    with caplog.at_level(logging.WARNING, logger="hotlora.adapters.diskcache"):
+    with caplog.at_level(logging.WARNING, logger="hotlora.adapters.store.diskcache"):
         one = store.get("one.safetensors")
         two = store.get("two.safetensors")
     assert one.sha256 != two.sha256 and store.get("one.safetensors") is one  # served, then from RAM

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from hotlora.families import family_named
-from hotlora.adapters.formats import load_adapter
-from hotlora.adapters.references import UnsafeReference, parse_reference
+from hotlora.adapters.format.convert import load_adapter
+from hotlora.adapters.store.references import UnsafeReference, parse_reference
 from hotlora.adapters.store import AdapterStore
 from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound, SourceUnavailable

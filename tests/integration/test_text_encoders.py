@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from hotlora.adapters.formats import load_adapter
+from hotlora.adapters.format.convert import load_adapter
 from hotlora.families import family_named
 from hotlora.errors import AdapterRejected, InvalidRequest
 from hotlora.testing import (

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
-from hotlora.adapters.references import reference_id  # noqa: E402
+from hotlora.adapters.store.references import reference_id  # noqa: E402
 from hotlora.settings import ServerConfig, StoreConfig  # noqa: E402
 from hotlora.scaleout.config import RayServeConfig  # noqa: E402
 from hotlora.scaleout.ingress import Ingress  # noqa: E402

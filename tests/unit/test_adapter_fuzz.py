@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from hotlora.families import family_named
-from hotlora.adapters.formats import load_adapter
-from hotlora.adapters.lora_config import Patterns as _Patterns
+from hotlora.adapters.format.convert import load_adapter
+from hotlora.adapters.format.lora_config import Patterns as _Patterns
 from hotlora.errors import AdapterFormatError, RequestError
 
 FLUX = family_named("flux")
@@ -199,7 +199,7 @@ def test_pattern_lookup_is_what_peft_matches(keys, module):
     """For module-name keys, hotlora's lookup picks the key PEFT's regex lookup picks."""
     from peft.utils.other import get_pattern_key
 
-    from hotlora.adapters.lora_config import PATTERN_KEY
+    from hotlora.adapters.format.lora_config import PATTERN_KEY
 
     keys = [k for k in keys if PATTERN_KEY.fullmatch(k)]
     patterns = {k: i for i, k in enumerate(keys)}

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from hotlora.adapters.references import UnsafeReference
+from hotlora.adapters.store.references import UnsafeReference
 from hotlora.cli import build_parser, main, serve_settings
 from hotlora.settings import ServerConfig
 from hotlora.server.access import Access, public_model
@@ -297,7 +297,7 @@ def test_readyz_names_the_model_by_its_id(tmp_path):
 
 def test_each_caller_sees_only_its_own_adapters_under_its_own_names(tmp_path):
     from hotlora.families import family_named
-    from hotlora.adapters.formats import load_adapter
+    from hotlora.adapters.format.convert import load_adapter
 
     from ..helpers import write_lora
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from hotlora.adapters.fetching import PREFETCH, REQUEST, FetchScheduler
-from hotlora.adapters.remote import Deadline
+from hotlora.adapters.store.fetching import PREFETCH, REQUEST, FetchScheduler
+from hotlora.adapters.store.remote import Deadline
 
 WAIT_S = 60  # generous: other tests' servers may still hold the GIL in the same process
 

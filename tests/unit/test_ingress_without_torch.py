@@ -14,10 +14,10 @@ class NoTorch:
 
 sys.meta_path.insert(0, NoTorch())
 import hotlora.scaleout.config, hotlora.scaleout.ingress, hotlora.scaleout.routing
-import hotlora.adapters.references
+import hotlora.adapters.store.references
 assert "torch" not in sys.modules
 try:
-    import hotlora.adapters.formats
+    import hotlora.adapters.format.convert
 except ImportError:
     print("blocked")
 """

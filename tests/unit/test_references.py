@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from hotlora.adapters.references import (InvalidReference, UnsafeReference, confine_local_path, parse_reference,
+from hotlora.adapters.store.references import (InvalidReference, UnsafeReference, confine_local_path, parse_reference,
                                          redact_reference, redact_url)
 from hotlora.errors import AdapterFormatError, InvalidRequest
 from hotlora.server.errors import status_of
@@ -56,7 +56,7 @@ def test_local_paths_stay_inside_the_roots(tmp_path):
 
 
 def test_catalog_files_in_toml_and_yaml(tmp_path):
-    from hotlora.adapters.catalog import CatalogError, load_catalog
+    from hotlora.adapters.store.catalog import CatalogError, load_catalog
 
     (tmp_path / "c.toml").write_text('[adapters.a]\nref = "s3://b/k.safetensors"\nscale = 0.7\npin = true\n')
     (tmp_path / "c.yaml").write_text("adapters:\n  a:\n    ref: s3://b/k.safetensors\n    scale: 0.7\n    pin: true\n")
@@ -144,13 +144,13 @@ def test_store_settings_come_from_the_environment(monkeypatch):
     ("8.8.8.8", True), ("1.1.1.1", True), ("2606:4700:4700::1111", True), ("::ffff:8.8.8.8", True),
 ])
 def test_egress_judges_addresses_after_resolution(address, public):
-    from hotlora.adapters.egress import is_public
+    from hotlora.adapters.store.egress import is_public
 
     assert is_public(address) is public
 
 
 def test_egress_policy_lists_hosts_and_ports():
-    from hotlora.adapters.egress import EgressPolicy, EgressRefused
+    from hotlora.adapters.store.egress import EgressPolicy, EgressRefused
 
     policy = EgressPolicy(("127.0.0.1:9000", "files.internal", "[::1]:8443"), exclusive=True, allow_http=True)
     assert policy.listed("127.0.0.1", 9000) and not policy.listed("127.0.0.1", 9001)
@@ -203,7 +203,7 @@ def test_redaction_never_raises(url):
 
 
 def test_the_egress_policy_refuses_what_it_cannot_parse_instead_of_raising():
-    from hotlora.adapters.egress import EgressPolicy, EgressRefused
+    from hotlora.adapters.store.egress import EgressPolicy, EgressRefused
 
     policy = EgressPolicy(allow_http=True)
     for url in ("http://127.0.0.1:99999/x", "http://h.example:0/x", "http://[::1/x", "http:///x"):
@@ -222,9 +222,9 @@ def test_the_remote_client_turns_an_invalid_url_into_a_422_and_odd_httpx_errors_
     import http.server
     import threading
 
-    from hotlora.adapters.egress import EgressPolicy
-    from hotlora.adapters.references import Reference
-    from hotlora.adapters.remote import Remote
+    from hotlora.adapters.store.egress import EgressPolicy
+    from hotlora.adapters.store.references import Reference
+    from hotlora.adapters.store.remote import Remote
     from hotlora.settings import StoreConfig
     from hotlora.errors import SourceUnavailable
 
@@ -281,8 +281,8 @@ def _within(seconds, call):
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
 def test_a_fifo_or_device_inside_a_root_is_refused_not_read(tmp_path):
-    from hotlora.adapters.reading import ReadLimits, read_files
-    from hotlora.adapters.sources import LocalSource
+    from hotlora.adapters.format.files import ReadLimits, read_files
+    from hotlora.adapters.store.sources import LocalSource
     from hotlora.settings import StoreConfig
 
     root = tmp_path / "root"

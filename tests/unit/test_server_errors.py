@@ -73,7 +73,7 @@ ANSWERS = {
 
 
 DEFINE_ERRORS_NEXT_TO_THEIR_CODE = (
-    "hotlora.adapters.catalog", "hotlora.adapters.egress", "hotlora.adapters.references", "hotlora.engine.guard",
+    "hotlora.adapters.store.catalog", "hotlora.adapters.store.egress", "hotlora.adapters.store.references", "hotlora.engine.guard",
     "hotlora.engine.pipeline", "hotlora.engine.request", "hotlora.engine.stepcache", "hotlora.scaleout.config",
     "hotlora.server.auth", "hotlora.settings",
 )

@@ -50,7 +50,7 @@ def test_rank_buckets_come_from_flags_env_and_files(monkeypatch, tmp_path):
 
 
 def test_skipped_text_encoder_parts_are_reported_by_model_not_by_layer():
-    from hotlora.adapters.formats import Adapter
+    from hotlora.adapters.format.convert import Adapter
     from hotlora.engine.guard import skipped
 
     keys = ["text_encoder.text_model.encoder.layers.0.mlp.fc1.lora_A.weight",
@@ -64,7 +64,7 @@ def test_skipped_text_encoder_parts_are_reported_by_model_not_by_layer():
     # Text-encoder LoRA the engine runs without (text_encoder_lora=False) is reported; applied, it is not.
     import torch
 
-    from hotlora.adapters.formats import LoraWeights
+    from hotlora.adapters.format.convert import LoraWeights
 
     weights = {"encoder.layers.0.mlp.fc1": LoraWeights(torch.zeros(2, 4), torch.zeros(4, 2), 1.0)}
     with_text = Adapter("c", "sdxl", "diffusers", {}, "2" * 64, text_modules={"text_encoder": weights})

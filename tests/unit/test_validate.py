@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from hotlora.adapters.formats import Adapter, LoraWeights
+from hotlora.adapters.format.convert import Adapter, LoraWeights
 from hotlora.families import family_named
 from hotlora.adapters.resolver import AdapterResolver
-from hotlora.adapters.validate import SlotCeiling, problems_with
+from hotlora.adapters.format.validate import SlotCeiling, problems_with
 from hotlora.errors import AdapterRejected
 
 CEILING = SlotCeiling(modules={"blk.q": (8, 8), "blk.out": (8, 4)}, target_rank=4, family="flux")

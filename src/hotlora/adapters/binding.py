@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple
 
-from hotlora.adapters.formats import Adapter
+from hotlora.adapters.format.convert import Adapter
 
 
 @dataclass(frozen=True)

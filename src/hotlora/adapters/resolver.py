@@ -19,9 +19,9 @@ import torch
 
 from hotlora.families import ModelFamily
 from hotlora.adapters.binding import AdapterSpec, Binding
-from hotlora.adapters.embeddings import checked_tokens
-from hotlora.adapters.formats import Adapter, load_adapter
-from hotlora.adapters.validate import SlotCeiling, problems_with
+from hotlora.adapters.format.embeddings import checked_tokens
+from hotlora.adapters.format.convert import Adapter, load_adapter
+from hotlora.adapters.format.validate import SlotCeiling, problems_with
 from hotlora.errors import AdapterFormatError, AdapterRejected, InvalidRequest
 from hotlora.lru import LRU
 

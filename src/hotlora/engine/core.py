@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from hotlora.families import ModelFamily
-from hotlora.adapters.formats import Adapter
+from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.resolver import AdapterResolver
 from hotlora.settings import EngineConfig, StoreConfig, format_size, read_model_defaults
 from hotlora.engine import guard

@@ -14,7 +14,7 @@ from typing import Mapping
 import torch
 
 from hotlora.adapters.binding import Binding
-from hotlora.adapters.formats import Adapter
+from hotlora.adapters.format.convert import Adapter
 from hotlora.errors import EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hotlora.adapters.references import reference_id
+from hotlora.adapters.store.references import reference_id
 from hotlora.scaleout.config import RayServeConfig
 from hotlora.scaleout.replica import ForwardedReply, ForwardedRequest
 from hotlora.scaleout.routing import ATTEMPTS_HEADER, Route, route

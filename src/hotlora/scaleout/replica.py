@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import httpx
 from ray import serve
 
-from hotlora.adapters.references import redact_reference, reference_id
+from hotlora.adapters.store.references import redact_reference, reference_id
 from hotlora.scaleout.config import ModelDeployment
 from hotlora.scaleout.routing import REPLICA_HEADER
 from hotlora.errors import HotloraError

@@ -17,7 +17,7 @@ from pathlib import Path
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from hotlora.adapters.references import parse_reference, redact_reference
+from hotlora.adapters.store.references import parse_reference, redact_reference
 from hotlora.errors import Forbidden, InvalidRequest, Unauthorized
 from hotlora.lru import LRU
 from hotlora.server.auth import ANONYMOUS, Keyring, Principal, keyring_for

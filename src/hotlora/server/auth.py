@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from hotlora.adapters.references import parse_reference, redact_reference
+from hotlora.adapters.store.references import parse_reference, redact_reference
 from hotlora.errors import Forbidden, HotloraError
 
 log = logging.getLogger(__name__)

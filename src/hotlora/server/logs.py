@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from hotlora.adapters.references import redact_url
+from hotlora.adapters.store.references import redact_url
 
 URL_LOGGERS = ("httpx", "httpcore", "huggingface_hub", "botocore", "urllib3")
 

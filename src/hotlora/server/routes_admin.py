@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from hotlora.adapters.references import parse_reference, redact_reference
+from hotlora.adapters.store.references import parse_reference, redact_reference
 from hotlora.errors import InvalidRequest
 from hotlora.server.access import catalog_listing, public_model
 from hotlora.server.schemas import PrefetchRequest

@@ -25,8 +25,8 @@ from typing import Mapping
 from fastapi import Request
 
 from hotlora.adapters.binding import AdapterSpec
-from hotlora.adapters.formats import Adapter
-from hotlora.adapters.references import redact_reference
+from hotlora.adapters.format.convert import Adapter
+from hotlora.adapters.store.references import redact_reference
 from hotlora.settings import ServerConfig
 from hotlora.engine.request import GenerationRequest
 from hotlora.engine.worker import DeadlineExceeded, Job, NotAccepting, Overloaded, Worker

@@ -18,8 +18,8 @@ import logging
 from typing import Iterable, Mapping, Protocol, Sequence
 
 from hotlora.adapters.binding import Binding, Bindings
-from hotlora.adapters.formats import Adapter
-from hotlora.adapters.validate import SlotCeiling
+from hotlora.adapters.format.convert import Adapter
+from hotlora.adapters.format.validate import SlotCeiling
 from hotlora.settings import EngineConfig
 from hotlora.engine.writers.slots import SwapReport
 

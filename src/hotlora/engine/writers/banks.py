@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
-from hotlora.adapters.validate import SlotCeiling
+from hotlora.adapters.format.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
 from hotlora.adapters.binding import Binding, Bindings
 from hotlora.engine.writers.slots import SwapReport, _Slot, ceiling_modules, write_padded

@@ -42,9 +42,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from hotlora.adapters.formats import Adapter, LoraWeights
+from hotlora.adapters.format.convert import Adapter, LoraWeights
 from hotlora.adapters.binding import Bindings, assignment_key, factors_by_module
-from hotlora.adapters.validate import SlotCeiling
+from hotlora.adapters.format.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
 from hotlora.engine.writers.slots import SwapReport, ceiling_modules
 from hotlora.errors import AdapterRejected, InvalidRequest, SlotStateCorrupt

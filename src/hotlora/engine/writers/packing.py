@@ -25,7 +25,7 @@ from typing import Mapping
 
 import torch
 
-from hotlora.adapters.formats import Adapter
+from hotlora.adapters.format.convert import Adapter
 from hotlora.lru import LRU
 
 # A packed adapter may hold at most this much more than its own weights (zero padding for

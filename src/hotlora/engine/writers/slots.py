@@ -37,8 +37,8 @@ from typing import Iterable, Mapping, Sequence
 import torch
 
 from hotlora.adapters.binding import Binding, Bindings, assignment_key
-from hotlora.adapters.formats import Adapter
-from hotlora.adapters.validate import SlotCeiling
+from hotlora.adapters.format.convert import Adapter
+from hotlora.adapters.format.validate import SlotCeiling
 from hotlora.engine.runner import synchronize
 from hotlora.engine.writers.packing import PackCache, PackedWeights, PackLayout
 from hotlora.errors import InvalidRequest, SlotStateCorrupt

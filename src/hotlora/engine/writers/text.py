@@ -33,8 +33,8 @@ import torch
 
 from hotlora.adapters.binding import Binding
 from hotlora.families import ModelFamily
-from hotlora.adapters.formats import Adapter
-from hotlora.adapters.validate import problems_with
+from hotlora.adapters.format.convert import Adapter
+from hotlora.adapters.format.validate import problems_with
 from hotlora.engine.writers.text_lora import UnfusedTextLora
 from hotlora.errors import InvalidRequest
 

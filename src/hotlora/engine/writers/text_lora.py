@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from hotlora.adapters.binding import Bindings, assignment_key, factors_by_module
-from hotlora.adapters.formats import Adapter, LoraWeights
-from hotlora.adapters.validate import SlotCeiling
+from hotlora.adapters.format.convert import Adapter, LoraWeights
+from hotlora.adapters.format.validate import SlotCeiling
 from hotlora.engine.writers.slots import ceiling_modules
 from hotlora.errors import SlotStateCorrupt
 from hotlora.lru import LRU

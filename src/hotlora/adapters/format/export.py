@@ -6,9 +6,9 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from hotlora.adapters.embeddings import EMBEDDINGS_FILE
+from hotlora.adapters.format.embeddings import EMBEDDINGS_FILE
 from hotlora.families import family_named
-from hotlora.adapters.formats import Adapter
+from hotlora.adapters.format.convert import Adapter
 
 
 def save_as_diffusers(adapter: Adapter, out_dir: str | Path) -> Path:

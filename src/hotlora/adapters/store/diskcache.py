@@ -26,8 +26,8 @@ from pathlib import Path
 
 import psutil
 
-from hotlora.adapters.embeddings import Embeddings
-from hotlora.adapters.formats import Adapter, LoraWeights
+from hotlora.adapters.format.embeddings import Embeddings
+from hotlora.adapters.format.convert import Adapter, LoraWeights
 from hotlora.lru import LRU
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hotlora.adapters.remote import Deadline
+from hotlora.adapters.store.remote import Deadline
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from hotlora.adapters.egress import EgressPolicy, EgressRefused
-from hotlora.adapters.references import Reference, UnsafeReference, confine_local_path, confine_tree
-from hotlora.adapters.remote import Deadline, Remote, check_size
+from hotlora.adapters.store.egress import EgressPolicy, EgressRefused
+from hotlora.adapters.store.references import Reference, UnsafeReference, confine_local_path, confine_tree
+from hotlora.adapters.store.remote import Deadline, Remote, check_size
 from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterNotFound, SourceUnavailable
 

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 from hotlora import __version__
-from hotlora.adapters.references import Reference, UnsafeReference, confine_tree, inside
-from hotlora.adapters.remote import Deadline, Remote, check_size
-from hotlora.adapters.sources import Fetched
-from hotlora.adapters.egress import EgressPolicy
+from hotlora.adapters.store.references import Reference, UnsafeReference, confine_tree, inside
+from hotlora.adapters.store.remote import Deadline, Remote, check_size
+from hotlora.adapters.store.sources import Fetched
+from hotlora.adapters.store.egress import EgressPolicy
 from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterNotFound, SourceUnavailable
 
@@ -79,7 +79,7 @@ class HubSource:
 
         from huggingface_hub.utils import filter_repo_objects
 
-        from hotlora.adapters.references import _plain_components
+        from hotlora.adapters.store.references import _plain_components
 
         url = f"{self.endpoint()}/api/models/{ref.location}/revision/{quote(ref.revision or 'main', safe='')}"
         info = self.remote.json(ref, url, headers=self._headers(ref.location), params={"blobs": "true"},

@@ -13,7 +13,7 @@ from typing import Mapping
 
 import torch
 
-from hotlora.adapters.formats import Adapter
+from hotlora.adapters.format.convert import Adapter
 
 # Long lists are cut in messages; the count is always given.
 MAX_LISTED = 8

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from hotlora.adapters import egress
-from hotlora.adapters.egress import EgressPolicy, EgressRefused
-from hotlora.adapters.references import InvalidReference, Reference, UnsafeReference
+from hotlora.adapters.store import egress
+from hotlora.adapters.store.egress import EgressPolicy, EgressRefused
+from hotlora.adapters.store.references import InvalidReference, Reference, UnsafeReference
 from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound, SourceUnavailable
 

@@ -33,16 +33,16 @@ from typing import Callable, Mapping
 import torch
 
 from hotlora import __version__
-from hotlora.adapters import formats
-from hotlora.adapters.catalog import CatalogEntry, load_catalog
-from hotlora.adapters.fetching import PREFETCH, REQUEST, FetchJob, FetchScheduler
-from hotlora.adapters.diskcache import DiskCache, TierStats, owner_tag, sweep_orphans
+from hotlora.adapters.format import convert as formats
+from hotlora.adapters.store.catalog import CatalogEntry, load_catalog
+from hotlora.adapters.store.fetching import PREFETCH, REQUEST, FetchJob, FetchScheduler
+from hotlora.adapters.store.diskcache import DiskCache, TierStats, owner_tag, sweep_orphans
 from hotlora.families import ModelFamily
-from hotlora.adapters.formats import Adapter, LoraWeights, ReadLimits, load_adapter
-from hotlora.adapters.references import Reference, parse_reference
-from hotlora.adapters.remote import Deadline
-from hotlora.adapters.hub import HubSource
-from hotlora.adapters.sources import Fetched, HttpSource, LocalSource, S3Source, Source
+from hotlora.adapters.format.convert import Adapter, LoraWeights, ReadLimits, load_adapter
+from hotlora.adapters.store.references import Reference, parse_reference
+from hotlora.adapters.store.remote import Deadline
+from hotlora.adapters.store.hub import HubSource
+from hotlora.adapters.store.sources import Fetched, HttpSource, LocalSource, S3Source, Source
 from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterNotFound, FetchersBusy, SourceUnavailable
 from hotlora.lru import LRU

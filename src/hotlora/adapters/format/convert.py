@@ -34,10 +34,10 @@ from typing import Mapping
 
 import torch
 
-from hotlora.adapters.embeddings import Embeddings, parse_embeddings
+from hotlora.adapters.format.embeddings import Embeddings, parse_embeddings
 from hotlora.families import ModelFamily
-from hotlora.adapters.lora_config import MAX_NAME_CHARS, LoraWeights, module_weights  # LoraWeights: re-exported
-from hotlora.adapters.reading import ReadLimits, declared_base_model, hash_state_dict, read_files
+from hotlora.adapters.format.lora_config import MAX_NAME_CHARS, LoraWeights, module_weights  # LoraWeights: re-exported
+from hotlora.adapters.format.files import ReadLimits, declared_base_model, hash_state_dict, read_files
 from hotlora.errors import AdapterFormatError
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from hotlora.adapters.references import UnsafeReference
+from hotlora.adapters.store.references import UnsafeReference
 
 log = logging.getLogger(__name__)
 

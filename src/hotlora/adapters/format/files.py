@@ -19,8 +19,8 @@ from typing import Mapping
 
 import torch
 
-from hotlora.adapters.embeddings import embeddings_file_in, is_embeddings_file
-from hotlora.adapters.references import UnsafeReference, check_plain_file, inside
+from hotlora.adapters.format.embeddings import embeddings_file_in, is_embeddings_file
+from hotlora.adapters.store.references import UnsafeReference, check_plain_file, inside
 from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound
 from hotlora.families import REGISTERED

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from hotlora.adapters.references import parse_reference
+from hotlora.adapters.store.references import parse_reference
 from hotlora.settings import read_config_file
 from hotlora.errors import HotloraError
 
