@@ -61,7 +61,7 @@ def denoiser_layers(model: str | os.PathLike) -> tuple[str, dict[str, tuple[int,
     import torch
 
     from hotlora.adapters.families import FAMILIES
-    from hotlora.engine.writers.slots import ceiling_modules
+    from hotlora.engine.writers.base import ceiling_modules
 
     model = Path(model)
     index = json.loads((model / "model_index.json").read_text())
