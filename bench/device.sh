@@ -108,7 +108,7 @@ print(f"python {platform.python_version()} at {sys.executable}")
 failed = []
 for name in ("torch", "diffusers", "peft", "transformers", "accelerate", "huggingface_hub", "safetensors",
              "PIL", "requests", "numpy", "hotlora", "hotlora.engine", "hotlora.engine.runner", "hotlora.testing",
-             "hotlora.adapters.families", "bench.swap", "bench.gpu_flux"):
+             "hotlora.families", "bench.swap", "bench.gpu_flux"):
     try:
         module = importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - every failure is reported, then the run stops

@@ -82,7 +82,7 @@ def timed_pack(pipeline, args, eager: bool = False) -> float:
 def measure(args) -> dict:
     from bench.rank_buckets import quarter_adapter
     from hotlora import Engine
-    from hotlora.adapters.families import family_of_pipeline
+    from hotlora.families import family_of_pipeline
     from hotlora.engine.pipeline import compile_denoiser, graph_count
 
     served, reference = pipelines(args.model)

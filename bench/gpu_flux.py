@@ -82,7 +82,7 @@ def build_full_flux(layers: int, single_layers: int, device: str = "cuda", heads
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    from hotlora.tiny import _clip_tokenizer, _t5_tokenizer
+    from hotlora.families._tiny import clip_tokenizer, t5_tokenizer
 
     torch.manual_seed(0)
     previous = torch.get_default_dtype()
@@ -106,7 +106,7 @@ def build_full_flux(layers: int, single_layers: int, device: str = "cuda", heads
     finally:
         torch.set_default_dtype(previous)
     return FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
-                        tokenizer=_clip_tokenizer(), text_encoder_2=text_encoder_2, tokenizer_2=_t5_tokenizer(),
+                        tokenizer=clip_tokenizer(), text_encoder_2=text_encoder_2, tokenizer_2=t5_tokenizer(),
                         transformer=transformer)
 
 
@@ -182,7 +182,7 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_flux.py needs a CUDA device (or --device cpu for a smoke test)")
     from hotlora import Engine
-    from hotlora.adapters.families import family_named
+    from hotlora.families import family_named
 
     from bench.gpu_rows import (
         KEPT_RANK, adapters, fused_kept_rows, fused_swap_measurements, plan_activation_check, quantized_effect, record_finite,

@@ -73,7 +73,7 @@ def quarter_adapter(engine, rank: int) -> dict:
 
 def build(name, root, args, options):
     from hotlora import Engine
-    from hotlora.adapters.families import family_of_pipeline
+    from hotlora.families import family_of_pipeline
 
     gc.collect()
     before = rss_bytes()
@@ -86,7 +86,7 @@ def build(name, root, args, options):
 
 
 def plain_diffusers(name, root, args, adapter):
-    from hotlora.adapters.families import family_of_pipeline
+    from hotlora.families import family_of_pipeline
     from hotlora.engine.pipeline import compile_denoiser
 
     pipeline, size = pipeline_of(name, root, args.target_rank)

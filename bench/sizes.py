@@ -75,15 +75,14 @@ def serve(spec: dict) -> None:
 
 
 def build_engine(spec: dict):
-    import hotlora.engine.core as core
     from hotlora import Engine
+    from hotlora.families import family_named
 
-    core.DYNAMIC_SIZES[spec["family"]] = spec["mode"] != "static"
+    # An instance attribute over the family's declared ``dynamic_sizes``: this process builds one engine.
+    family_named(spec["family"]).dynamic_sizes = spec["mode"] != "static"
     options = {"target_rank": 8, "batch_size": spec["batch"], "compile": spec["compile"], "sizes": spec["sizes"]}
     if not spec.get("full"):
         return Engine.from_pretrained(spec["model"], **options)
-    from hotlora.adapters.families import family_named
-
     from bench.gpu_flux import _record_finite, build_full_flux
 
     pipeline = build_full_flux(**spec["full"], device=spec["device"])

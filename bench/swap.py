@@ -181,7 +181,7 @@ def with_own_transformer(base):
 def full_width_rows(base, target_rank: int, repeats: int) -> list[dict]:
     """The swap rows on real-width Flux blocks."""
     from hotlora import Engine
-    from hotlora.adapters.families import family_named
+    from hotlora.families import family_named
 
     engine = Engine(with_own_transformer(base), family_named("flux"), target_rank=target_rank, batch_size=1,
                     compile=False, height=64, width=64, defaults={"num_inference_steps": 1})
@@ -195,7 +195,7 @@ def full_width_overhead_rows(base, target_rank: int, runs: int) -> list[dict]:
     a copy of the transformer per engine, runs interleaved."""
     from bench.gpu_flux import _adapters
     from hotlora import Engine
-    from hotlora.adapters.families import family_named
+    from hotlora.families import family_named
 
     low = max(1, target_rank // 4)
     configs = [  # (label, engine options, adapter rank)

@@ -31,10 +31,10 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
 def encoders(full_size: bool):
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from hotlora.tiny import _clip_config, _clip_tokenizer
+    from hotlora.families._tiny import clip_config, clip_tokenizer
 
-    config = CLIPTextConfig(**CLIP_L) if full_size else _clip_config()
-    return SimpleNamespace(text_encoder=CLIPTextModel(config).eval(), tokenizer=_clip_tokenizer())
+    config = CLIPTextConfig(**CLIP_L) if full_size else clip_config()
+    return SimpleNamespace(text_encoder=CLIPTextModel(config).eval(), tokenizer=clip_tokenizer())
 
 
 def request(text_encoder, rank: int, seed: int):
@@ -72,7 +72,7 @@ def median_ms(run, runs: int) -> float:
 def measure(label: str, full_size: bool, rank: int, runs: int) -> dict:
     import torch
 
-    from hotlora.adapters.families import family_named
+    from hotlora.families import family_named
     from hotlora.engine.writers.fused import FusedWriter
     from hotlora.engine.writers.text import TextEncodersWriter, _lora_root, _text_weights
 

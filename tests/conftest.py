@@ -13,11 +13,13 @@ from .helpers import TARGET_RANK  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
-    """Both tiny pipelines, saved once per session (built offline, loaded via from_pretrained)."""
+    """Every registered family's tiny pipeline, saved once per session (built offline, loaded via
+    from_pretrained)."""
+    from hotlora.families import FAMILIES
     from hotlora.testing import save_tiny_model
 
     root = tmp_path_factory.mktemp("models")
-    return {family: save_tiny_model(root / family, family, target_rank=TARGET_RANK) for family in ("flux", "sdxl")}
+    return {family: save_tiny_model(root / family, family, target_rank=TARGET_RANK) for family in FAMILIES}
 
 
 @pytest.fixture(scope="session", autouse=True)

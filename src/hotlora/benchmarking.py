@@ -60,12 +60,12 @@ def denoiser_layers(model: str | os.PathLike) -> tuple[str, dict[str, tuple[int,
     import diffusers
     import torch
 
-    from hotlora.adapters.families import FAMILIES
     from hotlora.engine.writers.base import ceiling_modules
+    from hotlora.families import family_of_model_index
 
     model = Path(model)
     index = json.loads((model / "model_index.json").read_text())
-    family = next(f for f in FAMILIES.values() if f.pipeline_class == index["_class_name"] or f.denoiser in index)
+    family = family_of_model_index(index)
     cls = getattr(diffusers, index[family.denoiser][1])
     with torch.device("meta"):
         denoiser = cls.from_config(cls.load_config(str(model / family.denoiser)))

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from hotlora.errors import DoesNotFit, HotloraError, RequestError
+from hotlora.families import DEFAULT_FAMILY, FAMILIES, full_size_names
 
 log = logging.getLogger("hotlora")
 # hotlora.engine.plan.ACCELERATORS' names, here so the parser is built without importing torch.
@@ -78,7 +79,7 @@ def cmd_generate(args) -> int:
 
 
 def _cli_store(args):
-    from hotlora.adapters.families import family_named
+    from hotlora.families import family_named
     from hotlora.adapters.store import AdapterStore
     from hotlora.config import StoreConfig
 
@@ -144,7 +145,8 @@ def cmd_plan(args) -> int:
     config, _ = serve_settings(args)
     model = args.model_name or config.model
     if model is None:
-        print("error: name a model: a local folder, a Hub id in the local cache, or flux-dev / sdxl", file=sys.stderr)
+        print("error: name a model: a local folder, a Hub id in the local cache, or one of "
+              f"{' / '.join(full_size_names())}", file=sys.stderr)
         return 2
     engine_config = config.engine_config()
     device = engine_config.device or ("cuda" if args.gpu else default_device())
@@ -219,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tiny = sub.add_parser("tiny-model", help="build a tiny offline pipeline and sample adapters")
     tiny.add_argument("dir")
-    tiny.add_argument("--family", choices=["flux", "sdxl"], default="flux")
+    tiny.add_argument("--family", choices=list(FAMILIES), default=DEFAULT_FAMILY)
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(run=cmd_tiny_model)
 
@@ -249,8 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="the memory plan of `hotlora serve` with these settings: per part, per "
                                        "size, the largest chunk that fits, and a verdict")
     plan.add_argument("model_name", nargs="?", metavar="MODEL",
-                      help="a local folder, a Hub id whose snapshot is in the local cache, or flux-dev / sdxl "
-                           "(the published configurations; default: --model)")
+                      help="a local folder, a Hub id whose snapshot is in the local cache, or "
+                           f"{' / '.join(full_size_names())} (the published configurations; default: --model)")
     plan.add_argument("--gpu", choices=sorted(ACCELERATOR_NAMES), help="plan for this accelerator (CUDA, "
                                                                         "its nominal memory)")
     plan.add_argument("--json", action="store_true", help="the plan as JSON")
@@ -279,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("ref", help="path, https://, s3://, hf:// or catalog name")
         if name == "convert":
             cmd.add_argument("out", help="output directory")
-        cmd.add_argument("--family", choices=["flux", "sdxl"], default="flux")
+        cmd.add_argument("--family", choices=list(FAMILIES), default=DEFAULT_FAMILY)
         cmd.add_argument("--cache-dir", default=".cache/hotlora")
         cmd.add_argument("--catalog", default=None)
         cmd.set_defaults(run=run)

@@ -12,11 +12,14 @@ from typing import Mapping
 
 import torch
 
+from hotlora.families.flux import Flux, kohya_lora as kohya_flux_lora, xlabs_lora as xlabs_flux_lora
+from hotlora.families.sdxl import StableDiffusionXL, save_kohya_lora as save_kohya_sdxl_lora
 from hotlora.tiny import (
-    TINY_SIZE, build_tiny_flux, build_tiny_pipeline, build_tiny_sdxl, denoiser_linears, kohya_flux_lora,
-    random_lora, save_diffusers_lora, save_kohya_sdxl_lora, save_peft_lora, save_tiny_model, write_sample_adapters,
-    xlabs_flux_lora,
+    TINY_SIZE, build_tiny_pipeline, denoiser_linears, random_lora, save_diffusers_lora, save_peft_lora,
+    save_tiny_model, write_sample_adapters,
 )
+
+build_tiny_flux, build_tiny_sdxl = Flux().build_tiny, StableDiffusionXL().build_tiny
 
 __all__ = [  # the tiny models' helpers, re-exported, and this module's own
     "TINY_SIZE", "build_tiny_flux", "build_tiny_pipeline", "build_tiny_sdxl", "denoiser_linears", "kohya_flux_lora",
@@ -94,15 +97,21 @@ def random_conv_lora(convs: Mapping[str, tuple[int, int, int, int]], rank: int, 
     return sd
 
 
+# sd-scripts' ss_base_model_version -> the network module and modelspec architecture it writes.
+SD_SCRIPTS_NETWORKS = {"flux1": ("networks.lora_flux", "flux-1-dev/lora"),
+                       "sdxl_base_v1-0": ("networks.lora", "stable-diffusion-xl-v1-base/lora")}
+
+
 def sd_scripts_metadata(base_model_version: str, rank: int, alpha: float | None,
                         network_args: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ``ss_*`` / ``modelspec.*`` header fields sd-scripts writes (all strings, as safetensors wants);
     ``network_args`` as ``--network_args`` saves them (``{"conv_dim": "8", "conv_alpha": "4"}`` for LoCon)."""
+    network_module, architecture = SD_SCRIPTS_NETWORKS.get(base_model_version, SD_SCRIPTS_NETWORKS["sdxl_base_v1-0"])
     meta = {
-        "ss_network_module": "networks.lora_flux" if base_model_version.startswith("flux") else "networks.lora",
+        "ss_network_module": network_module,
         "ss_network_dim": str(rank), "ss_base_model_version": base_model_version, "ss_output_name": "corpus",
         "ss_training_comment": "None", "sshs_model_hash": "0" * 64, "modelspec.sai_model_spec": "1.0.0",
-        "modelspec.architecture": "flux-1-dev/lora" if base_model_version.startswith("flux") else "stable-diffusion-xl-v1-base/lora",
+        "modelspec.architecture": architecture,
     }
     if alpha is not None:
         meta["ss_network_alpha"] = str(float(alpha))
@@ -148,11 +157,16 @@ def text_encoder_linears(pipeline, encoder: str) -> dict[str, tuple[int, int]]:
 
 
 def random_embeddings(pipeline, family: str, tokens: int, seed: int) -> dict[str, torch.Tensor]:
-    """Pivotal-tuning vectors keyed as diffusers' advanced scripts save them: ``clip_l`` and
-    ``clip_g`` (SDXL) or ``clip_l`` and ``t5`` (Flux), [tokens, the encoder's width]."""
+    """Pivotal-tuning vectors keyed as diffusers' advanced scripts save them (the family's first
+    embedding key per text encoder: ``clip_l`` and ``clip_g`` on SDXL, ``clip_l`` and ``t5`` on
+    Flux), [tokens, the encoder's width]."""
+    from hotlora.families import family_named
+
     g = torch.Generator().manual_seed(seed)
-    keys = {"sdxl": (("clip_l", "text_encoder"), ("clip_g", "text_encoder_2")),
-            "flux": (("clip_l", "text_encoder"), ("t5", "text_encoder_2"))}[family]
+    first: dict[str, str] = {}
+    for key, encoder in family_named(family).embedding_keys:
+        first.setdefault(encoder, key)
+    keys = [(key, encoder) for encoder, key in first.items()]
     return {key: torch.randn(tokens, getattr(pipeline, te).get_input_embeddings().embedding_dim, generator=g)
             for key, te in keys}
 
@@ -167,7 +181,7 @@ def save_pivotal_lora(path: Path, family: str, denoiser_sd: Mapping[str, torch.T
     from peft import LoraConfig
     from safetensors.torch import save_file
 
-    from hotlora.adapters.families import family_named, pipeline_class
+    from hotlora.families import family_named
 
     fam = family_named(family)
     path.mkdir(parents=True, exist_ok=True)
@@ -178,7 +192,7 @@ def save_pivotal_lora(path: Path, family: str, denoiser_sd: Mapping[str, torch.T
             part_rank = next(v.shape[0] for k, v in sd.items() if ".lora_A." in k)  # each part its own rank
             kwargs[f"{part}_lora_adapter_metadata"] = LoraConfig(
                 r=part_rank, lora_alpha=alpha, target_modules=sorted({k.split(".lora_")[0] for k in sd})).to_dict()
-    pipeline_class(fam).save_lora_weights(str(path), **kwargs)
+    fam.pipeline_type.save_lora_weights(str(path), **kwargs)
     if embeddings:
         save_file({k: v.contiguous() for k, v in embeddings.items()}, str(path / f"{path.name}_emb.safetensors"))
     return path
@@ -200,7 +214,7 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
     adapter is loaded (e.g. torchao's ``quantize_`` on the denoiser)."""
     from diffusers import DiffusionPipeline
 
-    from hotlora.adapters.families import TOKENIZER_OF, family_of_pipeline
+    from hotlora.families import family_of_pipeline
 
     pipeline = DiffusionPipeline.from_pretrained(str(model_dir), local_files_only=True)
     pipeline.set_progress_bar_config(disable=True)
@@ -216,12 +230,13 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
         weights.append(scale)
     if names:
         pipeline.set_adapters(names, weights)
-    targets = dict(family_of_pipeline(pipeline).embedding_keys)
+    family = family_of_pipeline(pipeline)
+    targets = dict(family.embedding_keys)
     for tensors, tokens in embeddings:
         for key, vectors in tensors.items():
             encoder = targets[key]
             pipeline.load_textual_inversion(vectors, token=list(tokens), text_encoder=getattr(pipeline, encoder),
-                                            tokenizer=getattr(pipeline, TOKENIZER_OF[encoder]))
+                                            tokenizer=getattr(pipeline, family.tokenizer_of[encoder]))
     generators = [torch.Generator().manual_seed(seed + i) for i in range(num_images)]
     return pipeline(prompt=prompt, num_images_per_prompt=num_images, generator=generators,
                     num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, height=height,

@@ -5,6 +5,8 @@ import socket
 
 import pytest
 
+from hotlora.families import FAMILIES, family_named
+
 MIXED_BATCH = 3
 
 
@@ -27,13 +29,13 @@ def s3_endpoint(monkeypatch):
     server.stop()
 
 
-@pytest.fixture(scope="session", params=["flux", "sdxl"])
+@pytest.fixture(scope="session", params=list(FAMILIES))
 def mixed(request, tiny_models, tmp_path_factory):
     """A compiled mixed-batch engine per family and a pool of adapters for it, shared by the test
     modules that serve through one (compiles are most of CI's time). Tests turn recompiles into
     errors themselves: a session-wide switch would fail other engines' warm-ups."""
     from hotlora import Engine
-    from hotlora.testing import random_lora, save_diffusers_lora, save_kohya_sdxl_lora
+    from hotlora.testing import random_lora, save_diffusers_lora
 
     from ..helpers import TARGET_RANK
 
@@ -48,9 +50,9 @@ def mixed(request, tiny_models, tmp_path_factory):
         rank = rng.randint(1, TARGET_RANK)
         modules = rng.sample(sorted(linears), rng.randint(len(linears) // 3, len(linears)))
         sd = random_lora(linears, rank, seed=1000 + i, modules=modules)
-        if family == "sdxl" and i == 5:
-            attention = {k: v for k, v in sd.items() if ".attn" in k}
-            pool.append(save_kohya_sdxl_lora(pool_dir / f"a{i}.safetensors", attention, alpha=rank / 2))
+        trainer = pool_dir / f"a{i}.safetensors"
+        if i == 5 and family_named(family).trainer_lora(trainer, linears, sd, rank, seed=1000 + i) is not None:
+            pool.append(trainer)
         else:
             pool.append(save_diffusers_lora(pool_dir / f"a{i}", family, sd, rank=rank, alpha=rng.choice([rank, 2 * rank])))
     return family, tiny_models[family], engine, pool

@@ -11,14 +11,13 @@ import json
 import pytest
 import torch
 
-from hotlora.adapters.families import family_named
+from hotlora.families import FAMILIES, family_named
 from hotlora.adapters.formats import load_adapter
 from hotlora.errors import AdapterFormatError
 from hotlora.testing import denoiser_linears, random_lora
 
 from ..helpers import assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas
 
-FAMILIES = ["flux", "sdxl"]
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +80,13 @@ def some_modules(linears, family):
 
 def save_with_diffusers(tmp_path, family, sd, metadata=None, dtype=None):
     """What diffusers' training scripts do: ``save_lora_weights`` with ``*_lora_adapter_metadata``."""
-    from hotlora.adapters.families import pipeline_class
 
     fam = family_named(family)
     layers = {k: (v.to(dtype) if dtype else v) for k, v in sd.items()}
     kwargs = {f"{fam.denoiser}_lora_layers": layers}
     if metadata is not None:
         kwargs[f"{fam.denoiser}_lora_adapter_metadata"] = metadata
-    pipeline_class(fam).save_lora_weights(str(tmp_path), **kwargs)
+    fam.pipeline_type.save_lora_weights(str(tmp_path), **kwargs)
     return tmp_path / "pytorch_lora_weights.safetensors"
 
 
@@ -159,7 +157,6 @@ def test_text_encoder_layers_saved_beside_the_denoiser(pipelines, tmp_path, fami
     part equals what diffusers loads into the denoiser and the text encoders; nothing is skipped."""
     from peft import LoraConfig
 
-    from hotlora.adapters.families import pipeline_class
 
     pipeline = pipelines(family)
     fam = family_named(family)
@@ -174,7 +171,7 @@ def test_text_encoder_layers_saved_beside_the_denoiser(pipelines, tmp_path, fami
         layers = random_lora(linear_layers(encoder), 2, seed=7)
         kwargs[f"{name}_lora_layers"] = layers
         kwargs[f"{name}_lora_adapter_metadata"] = LoraConfig(r=2, lora_alpha=2, target_modules=targets(layers)).to_dict()
-    pipeline_class(fam).save_lora_weights(str(tmp_path), **kwargs)
+    fam.pipeline_type.save_lora_weights(str(tmp_path), **kwargs)
     path = tmp_path / "pytorch_lora_weights.safetensors"
 
     adapter = hotlora_adapter(pipeline, family, path)

@@ -13,12 +13,8 @@ from hotlora import Engine
 from hotlora.adapters.binding import Binding
 from hotlora.engine.pipeline import graph_count
 from hotlora.errors import AdapterNotFound, AdapterRejected, InvalidRequest
-from hotlora.testing import (
-    kohya_flux_lora,
-    random_lora,
-    save_diffusers_lora,
-    save_kohya_sdxl_lora,
-)
+from hotlora.families import FAMILIES, family_named
+from hotlora.testing import random_lora, save_diffusers_lora
 
 from ..helpers import TARGET_RANK, recompiles_are_errors, engine_reference
 
@@ -28,7 +24,7 @@ STEPS = 3
 N = 4  # with batch_size 3: one full chunk and a last chunk of 1
 
 
-@pytest.fixture(scope="module", params=["flux", "sdxl"])
+@pytest.fixture(scope="module", params=list(FAMILIES))
 def warm(request, tiny_models):
     family = request.param
     engine = Engine.from_pretrained(tiny_models[family], target_rank=TARGET_RANK, batch_size=3, compile=True)
@@ -49,10 +45,11 @@ def served(engine, adapters, num_images=N, seed=0):
 
 def random_pairs(family, model_dir, pipeline_linears, tmp_path):
     """Six adapter pairs: ranks 1..target, scales 0..1.5, random module subsets, alphas != rank;
-    one pair in kohya layout, one with the style slot empty, one given as an in-memory state dict."""
+    one pair in the family's trainer layout (kohya), one with the style slot empty, one given as an in-memory state dict."""
     rng = random.Random(f"contract-{family}")
     names = sorted(pipeline_linears)
-    prefix = "transformer" if family == "flux" else "unet"
+    fam = family_named(family)
+    prefix = fam.denoiser
     pairs = []
     for k in range(6):
         pair = {}
@@ -65,20 +62,9 @@ def random_pairs(family, model_dir, pipeline_linears, tmp_path):
             path = tmp_path / f"{family}-{k}-{slot}"
             if slot == "style" and k == 3:
                 pair[slot] = (None, 0.0)
-            elif slot == "identity" and k == 2:
-                if family == "flux":
-                    from safetensors.torch import save_file
-
-                    blocks = sum(1 for n in names if n.endswith("attn.to_out.0") and n.startswith("transformer_blocks"))
-                    file = path.with_suffix(".safetensors")
-                    save_file(kohya_flux_lora(pipeline_linears, blocks, rank, alpha=rank * 1.5, seed=seed), str(file))
-                    pair[slot] = (file, scale)
-                else:
-                    # kohya names flatten dots to underscores; diffusers maps attention layers back
-                    # faithfully, not every layer (add_embedding.linear_1 comes back mangled).
-                    attention = {key: v for key, v in sd.items() if ".attn" in key}
-                    file = path.with_suffix(".safetensors")
-                    pair[slot] = (save_kohya_sdxl_lora(file, attention, alpha=rank / 2), scale)
+            elif slot == "identity" and k == 2 and fam.trainer_lora(path.with_suffix(".safetensors"), pipeline_linears,
+                                                                  sd, rank, seed) is not None:
+                pair[slot] = (path.with_suffix(".safetensors"), scale)
             elif slot == "identity" and k == 5:
                 pair[slot] = ({f"{prefix}.{key}": v for key, v in sd.items()}, scale)
             else:
@@ -138,7 +124,8 @@ def test_rejections_leave_the_engine_warm_and_unchanged(warm, tmp_path):
     linears = dict(engine.ceiling.modules)
     module = sorted(linears)[0]
     in_f, out_f = linears[module]
-    prefix = "transformer" if family == "flux" else "unet"
+    fam = family_named(family)
+    prefix = fam.denoiser
     hostile = {
         f"{prefix}.{module}.lora_A.weight": torch.full((TARGET_RANK * 2, in_f), float("nan")),
         f"{prefix}.{module}.lora_B.weight": torch.zeros(out_f, TARGET_RANK * 2),
@@ -222,6 +209,20 @@ def test_swaps_copy_in_place_without_growth(warm):
     assert tensors_after <= tensors_before
     assert [(n, p.data_ptr(), tuple(p.shape)) for n, p in engine.denoiser.named_parameters()] == params_before
     engine.writer.check_intact()
+
+
+def test_the_base_is_restored_bit_for_bit(warm, tmp_path):
+    """After adapters were served, a request without any gives the very same latents as before, and
+    every base weight of the denoiser holds the very same bits."""
+    family, model_dir, engine = warm
+    base = {name: p.detach().clone() for name, p in engine.denoiser.named_parameters() if "lora_" not in name}
+    before = served(engine, {}, num_images=2)
+    for pair in random_pairs(family, model_dir, dict(engine.ceiling.modules), tmp_path)[:3]:
+        served(engine, as_request(pair), num_images=2)
+    assert torch.equal(served(engine, {}, num_images=2), before)
+    changed = [name for name, p in engine.denoiser.named_parameters() if name in base and not torch.equal(p, base[name])]
+    assert not changed and len(base) > 0, changed[:5]
+    assert engine.recompiles == 0
 
 
 def test_the_recompile_guard_is_live(warm):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hotlora import Engine
-from hotlora.adapters.families import family_named
+from hotlora.families import family_named
 from hotlora.adapters.formats import load_adapter
 from hotlora.cli import main
 from hotlora.config import StoreConfig

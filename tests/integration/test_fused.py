@@ -19,6 +19,7 @@ import torch
 from hotlora import Engine
 from hotlora.adapters.binding import Binding
 from hotlora.errors import AdapterRejected, InvalidRequest
+from hotlora.families import FAMILIES
 from hotlora.testing import (
     kohya_flux_lora,
     random_conv_lora,
@@ -42,7 +43,7 @@ THROUGH_THE_ENGINE = 40  # every 40th swap is a full compiled request
 NARROW = {"flux": r"transformer_blocks\.0\.attn\.to_q", "sdxl": r".*attn1\.to_q"}
 
 
-@pytest.fixture(scope="module", params=["flux", "sdxl"])
+@pytest.fixture(scope="module", params=list(FAMILIES))
 def fused(request, tiny_models):
     family = request.param
     engine = Engine.from_pretrained(tiny_models[family], adapter_mode="fused", target_rank=TARGET_RANK,
@@ -221,7 +222,7 @@ def test_freezing_would_bake_the_weights_in_and_is_refused(fused):
         engine.writer.enter("fused")
 
 
-@pytest.mark.parametrize("family", ["flux", "sdxl"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_bfloat16_fused_weights_equal_diffusers_fuse_lora(tiny_models, tmp_path, family):
     """Eager (the weights are what is compared): hotlora's merge vs diffusers' ``fuse_lora``, both in
     bf16, within one bf16 rounding (diffusers rounds the delta, then the sum; hotlora the sum once).

@@ -6,7 +6,7 @@ in one batch must keep their own. On the session's compiled ``mixed`` engines, w
 
 import pytest
 
-from hotlora.adapters.families import family_named
+from hotlora.families import family_named
 from hotlora.errors import InvalidRequest
 from hotlora.testing import denoiser_linears, random_embeddings, random_lora, save_pivotal_lora, text_encoder_linears
 

@@ -158,7 +158,7 @@ def test_a_packed_adapter_still_serialises_and_exports(engine, tmp_path):
     from hotlora.adapters.diskcache import deserialize, serialize
     from hotlora.adapters.export import save_as_diffusers
     from hotlora.adapters.formats import load_adapter
-    from hotlora.adapters.families import family_named
+    from hotlora.families import family_named
 
     linears = dict(engine.ceiling.modules)
     # Uneven alphas: the packed B holds them folded in; the adapter keeps its own scalings.

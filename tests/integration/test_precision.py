@@ -21,6 +21,7 @@ import torch
 
 from hotlora import Engine
 from hotlora.errors import AdapterRejected
+from hotlora.families import FAMILIES
 from hotlora.testing import TINY_SIZE, controlled_lora, save_diffusers_lora
 
 RANK = 16
@@ -29,7 +30,7 @@ STEPS = 2
 PROMPT = "a portrait"
 
 
-@pytest.fixture(scope="module", params=["flux", "sdxl"])
+@pytest.fixture(scope="module", params=list(FAMILIES))
 def adapters(request, tiny_models, tmp_path_factory):
     """(family, model dir, {magnitude: (path, PEFT state dict)})."""
     from diffusers import DiffusionPipeline

@@ -20,6 +20,7 @@ import torch
 from hotlora import Engine
 from hotlora.config import EngineConfig
 from hotlora.engine.quantize import weight_bytes
+from hotlora.families import FAMILIES
 from hotlora.testing import random_lora, save_diffusers_lora
 
 from ..helpers import TARGET_RANK, PackRequest, engine_reference, fresh_pipeline, generate_batch, recompiles_are_errors
@@ -67,7 +68,7 @@ def distance(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-@pytest.mark.parametrize("family", ["flux", "sdxl"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_compiled_int8_base_serves_adapters_in_turn_without_recompiling(family, tiny_models, tmp_path):
     model_dir = tiny_models[family]
     # rank_buckets=(): every request here holds a full-rank adapter (the full bucket); the default's
@@ -133,7 +134,7 @@ def test_float8_is_refused_off_cuda(tiny_models):
         Engine.from_pretrained(tiny_models["flux"], base_quantization="float8", device="cpu", compile=False)
     # Built from a pipeline already loaded: the same start-up error, before anything is quantized.
     pipeline = fresh_pipeline(tiny_models["flux"])
-    from hotlora.adapters.families import family_of_pipeline
+    from hotlora.families import family_of_pipeline
 
     with pytest.raises(ValueError, match="float8.*CUDA"):
         Engine(pipeline, family_of_pipeline(pipeline), base_quantization="float8", compile=False)
@@ -141,7 +142,7 @@ def test_float8_is_refused_off_cuda(tiny_models):
 
 
 def test_an_already_quantized_denoiser_is_not_quantized_again(tiny_models):
-    from hotlora.adapters.families import family_of_pipeline
+    from hotlora.families import family_of_pipeline
 
     pipeline = fresh_pipeline(tiny_models["flux"])
     int8_base(pipeline)

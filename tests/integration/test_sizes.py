@@ -28,6 +28,7 @@ from hotlora.engine.request import RequestRules, UnservedShape, nearest_size
 from hotlora.engine.worker import Job, Worker
 from hotlora.engine.writers import install_writer
 from hotlora.errors import InvalidRequest
+from hotlora.families import family_named
 from hotlora.testing import plain_diffusers_reference, random_lora, save_diffusers_lora
 
 from ..helpers import TARGET_RANK
@@ -131,7 +132,7 @@ def test_nearest_is_closest_in_aspect_ratio_then_area():
 
 
 def test_an_eager_engine_serves_any_multiple_unless_given_sizes(tiny_models):
-    free = RequestRules("flux", {"num_inference_steps": 2, "guidance_scale": 3.5}, EngineConfig().limits,
+    free = RequestRules(family_named("flux"), {"num_inference_steps": 2, "guidance_scale": 3.5}, EngineConfig().limits,
                         ((32, 32),), 2, sizes_only=False)  # what an engine with compile=False and no sizes has
     assert free.check(PROMPT, height=48, width=40).height == 48
     with pytest.raises(InvalidRequest, match="multiple of 2"):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hotlora.adapters.diskcache import DiskCache
-from hotlora.adapters.families import family_named
+from hotlora.families import family_named
 from hotlora.adapters.formats import load_adapter
 from hotlora.adapters.references import UnsafeReference
 from hotlora.adapters.store import AdapterStore
@@ -116,7 +116,7 @@ import os, sys
 sys.path.insert(0, {src!r})
 from hotlora.adapters.diskcache import DiskCache
 from hotlora.adapters.formats import load_adapter
-from hotlora.adapters.families import family_named
+from hotlora.families import family_named
 adapter = load_adapter({ref!r}, family_named("flux"))
 calls = []
 real_fsync = os.fsync

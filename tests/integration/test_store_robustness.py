@@ -22,7 +22,7 @@ from hotlora.adapters import diskcache as diskcache_module
 from hotlora.adapters import formats
 from hotlora.adapters import store as store_module
 from hotlora.adapters.diskcache import DiskCache
-from hotlora.adapters.families import family_named
+from hotlora.families import family_named
 from hotlora.adapters.formats import Adapter, LoraWeights
 from hotlora.adapters.sources import Fetched
 from hotlora.adapters.store import AdapterStore, RamCache

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hotlora.adapters.families import family_named
+from hotlora.families import family_named
 from hotlora.adapters.formats import load_adapter
 from hotlora.adapters.references import UnsafeReference, parse_reference
 from hotlora.adapters.store import AdapterStore

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hotlora.adapters.formats import load_adapter
-from hotlora.adapters.families import family_named
+from hotlora.families import family_named
 from hotlora.errors import AdapterRejected, InvalidRequest
 from hotlora.testing import (
     denoiser_linears, random_embeddings, random_lora, save_pivotal_lora, sd_scripts_metadata, sd_scripts_sdxl_lora,

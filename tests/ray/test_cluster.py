@@ -13,6 +13,7 @@ import ray
 from PIL import Image
 
 from hotlora.deploy.routing import ATTEMPTS_HEADER, REPLICA_HEADER
+from hotlora.families import FAMILIES
 
 STEPS = 2
 TIMEOUT_S = 120  # per HTTP request: nothing in these tests may hang
@@ -98,7 +99,7 @@ def test_the_edge_refuses_what_no_replica_could_serve(cluster):
     assert missing.json()["type"] == "AdapterNotFound"
 
 
-@pytest.mark.parametrize("family", ["flux", "sdxl"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_results_through_the_cluster_equal_the_single_process_engine(cluster, tiny_models, family):
     url, config = cluster
     response = generate(url, "identity-peft", model=family, n=3, seed=11)

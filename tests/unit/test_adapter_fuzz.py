@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from hotlora.adapters.families import family_named
+from hotlora.families import family_named
 from hotlora.adapters.formats import load_adapter
 from hotlora.adapters.lora_config import Patterns as _Patterns
 from hotlora.errors import AdapterFormatError, RequestError

@@ -271,7 +271,7 @@ def test_readyz_names_the_model_by_its_id(tmp_path):
 
 
 def test_each_caller_sees_only_its_own_adapters_under_its_own_names(tmp_path):
-    from hotlora.adapters.families import family_named
+    from hotlora.families import family_named
     from hotlora.adapters.formats import load_adapter
 
     from ..helpers import write_lora

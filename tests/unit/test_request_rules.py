@@ -5,12 +5,13 @@ import pytest
 from hotlora.config import RequestLimits
 from hotlora.engine.request import RequestRules, UnservedShape
 from hotlora.errors import InvalidRequest, RequestTooLarge
+from hotlora.families import family_named
 
 DEFAULTS = {"num_inference_steps": 4, "guidance_scale": 3.5}
 
 
 def rules(sizes=((1024, 1024),), sizes_only=False, size_policy="refuse", **limits) -> RequestRules:
-    return RequestRules("flux", DEFAULTS, RequestLimits(**limits), tuple(sizes), 16, sizes_only=sizes_only,
+    return RequestRules(family_named("flux"), DEFAULTS, RequestLimits(**limits), tuple(sizes), 16, sizes_only=sizes_only,
                         size_policy=size_policy)
 
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from hotlora.adapters.formats import Adapter, LoraWeights
-from hotlora.adapters.families import family_named
+from hotlora.families import family_named
 from hotlora.adapters.resolver import AdapterResolver
 from hotlora.adapters.validate import SlotCeiling, problems_with
 from hotlora.errors import AdapterRejected

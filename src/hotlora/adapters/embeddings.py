@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from hotlora.adapters.families import Family
+from hotlora.families import ModelFamily
 from hotlora.errors import AdapterFormatError
 
 EMBEDDINGS_FILE = "embeddings.safetensors"  # the Hugging Face inference API's name
@@ -80,7 +80,7 @@ def checked_tokens(tokens, count: int, label: str) -> tuple[str, ...]:
     return tokens
 
 
-def parse_embeddings(tensors: Mapping[str, torch.Tensor], family: Family, label: str,
+def parse_embeddings(tensors: Mapping[str, torch.Tensor], family: ModelFamily, label: str,
                      tokens: Sequence[str] | None = None) -> Embeddings:
     """An embeddings file's tensors (``clip_l``, ``clip_g``, ``t5``, ...) for ``family``."""
     targets = dict(family.embedding_keys)

@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from hotlora.adapters.embeddings import EMBEDDINGS_FILE
-from hotlora.adapters.families import family_named, pipeline_class
+from hotlora.families import family_named
 from hotlora.adapters.formats import Adapter
 
 
@@ -25,7 +25,7 @@ def save_as_diffusers(adapter: Adapter, out_dir: str | Path) -> Path:
     for part, modules in parts.items():
         if modules:
             kwargs[f"{part}_lora_layers"], kwargs[f"{part}_lora_adapter_metadata"] = _layers(modules)
-    pipeline_class(family).save_lora_weights(str(out_dir), **kwargs)
+    family.pipeline_type.save_lora_weights(str(out_dir), **kwargs)
     if adapter.embeddings is not None:
         from safetensors.torch import save_file
 

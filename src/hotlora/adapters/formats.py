@@ -35,7 +35,7 @@ from typing import Mapping
 import torch
 
 from hotlora.adapters.embeddings import Embeddings, parse_embeddings
-from hotlora.adapters.families import Family, pipeline_class
+from hotlora.families import ModelFamily
 from hotlora.adapters.lora_config import MAX_NAME_CHARS, LoraWeights, module_weights  # LoraWeights: re-exported
 from hotlora.adapters.reading import ReadLimits, declared_base_model, hash_state_dict, read_files
 from hotlora.errors import AdapterFormatError
@@ -53,9 +53,6 @@ MODULE_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 # T5 LoRA keys (sd-scripts' ``lora_te3_``, ComfyUI's ``text_encoders.t5xxl.``) that diffusers' Flux
 # converters drop without a trace; listed with the skipped keys so the caller learns they are not served.
 DROPPED_T5 = ("lora_te3_", "text_encoders.t5xxl.")
-# kohya SDXL keys in SGM (Stability's original) block numbering; SDXL has 9 input, 3 middle, 9 output.
-SGM_BLOCKS = ("input_blocks", "middle_block", "output_blocks")
-MAX_SGM_BLOCKS = 64  # real SDXL files use about a dozen; diffusers' mapping is quadratic in them
 
 
 @dataclass
@@ -102,7 +99,7 @@ class Adapter:
 
 def load_adapter(
     source: str | os.PathLike | Mapping[str, torch.Tensor],
-    family: Family,
+    family: ModelFamily,
     *,
     name: str | None = None,
     denoiser_config: Mapping | None = None,
@@ -110,8 +107,8 @@ def load_adapter(
 ) -> Adapter:
     """Read ``source`` (a weights file, a directory, or a state dict) into an :class:`Adapter`.
 
-    ``denoiser_config`` is the served UNet's config; SDXL kohya files need it to map SGM block
-    numbers the way ``load_lora_weights`` does.
+    ``denoiser_config``: what the family's converter needs of the served denoiser
+    (``ModelFamily.converter_config``; SDXL's kohya files map SGM block numbers with the U-Net's config).
     """
     if isinstance(source, Mapping):
         raw, file_metadata, extra, digest = dict(source), None, {}, hash_state_dict(source)
@@ -138,7 +135,7 @@ def detect_layout(keys) -> str:
     return "diffusers"
 
 
-def _canonicalize(raw, file_metadata, extra, family: Family, label, digest, denoiser_config) -> Adapter:
+def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest, denoiser_config) -> Adapter:
     bad = [k for k, v in raw.items() if not isinstance(v, torch.Tensor)]
     if bad:
         raise AdapterFormatError(f"{label}: entries that are not tensors: {', '.join(sorted(bad)[:5])}")
@@ -286,57 +283,15 @@ def _lora_pairs(ours: dict, label: str) -> dict[str, tuple[torch.Tensor, torch.T
     return pairs
 
 
-def _diffusers_state_dict(raw, metadata, family: Family, label, denoiser_config):
+def _diffusers_state_dict(raw, metadata, family: ModelFamily, label, denoiser_config):
     """Run diffusers' own detection and conversion for this family."""
-    _check_kohya_flux_alphas(raw, family, label)
-    _check_sgm_block_numbers(raw, family, label)
-    cls = pipeline_class(family)
-    kwargs = {"return_lora_metadata": True}
-    if family.name == "flux":
-        kwargs["return_alphas"] = True
-    elif denoiser_config is not None:
-        kwargs["unet_config"] = denoiser_config
+    family.check_raw_lora(raw, label)
+    kwargs = {"return_lora_metadata": True, **family.lora_state_dict_kwargs(denoiser_config)}
     try:
-        state_dict, network_alphas, file_meta = cls.lora_state_dict(raw, **kwargs)
+        state_dict, network_alphas, file_meta = family.pipeline_type.lora_state_dict(raw, **kwargs)
     except Exception as exc:  # converters raise ValueError, KeyError, AssertionError, ...
         raise AdapterFormatError(f"{label}: diffusers cannot convert this LoRA ({type(exc).__name__}: {exc})") from exc
     return state_dict, network_alphas, metadata if metadata is not None else file_meta
-
-
-def _check_kohya_flux_alphas(raw, family: Family, label) -> None:
-    """diffusers' kohya-Flux converter splits ``alpha / rank`` between down and up in a loop
-    (``while scale_down * 2 < scale_up``) that never ends for a negative alpha: refused before it runs.
-    The trigger is the converter's own (``.lora_down.weight`` in a key)."""
-    if family.name != "flux" or not any(".lora_down.weight" in k for k in raw):
-        return
-    negative = []
-    for key, value in raw.items():
-        if not key.endswith("alpha") or value.numel() == 0 or value.is_complex() or value.dtype == torch.bool:
-            continue
-        try:
-            if bool((value.detach().double() < 0).any()):
-                negative.append(key)
-        except RuntimeError:  # a dtype without a double conversion: the converter fails on it by itself
-            continue
-    if negative:
-        raise AdapterFormatError(
-            f"{label}: negative alpha in {', '.join(sorted(negative)[:8])} "
-            "(diffusers' kohya Flux converter never finishes on it)"
-        )
-
-
-def _check_sgm_block_numbers(raw, family: Family, label) -> None:
-    """diffusers maps kohya SDXL keys in SGM block numbering (``lora_unet_input_blocks_4_1_...``) by
-    scanning every key once per distinct block number: quadratic, minutes for a few thousand made-up
-    block numbers. SDXL has a dozen per kind; a file with more is not an SDXL LoRA."""
-    if family.name != "sdxl":
-        return
-    # The block number as _maybe_map_sgm_blocks_to_diffusers reads it: the 5th "_"-separated part.
-    blocks = {key.split("_")[:5][-1] for key in raw if any(kind in key for kind in SGM_BLOCKS)}
-    if len(blocks) > MAX_SGM_BLOCKS:
-        raise AdapterFormatError(
-            f"{label}: {len(blocks)} distinct SGM U-Net block numbers; SDXL has fewer than {MAX_SGM_BLOCKS}"
-        )
 
 
 def _lora_config_fields(peft_config: dict) -> dict:

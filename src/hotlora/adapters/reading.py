@@ -23,13 +23,13 @@ from hotlora.adapters.embeddings import embeddings_file_in, is_embeddings_file
 from hotlora.adapters.references import UnsafeReference, check_plain_file, inside
 from hotlora.config import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound
+from hotlora.families import REGISTERED
 
 log = logging.getLogger(__name__)
 
 PEFT_CONFIG = "adapter_config.json"
 MAX_BASE_MODEL_CHARS = 1024
 MAX_JSON_BYTES = 1 << 20  # adapter_config.json: a few hundred bytes in practice
-DENOISER_DIRS = ("transformer", "unet")  # the pipeline subfolders of the denoisers hotlora serves
 
 
 @dataclass(frozen=True)
@@ -270,6 +270,6 @@ def _model_named_by(value: str) -> str:
     for part in parts:
         if part.startswith("models--") and part.count("--") >= 2:
             return part.removeprefix("models--").replace("--", "/", 1)
-    if len(parts) > 1 and parts[-1] in DENOISER_DIRS:
+    if len(parts) > 1 and parts[-1] in {family.denoiser for family in REGISTERED}:  # the pipelines' subfolders
         return value.replace("\\", "/").rstrip("/").rsplit("/", 1)[0] or "/"
     return value

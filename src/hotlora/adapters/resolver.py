@@ -20,18 +20,18 @@ from typing import Any, Callable, Mapping
 import torch
 
 from hotlora.adapters.binding import AdapterSpec, Binding
-from hotlora.adapters.families import Family
 from hotlora.adapters.embeddings import checked_tokens
 from hotlora.adapters.formats import Adapter, load_adapter
 from hotlora.adapters.validate import SlotCeiling, problems_with
 from hotlora.errors import AdapterFormatError, AdapterRejected, InvalidRequest
+from hotlora.families import ModelFamily
 from hotlora.lru import LRU
 
 _MEMO = 1024  # validation results remembered by content hash (checking finiteness costs a pass over the weights)
 
 
 class AdapterResolver:
-    def __init__(self, slot_names, ceiling: SlotCeiling, family: Family, store=None, denoiser_config=None,
+    def __init__(self, slot_names, ceiling: SlotCeiling, family: ModelFamily, store=None, denoiser_config=None,
                  max_scale: float = 8.0, serving_dtype: torch.dtype = torch.float32, text_problems=None):
         self.slot_names = tuple(slot_names)
         self.ceiling = ceiling

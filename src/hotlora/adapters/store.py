@@ -37,7 +37,7 @@ from hotlora.adapters import formats
 from hotlora.adapters.catalog import CatalogEntry, load_catalog
 from hotlora.adapters.fetching import PREFETCH, REQUEST, FetchersBusy, FetchJob, FetchScheduler
 from hotlora.adapters.diskcache import DiskCache, TierStats, owner_tag, sweep_orphans
-from hotlora.adapters.families import Family
+from hotlora.families import ModelFamily
 from hotlora.adapters.formats import Adapter, LoraWeights, ReadLimits, load_adapter
 from hotlora.adapters.references import Reference, parse_reference
 from hotlora.adapters.remote import Deadline
@@ -126,7 +126,7 @@ def _ready_to_copy(adapter: Adapter) -> Adapter:
 
 
 class AdapterStore:
-    def __init__(self, config: StoreConfig, family: Family, *, denoiser_config: Mapping | None = None,
+    def __init__(self, config: StoreConfig, family: ModelFamily, *, denoiser_config: Mapping | None = None,
                  catalog: Mapping[str, CatalogEntry] | str | Path | None = None, hf_cache_dir: str | None = None):
         self.config = config
         self.family = family

@@ -3,14 +3,14 @@
 A config file (the same one ``hotlora serve --config`` reads) may carry a ``[ray]`` table::
 
     [ray]
-    default_model = "flux"          # where a request that names no model goes (default: the only / first one)
+    default_model = "flux-dev"      # where a request that names no model goes (default: the only / first one)
     max_attempts = 3                # a request whose replica died is sent again, at most this many times
     adapter_bytes_estimate = 268435456
 
-    [ray.models.flux]               # one Serve deployment per base model; the key is its name
+    [ray.models.flux-dev]           # one Serve deployment per base model; the key is its name
     model = "/models/FLUX.1-dev"    # what `hotlora serve --model` takes
     aliases = ["black-forest-labs/FLUX.1-dev"]
-    num_replicas = 2                # or an [ray.models.flux.autoscaling] table (Serve's autoscaling_config)
+    num_replicas = 2                # or an [ray.models.flux-dev.autoscaling] table (Serve's autoscaling_config)
     server = { target_rank = 64 }   # ServerConfig overrides for this model's engines
     store = { ram_budget_bytes = 8589934592 }
     ray_actor_options = { num_gpus = 1 }

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from hotlora.adapters.families import Family
+from hotlora.families import ModelFamily
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.resolver import AdapterResolver
 from hotlora.config import EngineConfig, StoreConfig, format_size, read_model_defaults
@@ -46,23 +46,14 @@ from hotlora.tracing import together
 
 log = logging.getLogger(__name__)
 
-FAMILY_DEFAULTS = {
-    "flux": {"num_inference_steps": 28, "guidance_scale": 3.5},
-    "sdxl": {"num_inference_steps": 30, "guidance_scale": 5.0},
-}
 RECOMPILES_PER_STATE = 8  # dynamo's default recompile limit covers the batch and CFG variants of one state
 _GRAPHS_ALLOTTED = [0]  # graphs the compiled engines of this process were allowed
-# How several served sizes share graphs, per family (bench/sizes.py measures both ways; results in
-# bench/results/sizes.md). True: the sequence (Flux) / spatial (SDXL) dimensions turn dynamic at
-# warm-up (dynamo's automatic dynamic shapes, duck shaping off): sizes after the second compile
-# nothing. False: one static graph per size and batch shape (``torch.compile(dynamic=False)``).
-DYNAMIC_SIZES = {"flux": True, "sdxl": True}
 
 
 class Engine:
-    """A warm, compiled Flux or SDXL pipeline whose adapter writer is rewritten per request."""
+    """A warm, compiled pipeline of a registered family whose adapter writer is rewritten per request."""
 
-    def __init__(self, pipeline, family: Family, config: EngineConfig | None = None, *, model: str | None = None,
+    def __init__(self, pipeline, family: ModelFamily, config: EngineConfig | None = None, *, model: str | None = None,
                  defaults: Mapping | None = None, store=None, **options):
         self.config = config = (config or EngineConfig()).replace(**options)
         self.pipeline, self.family, self.model = pipeline, family, model
@@ -70,8 +61,8 @@ class Engine:
         self.chunks: dict[str, dict] = {}  # batch_size="auto": the measured choice per size and CFG mode
         self.limits = config.limits
         self.denoiser = getattr(pipeline, family.denoiser)
-        self.defaults = {**FAMILY_DEFAULTS[family.name], **(defaults or {})}
-        size_multiple = self.pipeline.vae_scale_factor * 2  # the VAE's factor x Flux's 2x2 latent packing
+        self.defaults = {**family.defaults, **(defaults or {})}
+        size_multiple = family.size_multiple(self.pipeline.vae_scale_factor)
         sizes = self._served_sizes(config, size_multiple)
         self.height, self.width = sizes[0]  # the default size
         served = [model, Path(model).name if model else None, self.defaults.get("model_id"),
@@ -81,9 +72,8 @@ class Engine:
         self.writer: AdapterWriter = install_writer(config, self.denoiser, family.name, served)
         # The text encoders' side (LoRA merged in, embeddings in reserved rows), before any compile.
         self.text: TextWriter = install_text_writer(config, pipeline, family, self.writer.slot_names)
-        unet_config = self.denoiser.config if family.name == "sdxl" else None
         self.resolver = AdapterResolver(self.writer.slot_names, self.writer.ceiling, family, store,
-                                        denoiser_config=unet_config, max_scale=self.limits.max_scale,
+                                        denoiser_config=family.converter_config(self.denoiser), max_scale=self.limits.max_scale,
                                         serving_dtype=self.denoiser.dtype, text_problems=self.text.problems)
         self._lock = threading.Lock()  # one pack at a time: the writer's tensors are shared state
         self._recompiles, self.compile_mode = 0, None
@@ -92,9 +82,9 @@ class Engine:
         self.attention_backend = set_attention_backend(self.denoiser, config.attention_backend)
         self.step_cache = config.step_cache
         # A compiled engine serves only the sizes it warmed up at; an eager one any multiple, or its sizes.
-        self.rules = RequestRules(family.name, self.defaults, self.limits, sizes, size_multiple,
+        self.rules = RequestRules(family, self.defaults, self.limits, sizes, size_multiple,
                                   sizes_only=config.compile or bool(config.sizes), size_policy=config.size_policy)
-        self.dynamic_sizes = DYNAMIC_SIZES[family.name] if len(sizes) > 1 else None
+        self.dynamic_sizes = family.dynamic_sizes if len(sizes) > 1 else None
         self._make_warm()
 
     def _served_sizes(self, config: EngineConfig, multiple: int) -> tuple[tuple[int, int], ...]:
@@ -159,8 +149,7 @@ class Engine:
         if isinstance(store, StoreConfig):
             from hotlora.adapters.store import AdapterStore
 
-            store = AdapterStore(store, family, denoiser_config=getattr(pipeline, family.denoiser).config
-                                 if family.name == "sdxl" else None)
+            store = AdapterStore(store, family, denoiser_config=family.converter_config(getattr(pipeline, family.denoiser)))
         return cls(pipeline, family, config, model=str(model), defaults=read_model_defaults(model), store=store)
 
     def _pipeline_default_size(self) -> int:
@@ -342,11 +331,11 @@ class Engine:
         return "fused" if self.config.adapter_mode == "fused" else "slots"
 
     def _batch_factor(self, params: CallParams) -> int:
-        """SDXL runs classifier-free guidance as one doubled batch [uncond..., cond...]."""
-        return 2 if self.uses_cfg(params.guidance_scale) else 1
+        return self.family.batch_factor(params.guidance_scale)
 
     def uses_cfg(self, guidance_scale: float) -> bool:
-        return self.family.name == "sdxl" and guidance_scale > 1
+        """Whether this guidance runs as a doubled [uncond, cond] batch (the family's CFG style)."""
+        return self.family.doubles_batch(guidance_scale)
 
     @property
     def device(self) -> torch.device:

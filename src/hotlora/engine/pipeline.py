@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from hotlora.adapters.families import Family, family_of_pipeline
 from hotlora.engine.device import default_dtype
+from hotlora.families import ModelFamily, family_of_pipeline
 from hotlora.errors import HotloraError
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def load_pipeline(model: str | os.PathLike, *, dtype: torch.dtype, device: str):
     return pipeline, family
 
 
-def compile_denoiser(denoiser: torch.nn.Module, family: Family, fullgraph: bool = True,
+def compile_denoiser(denoiser: torch.nn.Module, family: ModelFamily, fullgraph: bool = True,
                      dynamic: bool | None = None) -> str:
     """Regional compilation where the model declares repeated blocks, whole-model otherwise.
     ``dynamic``: torch.compile's (None: dims that change between calls turn dynamic on their second

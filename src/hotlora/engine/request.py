@@ -22,6 +22,7 @@ from typing import Callable, Mapping
 from hotlora.adapters.binding import AdapterSpec, Binding, Bindings  # noqa: F401 (re-exported)
 from hotlora.config import RequestLimits, format_size
 from hotlora.errors import InvalidRequest, RequestTooLarge
+from hotlora.families import ModelFamily
 from hotlora.tracing import NO_TRACE, Trace
 
 OUTPUT_TYPES = ("pil", "latent", "pt", "np")
@@ -165,7 +166,7 @@ class PreparedRequest:
 class RequestRules:
     """What a request may ask of one warm engine: its defaults, limits and served sizes."""
 
-    family: str
+    family: ModelFamily
     defaults: Mapping  # num_inference_steps, guidance_scale
     limits: RequestLimits
     sizes: tuple[tuple[int, int], ...]  # (height, width) pairs warmed up; the first is the default
@@ -222,8 +223,8 @@ class RequestRules:
             problems.append("seed must be a non-negative integer")
         if output_type not in OUTPUT_TYPES:
             problems.append(f"output_type must be one of {', '.join(OUTPUT_TYPES)}")
-        if negative_prompt is not None and self.family != "sdxl":
-            problems.append(f"negative_prompt is not supported by the {self.family} family")
+        if negative_prompt is not None and not self.family.negative_prompts:
+            problems.append(f"negative_prompt is not supported by the {self.family.name} family")
         if problems:
             raise InvalidRequest("; ".join(problems))
         requested = None

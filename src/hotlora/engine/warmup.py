@@ -47,8 +47,9 @@ clock: Callable[[], float] = time.perf_counter  # replaced by tests with a fake 
 
 
 def guidance_scales(engine) -> list[float]:
-    """The guidance values whose batch shapes differ: SDXL also runs without CFG (half the batch)."""
-    return [engine.defaults["guidance_scale"], *([1.0] if engine.family.name == "sdxl" else [])]
+    """The guidance values whose batch shapes differ (the family says: under batch CFG, guidance 1
+    runs a batch half as big)."""
+    return engine.family.warmup_guidance_scales(engine.defaults["guidance_scale"])
 
 
 def candidates(limit: int) -> list[int]:
@@ -61,7 +62,7 @@ def warm_up(engine) -> None:
     """Run every batch shape steady state will see, at every served size, in every state of the
     writer, so no request compiles. Batch 1 specializes differently from larger batches, and the
     second distinct batch turns the batch dimension dynamic; the limit and a size in between cover
-    every last chunk. SDXL also runs without CFG (a batch half as big).
+    every last chunk, at each guidance whose batch shape differs (``guidance_scales``).
 
     With dynamic sizes, the second size turns the sequence / spatial dimensions dynamic (dynamo's
     automatic dynamic shapes). Duck shaping is off while compiling: with it, dims that happen to be

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from hotlora.families.sdxl import StableDiffusionXL
+
 log = logging.getLogger(__name__)
 
 SOURCE = "stabilityai/stable-diffusion-xl-base-1.0"  # the Hub repository the configs come from
@@ -103,7 +105,7 @@ def components(seed: int = 0, dtype: torch.dtype = torch.bfloat16, device: str |
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-    from hotlora.tiny import _clip_tokenizer
+    from hotlora.families._tiny import clip_tokenizer
 
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -118,7 +120,7 @@ def components(seed: int = 0, dtype: torch.dtype = torch.bfloat16, device: str |
         torch.set_default_dtype(previous)
     parts = {name: module.eval() for name, module in parts.items()}
     parts["scheduler"] = EulerDiscreteScheduler.from_config(SCHEDULER)
-    parts["tokenizer"], parts["tokenizer_2"] = _clip_tokenizer(), _clip_tokenizer()
+    parts["tokenizer"], parts["tokenizer_2"] = clip_tokenizer(), clip_tokenizer()
     return parts
 
 
@@ -195,7 +197,7 @@ def write_diffusers_lora(directory: Path, layers: dict, rank: int = 128, seed: i
     from hotlora.testing import random_lora, save_diffusers_lora
 
     sd = {k: v.half() for k, v in random_lora(layers["diffusers_unet"], rank, seed, strength=ADAPTER_STRENGTH).items()}
-    return save_diffusers_lora(directory, "sdxl", sd, rank=rank, alpha=rank)
+    return save_diffusers_lora(directory, StableDiffusionXL.name, sd, rank=rank, alpha=rank)
 
 
 def write_adapters(out: str | Path) -> dict[str, Path]:

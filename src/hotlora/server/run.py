@@ -12,16 +12,17 @@ log = logging.getLogger(__name__)
 
 
 def prepare_tiny_model(config: ServerConfig, store_config: StoreConfig) -> tuple[ServerConfig, StoreConfig]:
-    """No ``--model``: serve the built-in tiny Flux model (built once under the cache directory),
-    with its sample adapters readable and listed in a catalog."""
+    """No ``--model``: serve the built-in tiny model of the default family (built once under the
+    cache directory), with its sample adapters readable and listed in a catalog."""
     if config.model is not None:
         return config, store_config
+    from hotlora.families import DEFAULT_FAMILY
     from hotlora.tiny import save_tiny_model
 
-    tiny = Path(store_config.cache_dir) / "tiny-flux"
+    tiny = Path(store_config.cache_dir) / f"tiny-{DEFAULT_FAMILY}"
     if not (tiny / "model_index.json").is_file():
-        log.info("no --model given: building the tiny offline Flux model in %s", tiny)
-        save_tiny_model(tiny, "flux")
+        log.info("no --model given: building the tiny offline %s model in %s", DEFAULT_FAMILY, tiny)
+        save_tiny_model(tiny, DEFAULT_FAMILY)
     log.info("serving the built-in tiny model %s (sample adapters in %s)", tiny, tiny / "adapters")
     store_config = store_config.replace(local_roots=(*store_config.local_roots, tiny / "adapters"),
                                         catalog=store_config.catalog or str(tiny / "adapters" / "catalog.toml"))
@@ -45,8 +46,8 @@ class Serving:
         if self.store is None:
             from hotlora.adapters.store import AdapterStore
 
-            unet_config = engine.denoiser.config if engine.family.name == "sdxl" else None
-            self.store = AdapterStore(self.config, engine.family, denoiser_config=unet_config)
+            self.store = AdapterStore(self.config, engine.family,
+                                      denoiser_config=engine.family.converter_config(engine.denoiser))
             self.store.on_fetch = self.on_fetch
             if self.store.catalog:
                 log.info("pre-fetching %d catalog adapters", len(self.store.catalog))

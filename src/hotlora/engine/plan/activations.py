@@ -47,7 +47,8 @@ from dataclasses import dataclass
 
 import torch
 
-FLUX_TEXT_TOKENS = 512  # FluxPipeline's max_sequence_length default; the engine does not change it
+from hotlora.families import ModelFamily
+
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "bfloat16"}
 
 
@@ -67,18 +68,11 @@ def vae_scale_factor(vae_config: dict) -> int:
     return 2 ** (len(vae_config["block_out_channels"]) - 1)
 
 
-def workload(family: str, configs: dict, height: int, width: int, images: int, cfg: bool) -> Workload:
+def workload(family: ModelFamily, configs: dict, height: int, width: int, images: int, cfg: bool) -> Workload:
     """The tokens, widths and batches of one chunk of ``images`` at ``height`` x ``width``."""
     vae = configs["vae"]
     factor = vae_scale_factor(vae)
-    latent = (height // factor) * (width // factor)
-    if family == "flux":
-        denoiser = configs["transformer"]
-        tokens = latent // (2 * 2) + FLUX_TEXT_TOKENS  # Flux packs 2x2 latent patches into one token
-        layer_width = denoiser["num_attention_heads"] * denoiser["attention_head_dim"]
-    else:
-        tokens = latent
-        layer_width = configs["unet"]["block_out_channels"][0]
+    tokens, layer_width = family.plan_tokens(configs, (height // factor) * (width // factor))
     return Workload(batch=images * (2 if cfg else 1), tokens=tokens, width=layer_width, images=images,
                     pixels=height * width, vae_channels=vae["block_out_channels"][0])
 
@@ -215,5 +209,5 @@ def fit(points: list[tuple[float, int]]) -> tuple[float, float]:
     return sum(u * m for u, m in points) / sum(u * u for u, _ in points), 0.0
 
 
-__all__ = ["FLUX_TEXT_TOKENS", "Workload", "coefficient", "empty_model", "fit", "flux_blocks", "flux_forward_peak",
+__all__ = ["Workload", "coefficient", "empty_model", "fit", "flux_blocks", "flux_forward_peak",
            "peak_allocated", "predict", "unet_forward_peak", "vae_decode_peak", "workload"]

@@ -2,7 +2,7 @@
 
 A model is named as the server names it (a local folder laid out like a Hub snapshot, or a Hub id
 whose snapshot is in the local Hugging Face cache) or by a built-in name whose published
-configuration ships in ``hotlora.fullsize`` (``flux-dev``; ``sdxl`` once its module exists). Only
+configuration ships in ``hotlora.fullsize`` (each family's ``full_size_models``). Only
 ``model_index.json`` and each component's ``config.json`` are read: the parts are built from them
 with diffusers' ``from_config`` / transformers' config classes under ``torch.device("meta")``, so a
 12B transformer costs nothing to build and its parameter and buffer shapes are the real ones.
@@ -19,12 +19,10 @@ from types import SimpleNamespace
 
 import torch
 
-from hotlora.adapters.families import FAMILIES, TOKENIZER_OF, Family
+from hotlora.families import ModelFamily, family_of_model_index, full_size_model, full_size_names
 from hotlora.engine.pipeline import ModelLoadError
 
-# Built-in names -> the module of hotlora.fullsize holding the published configuration.
-BUILT_IN = {"flux-dev": "flux", "sdxl": "sdxl"}
-COMPONENTS = ("transformer", "unet", "text_encoder", "text_encoder_2", "vae")
+COMPONENTS = ("text_encoder", "text_encoder_2", "vae")  # read beside the family's denoiser
 
 
 @dataclass
@@ -32,28 +30,26 @@ class ModelSpec:
     """What the plan knows of a model: its family and each component's published config."""
 
     name: str
-    family: Family
+    family: ModelFamily
     configs: dict[str, dict]  # component -> its config.json, including the key naming its class
     classes: dict[str, tuple[str, str]]  # component -> (library, class), from model_index.json
     vocabulary: dict[str, int] = field(default_factory=dict)  # tokenizer -> tokens it holds
     folder: Path | None = None
 
 
-def _family_of(pipeline_class: str, name: str) -> Family:
-    for family in FAMILIES.values():
-        if pipeline_class == family.pipeline_class or pipeline_class.startswith(family.pipeline_class):
-            return family
-    raise ModelLoadError(f"{name}: {pipeline_class} is not a pipeline hotlora serves ({', '.join(FAMILIES)})")
+def _family_of(index: dict, name: str) -> ModelFamily:
+    try:
+        return family_of_model_index(index)
+    except ValueError as exc:
+        raise ModelLoadError(f"{name}: {exc}") from None
 
 
-# A published config names its class; the pipeline component each class is, per family.
+# A published config names its class; the pipeline component each class is (denoisers: their family's).
 COMPONENT_OF_CLASS = {
-    "FluxTransformer2DModel": ("diffusers", "transformer", "FluxPipeline"),
-    "UNet2DConditionModel": ("diffusers", "unet", "StableDiffusionXLPipeline"),
-    "AutoencoderKL": ("diffusers", "vae", None),
-    "CLIPTextModel": ("transformers", "text_encoder", None),
-    "CLIPTextModelWithProjection": ("transformers", "text_encoder_2", None),
-    "T5EncoderModel": ("transformers", "text_encoder_2", None),
+    "AutoencoderKL": ("diffusers", "vae"),
+    "CLIPTextModel": ("transformers", "text_encoder"),
+    "CLIPTextModelWithProjection": ("transformers", "text_encoder_2"),
+    "T5EncoderModel": ("transformers", "text_encoder_2"),
 }
 
 
@@ -61,25 +57,27 @@ def _built_in(name: str) -> ModelSpec:
     """A module of ``hotlora.fullsize``: ``MODEL_INDEX`` and ``COMPONENTS`` (component -> config)
     when it has them, else every module-level dict that names its class (``_class_name`` or
     ``architectures``, as a published config.json does), placed by its class."""
+    family, module_name = full_size_model(name)
     try:
-        module = importlib.import_module(f"hotlora.fullsize.{BUILT_IN[name]}")
+        module = importlib.import_module(f"hotlora.fullsize.{module_name}")
     except ImportError:
         raise ModelLoadError(f"the built-in model {name!r} has no published configuration in this "
-                             f"installation (hotlora.fullsize.{BUILT_IN[name]})") from None
-    configs, classes, pipeline = {}, {}, getattr(module, "MODEL_INDEX", {}).get("_class_name")
+                             f"installation (hotlora.fullsize.{module_name})") from None
+    configs, classes = {}, {}
     published = list(getattr(module, "COMPONENTS", {}).values()) or [
         v for v in vars(module).values() if isinstance(v, dict) and ("_class_name" in v or "architectures" in v)]
     for config in published:
         class_name = config.get("_class_name") or (config.get("architectures") or [None])[0]
-        if class_name not in COMPONENT_OF_CLASS:
+        if class_name == family.denoiser_class:
+            library, component = "diffusers", family.denoiser
+        elif class_name in COMPONENT_OF_CLASS:
+            library, component = COMPONENT_OF_CLASS[class_name]
+        else:
             continue
-        library, component, pipeline_of_class = COMPONENT_OF_CLASS[class_name]
         configs[component], classes[component] = dict(config), (library, class_name)
-        pipeline = pipeline or pipeline_of_class
-    if pipeline is None:
-        raise ModelLoadError(f"hotlora.fullsize.{BUILT_IN[name]} holds no denoiser configuration")
-    return ModelSpec(name, _family_of(pipeline, name), configs, classes,
-                     dict(getattr(module, "TOKENIZER_VOCABULARY", {})))
+    if family.denoiser not in configs:
+        raise ModelLoadError(f"hotlora.fullsize.{module_name} holds no denoiser configuration")
+    return ModelSpec(name, family, configs, classes, dict(getattr(module, "TOKENIZER_VOCABULARY", {})))
 
 
 def _from_folder(folder: Path, name: str) -> ModelSpec:
@@ -87,21 +85,22 @@ def _from_folder(folder: Path, name: str) -> ModelSpec:
         raise ModelLoadError(f"{name}: no model_index.json (a plan reads a diffusers pipeline folder, laid out "
                              "like a Hub snapshot)")
     index = json.loads((folder / "model_index.json").read_text())
+    family = _family_of(index, name)
     configs, classes = {}, {}
     for component, entry in index.items():
-        if component in COMPONENTS and isinstance(entry, list) and entry[0] is not None:
+        if component in (*COMPONENTS, family.denoiser) and isinstance(entry, list) and entry[0] is not None:
             path = folder / component / "config.json"
             if not path.is_file():
                 raise ModelLoadError(f"{name}: {path} is missing (a plan reads every component's config.json)")
             configs[component] = json.loads(path.read_text())
             classes[component] = (entry[0], entry[1])
     # Tokenizers saved in the folder are loaded as they are (build_parts): they say where the reserved rows start.
-    return ModelSpec(name, _family_of(index["_class_name"], name), configs, classes, {}, folder)
+    return ModelSpec(name, family, configs, classes, {}, folder)
 
 
 def find_model(model: str) -> ModelSpec:
     """A built-in name, a local folder, or a Hub id whose snapshot is in the local cache."""
-    if model in BUILT_IN:
+    if full_size_model(model) is not None:
         return _built_in(model)
     folder = Path(model)
     if folder.is_dir():
@@ -114,7 +113,7 @@ def find_model(model: str) -> ModelSpec:
         cached = None
     if isinstance(cached, str):
         return _from_folder(Path(cached).parent, model)
-    raise ModelLoadError(f"{model!r} is neither a built-in model ({', '.join(BUILT_IN)}), a local folder, nor a "
+    raise ModelLoadError(f"{model!r} is neither a built-in model ({', '.join(full_size_names())}), a local folder, nor a "
                          "Hub id whose model_index.json is in the local Hugging Face cache")
 
 
@@ -180,7 +179,7 @@ def build_parts(spec: ModelSpec, dtype: torch.dtype) -> SimpleNamespace:
             library, class_name = spec.classes[component]
             if component in ("text_encoder", "text_encoder_2", "vae", spec.family.denoiser):
                 setattr(parts, component, _build(component, library, class_name, config, dtype))
-    for encoder, tokenizer in TOKENIZER_OF.items():
+    for encoder, tokenizer in spec.family.tokenizer_of.items():
         if hasattr(parts, encoder):
             size = spec.vocabulary.get(tokenizer) or spec.configs[encoder].get("vocab_size")
             if spec.folder is not None and (spec.folder / tokenizer).is_dir():
@@ -192,4 +191,4 @@ def build_parts(spec: ModelSpec, dtype: torch.dtype) -> SimpleNamespace:
     return parts
 
 
-__all__ = ["BUILT_IN", "ModelSpec", "VocabularyOnly", "build_parts", "find_model", "on_meta"]
+__all__ = ["ModelSpec", "VocabularyOnly", "build_parts", "find_model", "on_meta"]

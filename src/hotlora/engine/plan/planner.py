@@ -15,10 +15,6 @@ from hotlora.engine.plan.budget import CPU_RUNTIME_BYTES, CUDA_RUNTIME_BYTES, fo
 from hotlora.engine.plan.memory import Part, static_parts
 from hotlora.engine.plan.models import find_model
 
-# The engine's default guidance per family (engine.core.FAMILY_DEFAULTS): SDXL's 5.0 runs the
-# unconditional half in the same batch; Flux-dev's guidance is an input, not a second batch.
-CFG_BATCH = {"flux": False, "sdxl": True}
-DEFAULT_SIZE = {"flux": (1024, 1024), "sdxl": (1024, 1024)}
 MAX_CHUNK_SEARCHED = 64
 
 
@@ -159,7 +155,7 @@ def plan_memory(model: str, config: EngineConfig | None = None, *, budget: int |
     device_type = torch.device(device).type
     dtype = resolve_dtype(config.dtype, device)
     spec = find_model(model)
-    family = spec.family.name
+    family = spec.family
     parts, summary = static_parts(spec, config, dtype, device_type, budget)
     notes = []
     if device_type == "cuda":
@@ -170,13 +166,15 @@ def plan_memory(model: str, config: EngineConfig | None = None, *, budget: int |
                           detail="Python and the libraries (measured on the tiny engine, bench/memory.py)"))
     table = _coefficients()
     static = sum(p.bytes for p in parts if p.where == "device" and not p.estimate)
-    sizes = config.sizes or ((config.height or DEFAULT_SIZE[family][0], config.width or DEFAULT_SIZE[family][1]),)
+    sizes = config.sizes or ((config.height or family.default_size[0], config.width or family.default_size[1]),)
     writer = "fused" if config.adapter_mode == "fused" else "slots" if config.slots else "fused"
     chunk = config.batch_limit
-    plans = [_size_plan(spec, table, dtype, writer, CFG_BATCH[family], static, budget, chunk, height, width)
+    # At the family's default guidance: under batch CFG the unconditional half shares the batch.
+    cfg = family.doubles_batch(family.default_guidance)
+    plans = [_size_plan(spec, table, dtype, writer, cfg, static, budget, chunk, height, width)
              for height, width in sizes]
     if any(p.activation_bytes is None for p in plans):
-        notes.append(f"no activation coefficients for {family} ({_dtype_name(dtype)}) in "
+        notes.append(f"no activation coefficients for {family.name} ({_dtype_name(dtype)}) in "
                      "hotlora/engine/plan/coefficients.py: bench/plan_calibrate.py measures them")
     notes.append("activations: the eager peak of one chunk (denoiser forward or VAE decode, the larger), "
                  "from coefficients measured on the CPU (engine/plan/activations.py); the text encoders' "
@@ -190,17 +188,17 @@ def plan_memory(model: str, config: EngineConfig | None = None, *, budget: int |
                 "base_quantization": config.base_quantization, "writer": summary["writer"],
                 "ceiling_modules": summary["ceiling_modules"],
                 "denoiser_parameters": summary["denoiser_parameters"]}
-    return MemoryPlan(model, family, device, _dtype_name(dtype), budget, budget_name, parts, plans, settings, notes)
+    return MemoryPlan(model, family.name, device, _dtype_name(dtype), budget, budget_name, parts, plans, settings, notes)
 
 
 def _size_plan(spec, table: dict, dtype: torch.dtype, writer: str, cfg: bool, static: int, budget: int | None,
                chunk: int, height: int, width: int) -> SizePlan:
     """One served size: the activation peak at the engine's chunk, and the largest chunk that fits."""
-    family = spec.family.name
+    family = spec.family
 
     def peak(images: int) -> tuple[int | None, dict]:
         work = activations.workload(family, spec.configs, height, width, images, cfg)
-        predicted = activations.predict(table, family, work, dtype, writer)
+        predicted = activations.predict(table, family.name, work, dtype, writer)
         if predicted["denoiser"] is None:
             return None, predicted
         return max(v for v in predicted.values() if v is not None), predicted

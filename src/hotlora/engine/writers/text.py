@@ -32,11 +32,11 @@ from typing import Mapping, Sequence
 import torch
 
 from hotlora.adapters.binding import Bindings
-from hotlora.adapters.families import PROMPT_ARGUMENT_OF, TOKENIZER_OF, Family
 from hotlora.adapters.formats import Adapter
 from hotlora.adapters.validate import problems_with
 from hotlora.engine.writers.text_lora import UnfusedTextLora
 from hotlora.errors import InvalidRequest
+from hotlora.families import ModelFamily
 
 RESERVED = re.compile(r"<hotlora-", re.IGNORECASE)  # CLIP's tokenizer lowercases before matching added tokens
 
@@ -107,16 +107,16 @@ class TextEncodersWriter:
     """Every text encoder's LoRA and reserved rows, applied per request before it is encoded (the
     ``TextWriter``)."""
 
-    def __init__(self, pipeline, family: Family, slot_names: Sequence[str], *, lora: bool = True, rows: int = 4):
+    def __init__(self, pipeline, family: ModelFamily, slot_names: Sequence[str], *, lora: bool = True, rows: int = 4):
         self.family = family
         self.slot_names = tuple(slot_names)
         present = {te: getattr(pipeline, te, None) for te in family.text_encoders}
         present = {te: module for te, module in present.items() if module is not None}
         self.lora = {te: UnfusedTextLora(_lora_root(present[te]), family.name, weights_of=_text_weights(te))
                      for te in family.lora_text_encoders if lora and te in present}
-        self.rows = {te: ReservedRows(getattr(pipeline, TOKENIZER_OF[te]), module, slot_names, rows)
+        self.rows = {te: ReservedRows(getattr(pipeline, self.family.tokenizer_of[te]), module, slot_names, rows)
                      for te, module in present.items()
-                     if rows and self.slot_names and getattr(pipeline, TOKENIZER_OF[te], None) is not None}
+                     if rows and self.slot_names and getattr(pipeline, self.family.tokenizer_of[te], None) is not None}
         self._applied: tuple | None = ()
 
     # ------------------------------------------------------------------ before anything is touched
@@ -205,7 +205,7 @@ class TextEncodersWriter:
             return texts
         out = {}
         for encoder in self.family.text_encoders:
-            argument = PROMPT_ARGUMENT_OF[encoder]
+            argument = self.family.prompt_argument_of[encoder]
             rows = self.rows.get(encoder)
             for name, text in texts.items():
                 key = name if argument == "prompt" else f"{name}_2"

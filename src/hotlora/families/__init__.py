@@ -1,0 +1,82 @@
+"""The model families hotlora serves: one ``ModelFamily`` module each, found by name, by pipeline
+class (MRO-aware, so img2img and inpaint variants resolve) or by a saved model's
+``model_index.json``.
+
+A family is registered by listing it in ``REGISTERED``; from then on the CLI's choices, the plan,
+the tiny models and the contract test (tests/integration/test_contract.py) cover it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping
+
+from hotlora.families.base import CfgStyle, ModelFamily
+from hotlora.families.flux import Flux
+from hotlora.families.sdxl import StableDiffusionXL
+
+REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL())
+FAMILIES: dict[str, ModelFamily] = {family.name: family for family in REGISTERED}
+DEFAULT_FAMILY = REGISTERED[0].name  # the built-in tiny model of `hotlora serve` with no --model
+
+
+def family_named(name: str) -> ModelFamily:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}") from None
+
+
+def family_of_class(pipeline_type: type, denoiser_class: str | None = None) -> ModelFamily:
+    """The family of a pipeline class: the one it subclasses, else the one whose LoRA mixin and
+    denoiser class it shares (variants such as FluxImg2ImgPipeline)."""
+    ranked = sorted(((family.matches(pipeline_type, denoiser_class), i) for i, family in enumerate(REGISTERED)),
+                    reverse=True)
+    best, index = ranked[0]
+    if best == 0:
+        raise ValueError(f"{pipeline_type.__name__} is not a pipeline hotlora serves ({', '.join(FAMILIES)})")
+    return REGISTERED[index]
+
+
+def family_of_pipeline(pipeline) -> ModelFamily:
+    return family_of_class(type(pipeline))
+
+
+def family_of_model_index(index: Mapping | str | Path) -> ModelFamily:
+    """The family of a saved pipeline, from its ``model_index.json`` (a folder, the file, or its contents)."""
+    if not isinstance(index, Mapping):
+        path = Path(index)
+        index = json.loads((path / "model_index.json" if path.is_dir() else path).read_text())
+    import diffusers
+
+    name = index.get("_class_name", "")
+    pipeline_type = getattr(diffusers, name, None)
+    if not isinstance(pipeline_type, type):
+        raise ValueError(f"{name or 'a model_index.json without _class_name'} is not a diffusers pipeline "
+                         f"hotlora serves ({', '.join(FAMILIES)})")
+    denoisers = [entry[1] for key, entry in index.items()
+                 if key in ("transformer", "unet") and isinstance(entry, list) and len(entry) == 2]
+    return family_of_class(pipeline_type, denoisers[0] if denoisers else None)
+
+
+def family_of_denoiser_class(class_name: str) -> ModelFamily | None:
+    """The family whose denoiser is this diffusers class, if one is registered."""
+    return next((family for family in REGISTERED if family.denoiser_class == class_name), None)
+
+
+def full_size_model(name: str) -> tuple[ModelFamily, str] | None:
+    """A built-in plan name (``flux-dev``, ``sdxl``) -> its family and the ``hotlora.fullsize`` module."""
+    for family in REGISTERED:
+        if name in family.full_size_models:
+            return family, family.full_size_models[name]
+    return None
+
+
+def full_size_names() -> list[str]:
+    return [name for family in REGISTERED for name in family.full_size_models]
+
+
+__all__ = ["CfgStyle", "DEFAULT_FAMILY", "FAMILIES", "ModelFamily", "REGISTERED", "family_named", "family_of_class",
+           "family_of_denoiser_class", "family_of_model_index", "family_of_pipeline", "full_size_model",
+           "full_size_names"]

@@ -1,0 +1,174 @@
+"""What hotlora knows of one diffusers model family, in one place.
+
+A ``ModelFamily`` reads what diffusers already says (the pipeline's LoRA mixin: which component is
+the denoiser, which text encoders take LoRA) and declares what it does not: default steps,
+guidance and size, how guidance runs (the CFG style), whether negative prompts exist, the size
+multiple, how a group of prompts is encoded, checks on a raw LoRA before diffusers' converters
+see it, the memory plan's workload, and the tiny offline model the tests build. Every place that
+would otherwise branch on a family's name asks its family instead; a new family is a subclass in a
+module of its own, registered in ``hotlora.families``.
+
+Nothing here imports torch or diffusers at import time: the Ray ingress, which runs without
+torch, imports modules that name families.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import cached_property
+from typing import Any, ClassVar, Literal, Mapping
+
+# How a pipeline runs guidance, read from its ``__call__``:
+#   none   guidance-distilled (Flux.1-dev: a guidance embedding, one pass, no negative prompt)
+#   batch  classifier-free guidance as one doubled batch [uncond..., cond...] (SDXL, SD3, SD1.5)
+#   true   a second forward pass per step (Qwen-Image's ``true_cfg_scale``, Chroma, Wan)
+CfgStyle = Literal["none", "batch", "true"]
+
+
+class ModelFamily:
+    """One family's facts. Subclasses set the class attributes; instances are registered once."""
+
+    name: ClassVar[str]
+    pipeline_class: ClassVar[str]  # the text-to-image pipeline; its LoRA mixin owns the converters
+    denoiser_class: ClassVar[str]  # the denoiser's diffusers class (a model_index.json names it)
+    default_steps: ClassVar[int]
+    default_guidance: ClassVar[float]
+    default_size: ClassVar[tuple[int, int]] = (1024, 1024)  # (height, width) of the published models
+    cfg: ClassVar[CfgStyle] = "none"
+    negative_prompts: ClassVar[bool] = False
+    # Height and width in latent pixels are multiples of this (the pixel multiple is this times
+    # the VAE's factor).
+    latent_multiple: ClassVar[int] = 1
+    # How several served sizes share compiled graphs: True turns the token / spatial dimensions
+    # dynamic at warm-up (bench/sizes.py measures both ways), False compiles one graph per size.
+    dynamic_sizes: ClassVar[bool] = True
+    # Pivotal-tuning embedding file keys -> the text encoder they extend.
+    embedding_keys: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # Each text encoder's tokenizer and the pipeline argument its prompt comes in.
+    tokenizer_of: ClassVar[Mapping[str, str]] = {"text_encoder": "tokenizer", "text_encoder_2": "tokenizer_2"}
+    prompt_argument_of: ClassVar[Mapping[str, str]] = {"text_encoder": "prompt", "text_encoder_2": "prompt_2"}
+    # Built-in plan names -> the module of ``hotlora.fullsize`` holding the published configuration.
+    full_size_models: ClassVar[Mapping[str, str]] = {}
+    tiny_size: ClassVar[int]  # image side in pixels the tiny offline model is built for
+
+    def __repr__(self) -> str:
+        return f"<ModelFamily {self.name}>"
+
+    # ------------------------------------------------------------------ read from diffusers
+
+    @cached_property
+    def pipeline_type(self) -> type:
+        import diffusers
+
+        return getattr(diffusers, self.pipeline_class)
+
+    @cached_property
+    def lora_mixin(self) -> type:
+        """The LoRA loader mixin of the pipeline: the class in its MRO that declares the loadable modules."""
+        for cls in self.pipeline_type.__mro__:
+            if cls.__name__.endswith("LoraLoaderMixin") and "_lora_loadable_modules" in vars(cls):
+                return cls
+        raise TypeError(f"{self.pipeline_class} has no LoRA loader mixin")
+
+    @cached_property
+    def denoiser(self) -> str:
+        """The pipeline attribute (and LoRA key prefix) of the model that gets the slots."""
+        loadable = self.lora_mixin._lora_loadable_modules
+        for attribute in ("transformer_name", "unet_name"):
+            name = getattr(self.lora_mixin, attribute, None)
+            if name in loadable:
+                return name
+        raise TypeError(f"{self.lora_mixin.__name__} names no denoiser among {loadable}")
+
+    @cached_property
+    def lora_text_encoders(self) -> tuple[str, ...]:
+        """Text encoders diffusers loads LoRA into: the mixin's loadable modules less the denoiser."""
+        return tuple(m for m in self.lora_mixin._lora_loadable_modules if m != self.denoiser)
+
+    @property
+    def text_encoders(self) -> tuple[str, ...]:
+        """Every text encoder an adapter can change (LoRA or embeddings), in pipeline order."""
+        return tuple(sorted({*self.lora_text_encoders, *(te for _, te in self.embedding_keys)}))
+
+    def matches(self, pipeline_type: type, denoiser_class: str | None = None) -> int:
+        """How well a pipeline class is this family's: 2 when it is (or subclasses) the family's
+        pipeline; 1 for a variant that shares the LoRA mixin and the denoiser class (img2img,
+        inpaint, ... do not subclass the text-to-image pipeline); 0 otherwise. A family sharing a
+        mixin with another (Chroma uses Flux's) is told apart by its denoiser class."""
+        names = {cls.__name__ for cls in pipeline_type.__mro__}
+        if self.pipeline_class in names:
+            return 2
+        if self.lora_mixin.__name__ not in names:
+            return 0
+        if denoiser_class is None:
+            annotation = inspect.signature(pipeline_type.__init__).parameters.get(self.denoiser)
+            denoiser_class = getattr(getattr(annotation, "annotation", None), "__name__", None)
+        return int(denoiser_class == self.denoiser_class)
+
+    # ------------------------------------------------------------------ declared: requests and guidance
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return {"num_inference_steps": self.default_steps, "guidance_scale": self.default_guidance}
+
+    def size_multiple(self, vae_scale_factor: int) -> int:
+        """Height and width in pixels must be multiples of this."""
+        return vae_scale_factor * self.latent_multiple
+
+    def doubles_batch(self, guidance_scale: float) -> bool:
+        """Whether a request at this guidance runs as a doubled [uncond, cond] batch (and encodes
+        its negative prompt)."""
+        return self.cfg == "batch" and guidance_scale > 1
+
+    def batch_factor(self, guidance_scale: float) -> int:
+        return 2 if self.doubles_batch(guidance_scale) else 1
+
+    def warmup_guidance_scales(self, default: float) -> list[float]:
+        """Guidance values whose batch shapes differ, each warmed up: under batch CFG a request
+        at guidance 1 runs a batch half as big."""
+        return [default, *([1.0] if self.cfg == "batch" and default != 1.0 else [])]
+
+    def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
+        """The pipeline's own ``encode_prompt`` on one group of prompts (one text-encoder state):
+        the embedding arguments its ``__call__`` takes instead of prompts."""
+        raise NotImplementedError(f"{self.name}: encoding prompts per group is not declared")
+
+    # ------------------------------------------------------------------ declared: adapters
+
+    def converter_config(self, denoiser) -> Mapping | None:
+        """What diffusers' converters need of the served denoiser (SDXL's kohya mapping reads the
+        U-Net's config); None when they need nothing."""
+        return None
+
+    def lora_state_dict_kwargs(self, denoiser_config: Mapping | None) -> dict:
+        """Arguments for the mixin's ``lora_state_dict`` beyond ``return_lora_metadata``."""
+        return {}
+
+    def check_raw_lora(self, raw: Mapping[str, Any], label: str) -> None:
+        """Refuse, with AdapterFormatError, a file diffusers' converter for this family would hang
+        or crash on; runs before the converter."""
+
+    # ------------------------------------------------------------------ declared: the memory plan
+
+    def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
+        """(tokens, layer width) the denoiser's activation peak scales with for one image of
+        ``latent_pixels``; ``configs``: component -> its config.json."""
+        raise NotImplementedError(f"{self.name}: no activation workload declared for the memory plan")
+
+    # ------------------------------------------------------------------ declared: the tiny offline model
+
+    def build_tiny(self, seed: int = 0):
+        """A real diffusers pipeline of this family from small configs, seeded random weights and
+        tokenizers made in memory (nothing downloaded)."""
+        raise NotImplementedError(f"{self.name}: no tiny offline model")
+
+    def trainer_lora(self, path, linears, sd, rank: int, seed: int):
+        """``sd`` (a random PEFT-form LoRA over ``linears``) rewritten at ``path`` in the layout of
+        this family's most used trainer, as that trainer writes it (what it covers may differ:
+        see each family); None when the family declares no such layout."""
+        return None
+
+    def write_trainer_samples(self, pipeline, linears, out, rank: int, attention_only) -> dict:
+        """Sample adapters in the layouts this family's trainers write (beyond diffusers and PEFT),
+        name -> path; the tiny model's ``adapters/`` hold them."""
+        return {}

@@ -1,0 +1,108 @@
+"""The family registry: facts read from diffusers match what each family's pipeline does, every
+lookup (name, pipeline class with its variants, model_index.json) finds the same family, and no
+module outside ``hotlora.families`` branches on a family's name."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from hotlora.families import (
+    DEFAULT_FAMILY, FAMILIES, REGISTERED, family_named, family_of_class, family_of_model_index, full_size_model,
+    full_size_names,
+)
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "hotlora"
+BRANCH_ON_NAME = re.compile(r'"(flux|sdxl)"|== *"sdxl"|family\.name ==', re.IGNORECASE)
+
+
+@pytest.mark.parametrize("family", REGISTERED, ids=lambda f: f.name)
+def test_facts_read_from_diffusers_agree_with_the_pipeline(family):
+    import diffusers
+
+    pipeline = getattr(diffusers, family.pipeline_class)
+    loadable = pipeline._lora_loadable_modules
+    assert family.denoiser in loadable
+    assert set(family.lora_text_encoders) == set(loadable) - {family.denoiser}
+    # The denoiser the family names is the one the pipeline's constructor takes, of the declared class.
+    import inspect
+
+    annotation = inspect.signature(pipeline.__init__).parameters[family.denoiser].annotation
+    assert annotation.__name__ == family.denoiser_class
+    # Every embedding key extends a text encoder the pipeline has, with a tokenizer it has.
+    parameters = inspect.signature(pipeline.__init__).parameters
+    for _, encoder in family.embedding_keys:
+        assert encoder in parameters and family.tokenizer_of[encoder] in parameters
+    assert family.cfg in ("none", "batch", "true")
+    if family.negative_prompts:  # served only where the pipeline takes them (Flux takes one for true CFG, not served)
+        assert "negative_prompt" in inspect.signature(pipeline.__call__).parameters
+
+
+@pytest.mark.parametrize("family", REGISTERED, ids=lambda f: f.name)
+def test_every_lookup_finds_the_same_family(family, tmp_path):
+    import diffusers
+
+    assert family_named(family.name) is family
+    assert family_of_class(family.pipeline_type) is family
+    index = {"_class_name": family.pipeline_class, family.denoiser: ["diffusers", family.denoiser_class]}
+    (tmp_path / "model_index.json").write_text(json.dumps(index))
+    assert family_of_model_index(tmp_path) is family
+    assert family_of_model_index(index) is family
+    # A subclass (a user's own pipeline) is still the family's.
+    assert family_of_class(type("MyPipeline", (getattr(diffusers, family.pipeline_class),), {})) is family
+    for name in family.full_size_models:
+        assert full_size_model(name)[0] is family and name in full_size_names()
+
+
+@pytest.mark.parametrize("variant, expected", [
+    ("FluxImg2ImgPipeline", "flux"), ("FluxInpaintPipeline", "flux"),
+    ("StableDiffusionXLImg2ImgPipeline", "sdxl"), ("StableDiffusionXLInpaintPipeline", "sdxl"),
+])
+def test_task_variants_resolve_to_their_base_family(variant, expected):
+    import diffusers
+
+    assert family_of_class(getattr(diffusers, variant)).name == expected
+
+
+def test_a_pipeline_sharing_a_mixin_but_not_the_denoiser_is_not_served():
+    """Chroma loads LoRA through Flux's mixin but is another model: refused, not served as Flux."""
+    import diffusers
+
+    with pytest.raises(ValueError, match="ChromaPipeline is not a pipeline hotlora serves"):
+        family_of_class(diffusers.ChromaPipeline)
+    with pytest.raises(ValueError, match="not a pipeline hotlora serves"):
+        family_of_model_index({"_class_name": "ChromaPipeline", "transformer": ["diffusers", "ChromaTransformer2DModel"]})
+    with pytest.raises(ValueError, match="unknown model family 'nope'"):
+        family_named("nope")
+    with pytest.raises(ValueError, match="not a diffusers pipeline"):
+        family_of_model_index({"_class_name": "NoSuchPipeline"})
+
+
+def test_guidance_styles():
+    for family in REGISTERED:
+        if family.cfg == "batch":
+            assert family.doubles_batch(family.default_guidance) and not family.doubles_batch(1.0)
+            assert family.warmup_guidance_scales(family.default_guidance) == [family.default_guidance, 1.0]
+        else:
+            assert not family.doubles_batch(family.default_guidance)
+            assert family.warmup_guidance_scales(family.default_guidance) == [family.default_guidance]
+        assert family.batch_factor(family.default_guidance) == (2 if family.cfg == "batch" else 1)
+    assert DEFAULT_FAMILY in FAMILIES
+
+
+def test_no_module_outside_the_families_branches_on_a_family_name():
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if "families" in path.relative_to(SRC).parts:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if BRANCH_ON_NAME.search(line):
+                found.append(f"{path.relative_to(SRC)}:{number}: {line.strip()}")
+    assert not found, "family facts belong in hotlora/families/:\n" + "\n".join(found)
+
+
+def test_the_check_sees_a_branch(tmp_path):
+    assert BRANCH_ON_NAME.search('if engine.family.name == "sdxl":')
+    assert BRANCH_ON_NAME.search('DEFAULTS = {"flux": 28}')
+    assert not BRANCH_ON_NAME.search('model = "flux-dev"')
