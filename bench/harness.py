@@ -64,7 +64,7 @@ def denoiser_layers(model: str | os.PathLike) -> tuple[str, dict[str, tuple[int,
     import diffusers
     import torch
 
-    from hotlora.engine.writers.slots import ceiling_modules
+    from hotlora.engine.writers.base import ceiling_modules
     from hotlora.families import family_of_model_index
 
     model = Path(model)

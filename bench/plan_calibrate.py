@@ -5,7 +5,7 @@ Builds Flux.1-dev's transformer at its real width (3072) with 1 double + 1 singl
 VAE (hotlora.fullsize.flux), and SDXL's U-Net at its real widths with one transformer layer per
 level (SDXL_UNET below), from the published configurations, zero weights, on the CPU;
 measures the allocator's peak over one forward / one decode at a few small sizes and batches
-(activations.peak_allocated), with and without the engine's slots installed (SlotBank, the LoRA
+(activations.peak_allocated), with and without the engine's slots installed (SlotsWriter, the LoRA
 layers the engine runs), in float32 and bfloat16; fits k by least squares through the origin and
 writes src/hotlora/engine/plan/coefficients.py (the fitted values, the points, the command) and
 bench/results/plan_calibrate.{json,md}. ~3.5 GB peak RSS, ~10 minutes on 2 cores.
@@ -25,7 +25,7 @@ import torch
 from hotlora.engine.plan.activations import (
     empty_model, fit, flux_blocks, flux_forward_peak, unet_forward_peak, vae_decode_peak,
 )
-from hotlora.engine.writers.slots import SlotBank
+from hotlora.engine.writers.slots import SlotsWriter
 from hotlora.fullsize.flux import TRANSFORMER, VAE
 from hotlora.fullsize.sdxl import UNET as SDXL_PUBLISHED_UNET
 
@@ -53,7 +53,7 @@ def calibrate_flux(dtype: torch.dtype) -> dict:
     model = flux_blocks(TRANSFORMER, 1, 1, dtype)
     for writer in ("none", "slots"):
         if writer == "slots":
-            SlotBank(model, "flux", ("identity", "style"), SLOT_RANK)
+            SlotsWriter(model, "flux", ("identity", "style"), SLOT_RANK)
         points = []
         for batch, side, text in FLUX_POINTS:
             units = batch * (side * side + text) * width * element
@@ -74,7 +74,7 @@ def calibrate_sdxl(dtype: torch.dtype) -> dict:
     out = {}
     for writer in ("none", "slots"):
         if writer == "slots":
-            SlotBank(unet, "sdxl", ("identity", "style"), SLOT_RANK)
+            SlotsWriter(unet, "sdxl", ("identity", "style"), SLOT_RANK)
         points = [(b * h * w * width * element, unet_forward_peak(unet, b, h, w)) for b, h, w in SDXL_POINTS]
         k, c = fit(points)
         b, h, w = SDXL_HELD_OUT

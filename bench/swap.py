@@ -160,7 +160,7 @@ def full_width_pipeline():
     """Real Flux blocks (width 3072, one double and one single block, random weights built in
     memory) in the engine's dtype for this device: an adapter over them is megabytes."""
     from bench.gpu_flux import build_full_flux
-    from hotlora.engine.pipeline import default_device, default_dtype
+    from hotlora.engine.device import default_device, default_dtype
 
     device = default_device()
     return build_full_flux(1, 1, device).to(default_dtype(device))

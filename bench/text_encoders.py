@@ -79,19 +79,19 @@ def measure(label: str, full_size: bool, rank: int, runs: int) -> dict:
 
     from hotlora.families import family_named
     from hotlora.engine.writers.fused import FusedWriter
-    from hotlora.engine.writers.text import TextEncoders, _lora_root, _text_weights
+    from hotlora.engine.writers.text import TextEncodersWriter, _lora_root, _text_weights
 
     parts = encoders(full_size)
-    text = TextEncoders(parts, family_named("flux"), ("identity", "style"), rows=4)
+    text = TextEncodersWriter(parts, family_named("flux"), ("identity", "style"), rows=4)
     requests = [request(parts.text_encoder, rank, seed) for seed in (1, 2)]
     prepare_ms = statistics.median(median_ms(lambda r=r: text.prepare(r), 1) for r in requests)  # first: not cached
     turn = iter(range(10**9))
-    bind_ms = median_ms(lambda: text.bind(requests[next(turn) % 2]), runs)
+    apply_ms = median_ms(lambda: text.apply(requests[next(turn) % 2]), runs)
     ids = parts.tokenizer("a photo of a cat", padding="max_length", max_length=77, return_tensors="pt").input_ids
     with torch.no_grad():
-        text.bind(requests[0])
+        text.apply(requests[0])
         lora_ms = median_ms(lambda: parts.text_encoder(ids), runs)
-        text.bind({})
+        text.apply({})
         base_ms = median_ms(lambda: parts.text_encoder(ids), runs)
     factor_bytes = text.nbytes
     # Before: the same LoRA merged into the weights (a FusedWriter per text encoder, as it was).
@@ -103,7 +103,7 @@ def measure(label: str, full_size: bool, rank: int, runs: int) -> dict:
     merge_ms = median_ms(lambda: merged.swap(assignments[next(turn) % 2]), runs)
     merged.swap({})
     return {"text encoder": label, "rank": rank, "prepare ms (request thread)": round(prepare_ms, 3),
-            "bind ms (unfused)": round(bind_ms, 3), "merge ms (before)": round(merge_ms, 3),
+            "bind ms (unfused)": round(apply_ms, 3), "merge ms (before)": round(merge_ms, 3),
             "encode base ms": round(base_ms, 3), "encode with LoRA ms (unfused)": round(lora_ms, 3),
             "LoRA per encode": f"{(lora_ms / base_ms - 1) * 100:+.1f}%", "factor bytes (now)": factor_bytes,
             "pristine bytes (before)": merged.pristine_bytes}

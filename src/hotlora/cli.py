@@ -140,7 +140,7 @@ def cmd_plan(args) -> int:
     """The memory plan of ``hotlora serve`` with the same settings (flags, HOTLORA_* variables,
     --config), against a named accelerator, a size, or this machine; exit status 1 when it does not fit."""
     from hotlora.engine.plan import ACCELERATORS, parse_bytes, plan_memory, this_machine
-    from hotlora.engine.pipeline import default_device
+    from hotlora.engine.device import default_device
 
     config, _ = serve_settings(args)
     model = args.model_name or config.model

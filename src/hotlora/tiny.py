@@ -30,7 +30,7 @@ def build_tiny_pipeline(family: str, seed: int = 0):
 
 def denoiser_linears(pipeline) -> dict[str, tuple[int, int]]:
     """Every Linear layer of the pipeline's denoiser: the widest slot ceiling."""
-    from hotlora.engine.writers.slots import ceiling_modules
+    from hotlora.engine.writers.base import ceiling_modules
 
     return ceiling_modules(getattr(pipeline, family_of_pipeline(pipeline).denoiser), None)
 

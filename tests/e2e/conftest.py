@@ -10,7 +10,7 @@ import uvicorn
 
 from hotlora.settings import ServerConfig, StoreConfig
 from hotlora.server.app import create_app
-from hotlora.server.run import build_worker
+from hotlora.server.run import build_serving
 
 from ..helpers import drip, free_port
 
@@ -20,8 +20,9 @@ READY_TIMEOUT_S = 600
 class RunningServer:
     def __init__(self, config: ServerConfig, store_config: StoreConfig):
         self.config = config
-        self.worker = build_worker(config, store_config)
-        app = create_app(self.worker, config)
+        self.serving = build_serving(config, store_config)
+        self.worker = self.serving.worker
+        app = create_app(self.serving, config)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port, log_level="warning",
                                                     timeout_graceful_shutdown=int(config.drain_timeout_s)))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

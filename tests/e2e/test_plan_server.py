@@ -6,13 +6,13 @@ import pytest
 
 from hotlora.settings import ServerConfig, StoreConfig
 from hotlora.errors import DoesNotFit
-from hotlora.server.run import build_worker
+from hotlora.server.run import build_serving
 
 
 def test_a_server_that_cannot_fit_refuses_to_start_with_its_plan(tiny_models, tmp_path):
     config = ServerConfig(model=str(tiny_models["flux"]), memory="1MiB", compile=False, batch_size=1)
     with pytest.raises(DoesNotFit) as refused:
-        build_worker(config, StoreConfig(cache_dir=tmp_path / "cache"))
+        build_serving(config, StoreConfig(cache_dir=tmp_path / "cache"))
     message = str(refused.value)
     assert "DOES NOT FIT" in message and "transformer" in message and "memory 1MiB" in message
     assert refused.value.plan.fits is False and refused.value.plan.budget == 2**20

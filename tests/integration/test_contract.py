@@ -169,7 +169,7 @@ def test_each_check_runs_once_per_request_through_the_python_api(warm, monkeypat
 
     family, model_dir, engine = warm
     adapters = {"identity": (str(model_dir / "adapters" / "identity-diffusers"), 0.9),
-                "style": AdapterSpec(str(model_dir / "adapters" / "style-diffusers"), 0.6)}
+                "style": AdapterSpec(ref=str(model_dir / "adapters" / "style-diffusers"), scale=0.6)}
     calls, validated = [], []
     real, problems = resolver_module.check_slots, engine.resolver._problems
     monkeypatch.setattr(resolver_module, "check_slots", lambda *a: (calls.append(a), real(*a))[1])
@@ -177,7 +177,8 @@ def test_each_check_runs_once_per_request_through_the_python_api(warm, monkeypat
     # num_images > batch_size: several chunks, each bound by the writer.
     first = served(engine, adapters, num_images=4, seed=5)
     assert len(calls) == 1 and len(validated) == 2
-    request = GenerationRequest(PROMPT, adapters, num_images=4, num_inference_steps=STEPS, seed=5, output_type="latent")
+    request = GenerationRequest(prompt=PROMPT, adapters=adapters, num_images=4, num_inference_steps=STEPS, seed=5,
+                                output_type="latent")
     assert torch.equal(engine.run(engine.prepare(request)).images, first)
 
 

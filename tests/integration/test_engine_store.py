@@ -25,13 +25,13 @@ def eager_flux(tiny_models, tmp_path_factory):
     from hotlora.adapters.store import AdapterStore
 
     config = StoreConfig(cache_dir=root / "cache", local_roots=(adapters,))
-    engine = Engine.from_pretrained(tiny_models["flux"], target_rank=8, batch_size=2, compile=False)
-    engine.store = AdapterStore(config, engine.family, catalog=adapters / "catalog.toml")
-    return engine, adapters
+    store = AdapterStore(config, family_named("flux"), catalog=adapters / "catalog.toml")
+    engine = Engine.from_pretrained(tiny_models["flux"], target_rank=8, batch_size=2, compile=False, store=store)
+    return engine, adapters, store
 
 
 def test_catalog_names_and_default_scales_resolve_through_the_store(eager_flux):
-    engine, adapters = eager_flux
+    engine, adapters, store = eager_flux
     by_name = engine.generate("a cat", adapters={"identity": "identity-diffusers", "style": {"ref": "watercolor"}},
                               num_images=2, output_type="latent", num_inference_steps=2)
     assert by_name.adapters["style"]["scale"] == 0.4 and by_name.adapters["style"]["layout"] == "kohya"
@@ -41,13 +41,13 @@ def test_catalog_names_and_default_scales_resolve_through_the_store(eager_flux):
                   "style": (load_adapter(adapters / "style-kohya.safetensors", engine.family), 0.4)},
     )
     torch.testing.assert_close(by_name.images, direct.images, atol=1e-6, rtol=0)
-    hits = engine.store.stats()["ram"]["hits"]
+    hits = store.stats()["ram"]["hits"]
     engine.generate("a cat", adapters={"style": "catalog:watercolor"}, output_type="latent", num_inference_steps=1)
-    assert engine.store.stats()["ram"]["hits"] == hits + 1
+    assert store.stats()["ram"]["hits"] == hits + 1
 
 
 def test_declared_base_model_must_match_the_served_model(eager_flux):
-    engine, adapters = eager_flux
+    engine, adapters, _ = eager_flux
     assert engine.generate("a cat", adapters={"identity": "identity-peft"}, output_type="latent",
                            num_inference_steps=1).adapters["identity"]["layout"] == "peft"  # hotlora/tiny-flux: fine
     config = json.loads((adapters / "identity-peft" / "adapter_config.json").read_text())

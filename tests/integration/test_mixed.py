@@ -72,4 +72,4 @@ def test_bank_limits_are_request_errors(mixed):
     adapter = engine.load_adapter(str(pool[0]))
     too_many = [{"identity": Binding(adapter, 0.1 * i), "style": Binding(adapter, 0.1 * i + 0.05)} for i in range(1, engine.writer.entries)]
     with pytest.raises(InvalidRequest, match="distinct adapters in one batch"):
-        engine.writer.assign(too_many)
+        engine.writer.bind(too_many)

@@ -26,9 +26,9 @@ def test_flux_transformer_peak_is_predicted_within_10_percent(table):
     model = flux_blocks(TRANSFORMER, 1, 1, torch.float32)
     for writer in ("fused", "slots"):  # fused: no LoRA layers; then the engine's slots installed
         if writer == "slots":
-            from hotlora.engine.writers.slots import SlotBank
+            from hotlora.engine.writers.slots import SlotsWriter
 
-            SlotBank(model, "flux", ("identity", "style"), 16)
+            SlotsWriter(model, "flux", ("identity", "style"), 16)
         for batch, side, text in ((1, 10, 24), (3, 7, 20)):  # 124 and 69 tokens; calibrated at 96 and 176
             measured = flux_forward_peak(model, batch, side, text)
             work = Workload(batch=batch, tokens=side * side + text, width=WIDTH, images=batch, pixels=0,

@@ -12,6 +12,7 @@ import hotlora.scaleout
 import hotlora.server
 from hotlora.settings import ServerConfig
 from hotlora.server.app import create_app
+from hotlora.server.run import Serving
 
 ROUTES = {
     ("get", "/healthz"), ("get", "/readyz"), ("get", "/metrics"), ("get", "/v1/adapters"),
@@ -24,7 +25,7 @@ class IdleWorker:
     """What the app reads of a worker, for a worker whose engine never came up."""
 
     def __init__(self, ready=True):
-        self.engine = self.resolver = self.store = self.failed = None
+        self.engine = self.failed = None
         self.depth = self.rebuilds = self.batches = self.retired_recompiles = 0
         self.max_queue = 16
         self._ready = ready
@@ -41,8 +42,9 @@ class IdleWorker:
         self.faults += 1
 
 
-def client(worker=None, **settings):
-    app = create_app(worker or IdleWorker(ready=False), ServerConfig(**settings), start_worker=False)
+def client(worker=None, store=None, **settings):
+    app = create_app(Serving(worker=worker or IdleWorker(ready=False), store=store), ServerConfig(**settings),
+                     start_worker=False)
     # A loopback server without keys answers only to loopback Host headers (not TestClient's "testserver").
     return TestClient(app, raise_server_exceptions=False, base_url="http://127.0.0.1:8000")
 
@@ -153,13 +155,12 @@ class StandInStore:
 
 
 def test_prefetch_refuses_malformed_references_up_front():
-    worker = IdleWorker(ready=False)
-    worker.store = StandInStore()
-    c = client(worker)
+    store = StandInStore()
+    c = client(IdleWorker(ready=False), store)
     for ref in ("http://127.0.0.1:99999/x", "https://h.example/a\tb", "https://[::1/x", "s3://b:1/k"):
         response = c.post("/v1/adapters/prefetch", json={"refs": ["catalog:fine", ref]})
         assert response.status_code == 422 and response.json()["type"] == "InvalidReference", response.text
-    assert worker.store.asked == []  # nothing was scheduled, not even the well-formed reference
+    assert store.asked == []  # nothing was scheduled, not even the well-formed reference
 
 
 def test_on_a_real_server_a_500_closes_the_connection_cleanly_and_a_4xx_keeps_it():
@@ -175,7 +176,8 @@ def test_on_a_real_server_a_500_closes_the_connection_cleanly_and_a_4xx_keeps_it
     from ..helpers import free_port
 
     port = free_port()
-    app = create_app(IdleWorker(ready=RuntimeError("secret detail")), ServerConfig(port=port), start_worker=False)
+    app = create_app(Serving(worker=IdleWorker(ready=RuntimeError("secret detail"))), ServerConfig(port=port),
+                     start_worker=False)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

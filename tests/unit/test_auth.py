@@ -19,6 +19,7 @@ from hotlora.server.auth import (ANONYMOUS, AuthConfigError, Forbidden, Keyring,
                                  keyring_for, new_key)
 from hotlora.server.errors import status_of
 from hotlora.server.logs import RedactURLs
+from hotlora.server.run import Serving
 
 KEY = "hlk_unit-test-key"
 
@@ -30,8 +31,8 @@ def line(key=KEY, extra=""):
 class Idle:
     """What the app reads of a worker whose engine never comes up (or a stand-in engine)."""
 
-    def __init__(self, engine=None, store=None):
-        self.engine, self.store, self.failed = engine, store, None
+    def __init__(self, engine=None):
+        self.engine, self.failed = engine, None
         self.ready = engine is not None
         self.depth = self.rebuilds = self.batches = self.retired_recompiles = 0
         self.max_queue = 16
@@ -39,7 +40,7 @@ class Idle:
 
 
 def client(worker=None, base_url="http://127.0.0.1:8000", **settings):
-    app = create_app(worker or Idle(), ServerConfig(**settings), start_worker=False)
+    app = create_app(Serving(worker=worker or Idle()), ServerConfig(**settings), start_worker=False)
     return TestClient(app, raise_server_exceptions=False, base_url=base_url)
 
 
@@ -97,7 +98,7 @@ def test_when_keys_are_required(tmp_path, caplog):
         assert keyring_for(ServerConfig(host="0.0.0.0", auth="off")) is None
     assert "AUTHENTICATION IS OFF" in caplog.text
     with pytest.raises(AuthConfigError):
-        create_app(Idle(), ServerConfig(host="0.0.0.0"), start_worker=False)
+        create_app(Serving(worker=Idle()), ServerConfig(host="0.0.0.0"), start_worker=False)
     assert [is_loopback(h) for h in ("127.0.0.1", "127.9.9.9", "localhost", "[::1]", "0.0.0.0", "::", "")] == \
         [True, True, True, True, False, False, False]
 

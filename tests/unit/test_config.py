@@ -158,13 +158,13 @@ def engine_built_by(server, store, monkeypatch) -> tuple:
     """(the worker, the EngineConfig): `hotlora serve`'s own wiring (server/run.py), with the model load
     replaced by a capture."""
     from hotlora import Engine
-    from hotlora.server.run import build_worker
+    from hotlora.server.run import build_serving
 
     def capture(model, config=None, **options):
         raise Built(model, config, options)
 
     monkeypatch.setattr(Engine, "from_pretrained", capture)
-    worker = build_worker(server, store)
+    worker = build_serving(server, store).worker
     with pytest.raises(Built) as built:
         worker._factory()  # what the worker calls to build (and rebuild) its engine
     model, config, options = built.value.args

@@ -32,7 +32,7 @@ def test_flux_dev_transformer_has_the_published_parameter_count():
 
 
 def test_slots_are_the_engine_buffers_at_every_rank(flux_dev_linears):
-    """The slot bytes come from the engine's SlotBank on meta tensors; checked here against the
+    """The slot bytes come from the engine's SlotsWriter on meta tensors; checked here against the
     layout's arithmetic: every Linear, 2 slots x rank rows of (in + out) values, bf16."""
     for rank in (16, 128):
         plan = plan_memory("flux-dev", EngineConfig(target_rank=rank), device="cuda",

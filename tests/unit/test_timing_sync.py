@@ -5,7 +5,9 @@ No GPU here: a pipeline that says it lives on ``cuda`` and a recording ``torch.c
 import torch
 
 from hotlora.engine import runner
-from hotlora.engine.runner import Timings, run_pack, synchronize
+from hotlora.engine.device import synchronize
+from hotlora.engine.request import Timings
+from hotlora.engine.runner import run_pack
 
 
 class CudaLookingPipeline:

@@ -36,7 +36,8 @@ class RecordingEngine:
 
 
 def job(prompt, images=1, steps=2, deadline=None) -> Job:
-    return Job(PreparedRequest(prompt, CallParams(steps, 3.5, 32, 32), {}, num_images=images), deadline=deadline)
+    params = CallParams(num_inference_steps=steps, guidance_scale=3.5, height=32, width=32)
+    return Job(PreparedRequest(prompt=prompt, params=params, adapters={}, num_images=images), deadline=deadline)
 
 
 def started(engine, **options) -> Worker:

@@ -31,7 +31,8 @@ class FaultyEngine:
 
 
 def job(prompt: str) -> Job:
-    return Job(PreparedRequest(prompt, CallParams(1, 1.0, 32, 32), {}))
+    return Job(PreparedRequest(prompt=prompt, params=CallParams(num_inference_steps=1, guidance_scale=1.0, height=32,
+                                                                width=32), adapters={}))
 
 
 def test_failed_rebuilds_back_off_then_give_up_with_503s():

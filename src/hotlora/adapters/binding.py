@@ -2,20 +2,23 @@
 ``Binding`` once its adapter is loaded and checked.
 
 They live in ``adapters`` (not ``engine``) because the resolver, which is below the engine, makes
-them; ``engine.request`` re-exports them. ``Binding.key`` is the one answer to "is this the same
-assignment as last time": every writer (slots, banks, fused, the text encoders) asks it, so two
-writers never disagree about what changed.
+them; ``engine.request``, the engine's records, re-exports them. Neither imports torch (the
+request's records travel through processes without it). ``Bindings`` (slot -> Binding) is the one
+mapping type a request's adapters take from the resolver to the writers. ``Binding.key`` is the
+one answer to "is this the same as last time": every writer (slots, banks, fused, the text
+encoders) asks it, so two writers never disagree about what changed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
-from hotlora.adapters.format.convert import Adapter
+if TYPE_CHECKING:
+    from hotlora.adapters.format.convert import Adapter
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AdapterSpec:
     """One slot's adapter as a request names it: a reference (or a path, state dict, Adapter),
     a scale (None: the catalog entry's default, else 1.0) and optional pivotal-tuning token names."""
@@ -28,7 +31,7 @@ class AdapterSpec:
 class Binding(NamedTuple):
     """One slot's checked adapter and scale. A tuple, so ``adapter, scale = binding`` reads it."""
 
-    adapter: Adapter
+    adapter: "Adapter"
     scale: float
 
     @property
@@ -46,14 +49,14 @@ class Binding(NamedTuple):
 Bindings = Mapping[str, "Binding | None"]  # slot -> binding (None, or absent: the slot is empty)
 
 
-def assignment_key(bindings: Bindings) -> tuple:
-    """What a whole assignment writes: each slot's ``Binding.key``; empty slots and scale 0 write
+def bindings_key(bindings: Bindings) -> tuple:
+    """What a whole mapping writes: each slot's ``Binding.key``; empty slots and scale 0 write
     nothing, so they are left out (``{}`` and ``{"style": Binding(a, 0.0)}`` are the same state)."""
     return tuple(sorted((slot, b.key) for slot, b in bindings.items() if b is not None and b.writes))
 
 
-def factors_by_module(bindings: Bindings, weights_of: Callable[[Adapter], Mapping]) -> tuple[dict, dict]:
-    """What an assignment writes, layer by layer, for the writers that stack a request's factors (fused
+def factors_by_module(bindings: Bindings, weights_of: Callable[["Adapter"], Mapping]) -> tuple[dict, dict]:
+    """What ``bindings`` write, layer by layer, for the writers that stack a request's factors (fused
     mode, the text encoders): ``{module: [(down, up, alpha/r x scale), ...]}`` in slot-name order, and
     per writing slot ``{"modules": n, "rank": r}``. ``weights_of(adapter)``: the adapter's LoraWeights
     for this writer's layers (``{module: LoraWeights}``)."""

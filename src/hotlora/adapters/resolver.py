@@ -1,9 +1,11 @@
 """A request's ``{slot: spec}`` turned into checked adapters, before any engine state is touched.
 
 Two steps, each run once per request: ``specs`` (slots, scales, token names: no I/O, so bad ones
-never wait for a download; ``Engine.check``) and ``bind`` (the fetched adapters renamed, validated
-and paired with their scales; ``Engine.prepare``). Between them the server fetches on its event
-loop. Holds no tensors of the model and knows no layout: each engine owns one, and the server runs
+never wait for a download; ``Engine.check``) and ``validate`` (the fetched adapters renamed,
+validated and paired with their scales; ``Engine.prepare``). Between them the server fetches on its
+event loop, through the adapter store it owns; the resolver loads an adapter itself only where
+nothing was fetched for its slot (the Python API: through the store it was given, or from a path,
+a state dict or an Adapter). Holds no tensors of the model and knows no layout: each engine owns one, and the server runs
 it on request threads, so cold adapters are fetched and validated while the engine generates for
 others.
 """
@@ -13,16 +15,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
-from hotlora.families import ModelFamily
 from hotlora.adapters.binding import AdapterSpec, Binding
 from hotlora.adapters.format.embeddings import checked_tokens
 from hotlora.adapters.format.convert import Adapter, load_adapter
 from hotlora.adapters.format.validate import SlotCeiling, problems_with
 from hotlora.errors import AdapterFormatError, AdapterRejected, InvalidRequest
+from hotlora.families import ModelFamily
 from hotlora.lru import LRU
 
 _MEMO = 1024  # validation results remembered by content hash (checking finiteness costs a pass over the weights)
@@ -46,7 +48,8 @@ class AdapterResolver:
         self._checked: LRU[tuple, list[str]] = LRU(max_entries=_MEMO)
 
     def load(self, source, name: str | None = None) -> Adapter:
-        """An adapter from a reference (through the store), a path, a state dict or an Adapter."""
+        """An adapter from a reference (through the store, when the resolver has one), a path, a
+        state dict or an Adapter."""
         if isinstance(source, Adapter):
             return source
         if isinstance(source, str) and self.store is not None:
@@ -54,17 +57,21 @@ class AdapterResolver:
         return load_adapter(source, self.family, name=name, denoiser_config=self.denoiser_config)
 
     def resolve(self, adapters: Mapping[str, Any] | None) -> dict[str, Binding]:
-        """``specs`` then ``bind``: a request's ``{slot: spec}`` as checked bindings."""
-        return self.bind(self.specs(adapters))
+        """``specs`` then ``validate``: a request's ``{slot: spec}`` as checked bindings."""
+        return self.validate(self.specs(adapters))
 
-    def specs(self, adapters: Mapping[str, Any] | None) -> dict[str, AdapterSpec]:
+    def specs(self, adapters: Mapping[str, Any] | None,
+              default_scale: Callable[[str], float | None] | None = None) -> dict[str, AdapterSpec]:
         """``{slot: AdapterSpec}`` with slots, scales and token names checked, before anything is
         fetched: the one place a request's adapter specs are checked. A spec is an AdapterSpec, a
         source, ``(source, scale)`` or ``{"ref": source, "scale": s, "tokens": [...]}``; a missing
-        scale becomes the catalog entry's default, else 1.0; ``tokens`` renames the adapter's
-        pivotal-tuning embeddings for this request (its prompt then uses these names)."""
+        scale becomes the catalog entry's default (``default_scale(ref)``: the serving store's
+        catalog; None: the resolver's own store's, if it has one), else 1.0; ``tokens`` renames the
+        adapter's pivotal-tuning embeddings for this request (its prompt then uses these names)."""
         adapters = dict(adapters or {})
         check_slots(adapters, self.slot_names)
+        if default_scale is None and self.store is not None:
+            default_scale = self.store.default_scale
         out = {}
         for slot, spec in adapters.items():
             if spec is None:
@@ -72,7 +79,7 @@ class AdapterResolver:
             spec = spec_of(spec, slot)
             scale = spec.scale
             if scale is None:
-                default = self.store.default_scale(spec.ref) if self.store and isinstance(spec.ref, str) else None
+                default = default_scale(spec.ref) if default_scale and isinstance(spec.ref, str) else None
                 scale = 1.0 if default is None else default
             # A finite scale can still overflow the pack (1e30 does); bounded like any other input.
             if abs(scale) > self.max_scale:
@@ -81,13 +88,13 @@ class AdapterResolver:
             out[slot] = dataclasses.replace(spec, scale=scale)
         return out
 
-    def bind(self, specs: Mapping[str, AdapterSpec], fetched: Mapping[str, Adapter] | None = None
-             ) -> dict[str, Binding]:
+    def validate(self, specs: Mapping[str, AdapterSpec], fetched: Mapping[str, Adapter] | None = None
+                 ) -> dict[str, Binding]:
         """``specs`` (from ``specs``: not checked again) as validated bindings; ``fetched``: slot ->
         the adapter the server already fetched for it, else it is loaded here. Every problem of
         every adapter is collected, then raised once; nothing is half-done."""
         fetched = fetched or {}
-        resolved: dict[str, Binding] = {}
+        bindings: dict[str, Binding] = {}
         problems: list[str] = []
         names = []
         for slot, spec in specs.items():
@@ -102,10 +109,10 @@ class AdapterResolver:
             if not problems:
                 problems += [f"[{slot}] {p}" for p in self._magnitude_problems(adapter, spec.scale)]
             names.append(f"{slot}={adapter.name}")
-            resolved[slot] = Binding(adapter, spec.scale)
+            bindings[slot] = Binding(adapter=adapter, scale=spec.scale)
         if problems:
             raise AdapterRejected(", ".join(names), problems)
-        return resolved
+        return bindings
 
     def _magnitude_problems(self, adapter: Adapter, scale: float) -> list[str]:
         """Huge but finite weights overflow like a huge scale. ``peak`` bounds every entry of every
@@ -170,7 +177,7 @@ def spec_of(spec, slot: str) -> AdapterSpec:
             tokens = checked_tokens(tokens, len(tokens) if isinstance(tokens, (list, tuple)) else -1, f"[{slot}]")
         except AdapterFormatError as exc:
             raise InvalidRequest(str(exc)) from None
-    return AdapterSpec(source, None if scale is None else float(scale), tokens)
+    return AdapterSpec(ref=source, scale=None if scale is None else float(scale), tokens=tokens)
 
 
 def renamed_tokens(adapter: Adapter, tokens: tuple[str, ...], slot: str) -> Adapter:

@@ -1,8 +1,9 @@
 """The warm engine: one compiled pipeline, one adapter writer; ``prepare`` a request once, ``run`` it once.
 
     Engine.check(r)      parameters, slots and scales checked, no I/O -> CheckedRequest
-    Engine.prepare(r)    on the request's thread: adapters resolved (fetched unless the server did,
-                         converted, validated) and prepared for the writers -> PreparedRequest
+    Engine.prepare(r)    on the request's thread: adapters validated (the server's service hands
+                         over what it fetched; the Python API's are loaded here) and prepared for
+                         the writers -> PreparedRequest
     Engine.run(p | [p])  on the serving thread: writer.bind per chunk, denoise, check the output
 """
 
@@ -13,9 +14,9 @@ import os
 import threading
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -25,20 +26,18 @@ from hotlora.adapters.resolver import AdapterResolver
 from hotlora.settings import EngineConfig, StoreConfig, format_size, read_model_defaults
 from hotlora.engine import guard
 from hotlora.engine.guard import NonFiniteOutput
+from hotlora.engine.device import default_device, synchronize
 from hotlora.engine.pipeline import (
-    compile_artifacts_path, compile_denoiser, default_device, resolve_dtype, graph_count, load_compile_artifacts,
+    compile_artifacts_path, compile_denoiser, resolve_dtype, graph_count, load_compile_artifacts,
     load_pipeline, save_compile_artifacts, set_attention_backend,
 )
 from hotlora.engine.request import (
-    CallParams, CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Resolved, UnservedShape,
+    Bindings, CallParams, CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Timings, UnservedShape,
 )
-from hotlora.engine.runner import (
-    DenoiseClock, Timings, fan_out, finish_images, image_generators, run_pack, split_chunk, synchronize,
-)
-from hotlora.engine.served import served_adapters as _served
+from hotlora.engine.results import GenerationResult, finish_images, served_adapters as _served
+from hotlora.engine.runner import DenoiseClock, fan_out, image_generators, run_pack, split_chunk
 from hotlora.engine.stepcache import apply_step_cache
-from hotlora.engine.chunk_record import measured_chunks
-from hotlora.engine.warmup import chunk_key, warm_up
+from hotlora.engine.warmup import chunk_key, measured_chunks, warm_up
 from hotlora.engine.prompts import batch_prompts
 from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
 from hotlora.engine.writers import AdapterWriter, SwapReport, TextWriter, install_text_writer, install_writer
@@ -49,18 +48,6 @@ log = logging.getLogger(__name__)
 
 RECOMPILES_PER_STATE = 8  # dynamo's default recompile limit covers the batch and CFG variants of one state
 _GRAPHS_ALLOTTED = [0]  # graphs the compiled engines of this process were allowed
-
-
-@dataclass
-class GenerationResult:
-    images: Any  # list[PIL.Image] for "pil", else one array/tensor with the pack on dim 0
-    seeds: list[int]
-    timings: Timings
-    swap: SwapReport
-    adapters: dict[str, dict | None] = field(default_factory=dict)  # slot -> what was served
-    recompiles: int = 0
-    size: str = ""  # the size served, WIDTHxHEIGHT
-    snapped_from: str | None = None  # the size asked for when the policy snapped it to ``size``
 
 
 class Engine:
@@ -150,7 +137,10 @@ class Engine:
     def from_pretrained(cls, model: str | os.PathLike, config: EngineConfig | None = None, *, store=None,
                         **options) -> "Engine":
         """Load ``model`` (a local directory or a hub id) and make it warm: writer, compile, warm-up.
-        ``options`` are ``EngineConfig`` fields; ``store`` an AdapterStore, or a StoreConfig to build one."""
+        ``options`` are ``EngineConfig`` fields. ``store``: for the Python API, where adapters named by
+        reference (and catalog default scales) come from when ``prepare`` is given none fetched: an
+        AdapterStore, or a StoreConfig to build one. The server passes none: its service owns the
+        store and hands each request's fetched adapters to ``prepare``."""
         config = (config or EngineConfig()).replace(**options)
         device = config.device or default_device()
         check_quantization(config.base_quantization, device)  # before loading: float8 needs CUDA
@@ -181,14 +171,6 @@ class Engine:
         """(height, width) pairs a request may ask for without compiling (the warm-up's)."""
         return self.rules.sizes
 
-    @property
-    def store(self):
-        return self.resolver.store
-
-    @store.setter
-    def store(self, store) -> None:
-        self.resolver.store = store
-
     def describe(self) -> dict:
         writer = self.writer.describe()
         return {
@@ -214,16 +196,20 @@ class Engine:
         """Read and convert an adapter for this engine's family (no validation against the writer)."""
         return self.resolver.load(source, name)
 
-    def resolve(self, adapters: Mapping[str, Any] | None) -> Resolved:
+    def resolve(self, adapters: Mapping[str, Any] | None) -> Bindings:
         """A request's ``{slot: spec}`` as checked adapters; raises before touching any weight."""
         return self.resolver.resolve(adapters)
 
     # ------------------------------------------------------------------ prepare once, run once
 
-    def check(self, request: GenerationRequest) -> CheckedRequest:
+    def check(self, request: GenerationRequest, *,
+              default_scale: Callable[[str], float | None] | None = None) -> CheckedRequest:
         """Parameters, then slots, scales and token names, each checked once; no I/O (the server
-        runs this before it fetches, so bad requests never wait for a download)."""
-        return CheckedRequest(request, self.rules.check_request(request), self.resolver.specs(request.adapters))
+        runs this before it fetches, so bad requests never wait for a download). ``default_scale``:
+        a reference's default scale when its spec gives none (the serving store's catalog; None:
+        the ``store`` this engine was given, if any)."""
+        return CheckedRequest(request=request, params=self.rules.check_request(request),
+                              specs=self.resolver.specs(request.adapters, default_scale))
 
     def prepare(self, request: str | GenerationRequest | CheckedRequest, *,
                 fetched: Mapping[str, Adapter] | None = None, **options) -> PreparedRequest:
@@ -232,21 +218,23 @@ class Engine:
         adapters, num_images, num_inference_steps, guidance_scale, height, width, seed, output_type,
         negative_prompt, progress), a GenerationRequest, or what ``check`` made of one.
         ``progress(done, total)`` is called after each denoising step. ``fetched``: slot -> the
-        adapter already fetched for it (the server's); other slots are loaded here."""
+        adapter already fetched for it (the server's service fetches every slot); other slots are
+        loaded here (through the engine's ``store`` if it was given one)."""
         began = time.perf_counter()
         if isinstance(request, str):
-            request = GenerationRequest(request, **{**options, "adapters": options.get("adapters") or {}})
+            request = GenerationRequest(prompt=request, **{**options, "adapters": options.get("adapters") or {}})
         elif options:
             raise TypeError(f"options {', '.join(options)} go with a prompt, not with a request")
         checked = request if isinstance(request, CheckedRequest) else self.check(request)
         r = checked.request
         with r.trace.span("validate", adapters=len(checked.specs)):
-            resolved = self.resolver.bind(checked.specs, fetched)
-            self.text.prepare(resolved, r.prompt, r.negative_prompt)  # checks first: raises before any planning
-            self.writer.prepare(resolved)
+            bindings = self.resolver.validate(checked.specs, fetched)
+            self.text.prepare(bindings, r.prompt, r.negative_prompt)  # checks first: raises before any planning
+            self.writer.prepare(bindings)
         timings = Timings(resolve_ms=(time.perf_counter() - began) * 1000)
-        return PreparedRequest(r.prompt, checked.params, resolved, r.num_images, r.seed, r.output_type,
-                               r.negative_prompt, r.progress, timings, r.trace)
+        return PreparedRequest(prompt=r.prompt, params=checked.params, adapters=bindings, num_images=r.num_images,
+                               seed=r.seed, output_type=r.output_type, negative_prompt=r.negative_prompt,
+                               progress=r.progress, timings=timings, trace=r.trace)
 
     def run(self, work: PreparedRequest | Sequence[PreparedRequest]):
         """One prepared request (its pack in chunks of the compiled batch size) -> GenerationResult;
@@ -275,7 +263,7 @@ class Engine:
         self.active_adapters = len({binding.adapter.sha256 for binding in request.adapters.values()})
         with self._engine_section():
             with trace.span("swap", target="text_encoders"):
-                swap.text_ms += self.text.bind(request.adapters)
+                swap.text_ms += self.text.apply(request.adapters)
             images = run_pack(self.pipeline, prompt=prompt, num_images=request.num_images,
                               batch_size=self.chunk_for(request.params), seed=request.seed, call_kwargs=call,
                               timings=timings,
@@ -286,8 +274,8 @@ class Engine:
         images = finish_images(self.pipeline, images, request.output_type)
         timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
         served = _served(request.adapters, self.text.lora_encoders, swap.fused, self._path)
-        return GenerationResult(images, request.seeds, timings, swap, served, self.recompiles, request.size,
-                                request.snapped_from)
+        return GenerationResult(images=images, seeds=request.seeds, timings=timings, swap=swap, adapters=served,
+                                recompiles=self.recompiles, size=request.size, snapped_from=request.snapped_from)
 
     def _run_together(self, requests: list[PreparedRequest]) -> list:
         total = sum(r.num_images for r in requests)
@@ -332,8 +320,9 @@ class Engine:
             timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
             served = _served(request.adapters, self.text.lora_encoders, swap.fused, self._path)
             own = finish_images(self.pipeline, images[bounds[i]:bounds[i + 1]], first.output_type)
-            results.append(GenerationResult(own, request.seeds, timings, swap, served, self.recompiles,
-                                            request.size, request.snapped_from))
+            results.append(GenerationResult(images=own, seeds=request.seeds, timings=timings, swap=swap,
+                                            adapters=served, recompiles=self.recompiles, size=request.size,
+                                            snapped_from=request.snapped_from))
         return results
 
     @property

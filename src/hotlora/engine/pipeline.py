@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from hotlora.engine.device import default_dtype
 from hotlora.families import ModelFamily, family_of_pipeline
 from hotlora.errors import HotloraError
 
@@ -17,15 +18,6 @@ log = logging.getLogger(__name__)
 
 class ModelLoadError(HotloraError):
     """The model could not be loaded (start-up fault: neither a request nor a warm-engine error)."""
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def default_dtype(device: str) -> torch.dtype:
-    # bf16 is what production Flux/SDXL run in on GPUs; CPUs are for tests, where exactness matters.
-    return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
 def resolve_dtype(dtype, device: str) -> torch.dtype:

@@ -2,7 +2,7 @@
 requests need different text-encoder states.
 
 Apart from ``core`` so the engine keeps to preparing and running; the text side is reached only
-through the ``TextWriter`` protocol (``bind``, ``prompts``, ``signature``).
+through the ``TextWriter`` protocol (``apply``, ``prompts``, ``signature``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from hotlora.families import ModelFamily
 
 def batch_prompts(text, pipeline, family: ModelFamily, requests: Sequence, cfg: bool, swap) -> dict:
     """The prompt arguments of one mixed forward batch (``requests``: PreparedRequests), one entry
-    per image; ``swap.text_ms`` grows by the text writer's binds. Requests whose text encoders must
+    per image; ``swap.text_ms`` grows by the text writer's applies. Requests whose text encoders must
     hold the same (no text parts, or the same ones) are encoded by the pipeline itself; requests
     needing different text-encoder states (two users' embeddings under the same token names,
-    different text-encoder LoRA) are encoded group by group here, each with its own state bound,
+    different text-encoder LoRA) are encoded group by group here, each with its own state applied,
     and the pipeline is given the embeddings.
 
     Under CFG, requests with and without a negative prompt are encoded apart too: a pipeline may
@@ -34,11 +34,11 @@ def batch_prompts(text, pipeline, family: ModelFamily, requests: Sequence, cfg: 
     texts = [text.prompts(r.adapters, r.prompt, r.negative_prompt) for r in requests]
     owners = [i for i, r in enumerate(requests) for _ in range(r.num_images)]  # image -> its request
     if len(groups) == 1:
-        swap.text_ms += text.bind(requests[0].adapters)
+        swap.text_ms += text.apply(requests[0].adapters)
         return columns([texts[i] for i in owners])
     parts: dict[int, dict] = {}
     for members in groups.values():
-        swap.text_ms += text.bind(requests[members[0]].adapters)
+        swap.text_ms += text.apply(requests[members[0]].adapters)
         images = [image for image, owner in enumerate(owners) if owner in members]
         encoded = family.encode_prompts(pipeline, columns([texts[owners[i]] for i in images]), cfg)
         for row, image in enumerate(images):

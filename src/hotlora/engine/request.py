@@ -1,13 +1,16 @@
-"""A request, checked and resolved once, as typed values along one corridor:
+"""The request's records, checked and resolved once, as typed values along one corridor:
 
-    GenerationRequest  what a front end asks (each route translates its body once)
+    GenerationRequest  what a front end asks (each route translates its body once); its adapters
+                       slot -> ``AdapterSpec``
     CheckedRequest     ``Engine.check``: parameters, slots, scales, token names (no I/O)
     PreparedRequest    ``Engine.prepare``: adapters fetched, validated, laid out for the writers
-                       (slot -> ``Binding``); ``Engine.run`` runs it
+                       (``Bindings``: slot -> ``Binding``); ``Engine.run`` runs it
+    Timings            one per request, from prepare to the response
 
 The server checks and fetches on the event loop, prepares on a request thread and queues the
-``PreparedRequest``; the worker thread only runs it. Nothing is checked or resolved twice, and one
-``Timings`` travels from prepare to the response.
+``PreparedRequest``; the worker thread only runs it. Nothing is checked or resolved twice. No
+record imports torch: the HTTP edge (and the Ray ingress) builds them without it. Every record is
+built by keyword.
 """
 
 from __future__ import annotations
@@ -16,17 +19,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from hotlora.adapters.binding import AdapterSpec, Binding, Bindings, assignment_key  # noqa: F401 (re-exported)
+from hotlora.adapters.binding import AdapterSpec, Binding, Bindings  # noqa: F401 (re-exported)
 from hotlora.settings import RequestLimits, format_size
-from hotlora.engine.runner import Timings
 from hotlora.errors import InvalidRequest, RequestTooLarge
 from hotlora.families import ModelFamily
 from hotlora.tracing import NO_TRACE, Trace
 
 OUTPUT_TYPES = ("pil", "latent", "pt", "np")
 MAX_PROMPT_CHARS = 10_000  # prompts are truncated to the text encoders' length anyway
-
-Resolved = Mapping[str, Binding]  # slot -> validated adapter and scale
 
 
 class UnservedShape(InvalidRequest):
@@ -48,7 +48,28 @@ def nearest_size(sizes, height: int, width: int) -> tuple[int, int]:
                                      abs(math.log(s[0] * s[1]) - area)))
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True)
+class Timings:
+    resolve_ms: float = 0.0  # read + convert + validate the request's adapters
+    swap_ms: float = 0.0
+    generate_ms: list[float] = field(default_factory=list)  # one entry per chunk: denoise and decode
+    # The part of each chunk after its last denoising step (VAE decode, post-processing); empty
+    # where the pipeline did not call back after its steps.
+    decode_ms: list[float] = field(default_factory=list)
+    chunks: list[int] = field(default_factory=list)  # images per forward pass, one entry per chunk
+    total_ms: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "resolve_ms": round(self.resolve_ms, 3),
+            "swap_ms": round(self.swap_ms, 3),
+            "generate_ms": [round(x, 3) for x in self.generate_ms],
+            "decode_ms": [round(x, 3) for x in self.decode_ms],
+            "total_ms": round(self.total_ms, 3),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
 class CallParams:
     """The denoising parameters; requests with equal ones can share a forward batch."""
 
@@ -75,7 +96,7 @@ class CallParams:
                 "height": self.height, "width": self.width}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GenerationRequest:
     """One generation as every front end asks for it: each API route translates its body into one
     (once), the Python API builds one from ``Engine.prepare``'s keywords. Nothing here is checked
@@ -101,7 +122,7 @@ class GenerationRequest:
     trace: Trace = field(default=NO_TRACE, compare=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckedRequest:
     """A GenerationRequest whose parameters and adapter specs were checked (``Engine.check``): no
     I/O yet. ``specs`` hold every scale (a missing one is the catalog's default, else 1.0)."""
@@ -111,11 +132,11 @@ class CheckedRequest:
     specs: Mapping[str, AdapterSpec]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PreparedRequest:
     prompt: str
     params: CallParams
-    adapters: Resolved
+    adapters: Bindings
     num_images: int = 1
     seed: int = 0
     output_type: str = "pil"
@@ -223,4 +244,5 @@ class RequestRules:
             raise RequestTooLarge(
                 f"the request asks for {work:,} pixel-steps (height x width x images x steps = {height} x {width} x "
                 f"{num_images} x {steps}); the limit is {limits.max_work:,}")
-        return CallParams(steps, float(guidance), height, width, requested)
+        return CallParams(num_inference_steps=steps, guidance_scale=float(guidance), height=height, width=width,
+                          requested=requested)

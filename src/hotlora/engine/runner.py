@@ -4,46 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from hotlora.engine.device import synchronize
+from hotlora.engine.request import Timings
 from hotlora.tracing import NO_TRACE, Trace
-
-
-@dataclass
-class Timings:
-    resolve_ms: float = 0.0  # read + convert + validate the request's adapters
-    swap_ms: float = 0.0
-    generate_ms: list[float] = field(default_factory=list)  # one entry per chunk: denoise and decode
-    # The part of each chunk after its last denoising step (VAE decode, post-processing); empty
-    # where the pipeline did not call back after its steps.
-    decode_ms: list[float] = field(default_factory=list)
-    chunks: list[int] = field(default_factory=list)  # images per forward pass, one entry per chunk
-    total_ms: float = 0.0
-
-    def as_dict(self) -> dict:
-        return {
-            "resolve_ms": round(self.resolve_ms, 3),
-            "swap_ms": round(self.swap_ms, 3),
-            "generate_ms": [round(x, 3) for x in self.generate_ms],
-            "decode_ms": [round(x, 3) for x in self.decode_ms],
-            "total_ms": round(self.total_ms, 3),
-        }
-
-
-def synchronize(device) -> None:
-    """Wait for the work queued on ``device``. diffusers returns latents without a host sync and
-    CUDA copies are asynchronous: a timer read before this misses the last kernels. Called at
-    measurement boundaries only, never inside the denoising loop. A no-op on the CPU."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type != "cpu":  # mps, xpu, ...: each backend module has its own synchronize
-        backend = getattr(torch, device.type, None)
-        if backend is not None and hasattr(backend, "synchronize"):
-            backend.synchronize()
 
 
 def chunk_sizes(num_images: int, batch_size: int) -> list[int]:
@@ -155,10 +122,3 @@ def run_pack(pipeline, *, prompt, num_images: int, batch_size: int, seed: int, o
 
         return np.concatenate(outputs)
     return torch.cat(outputs)
-
-
-def finish_images(pipeline, images, output_type: str):
-    """Encode PIL (finiteness was checked inside the engine section)."""
-    if output_type == "pil":
-        images = pipeline.image_processor.numpy_to_pil(pipeline.image_processor.pt_to_numpy(images))
-    return images

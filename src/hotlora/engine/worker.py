@@ -22,8 +22,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hotlora.engine.core import Engine, GenerationResult
+from hotlora.engine.core import Engine
 from hotlora.engine.request import PreparedRequest
+from hotlora.engine.results import GenerationResult
 from hotlora.errors import ClientGone, DeadlineExceeded, EngineError, HotloraError, NotAccepting, Overloaded
 
 log = logging.getLogger(__name__)
@@ -71,13 +72,6 @@ class Worker:
         self.on_event = on_event or (lambda name, data: None)  # metrics hook; must not raise
         self._busy = threading.Event()
         self._fault_armed = False
-        self._last_store = None
-
-    @property
-    def store(self):
-        """The adapter store the engines share (it outlives rebuilds)."""
-        engine = self.engine
-        return engine.store if engine is not None else self._last_store
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -93,7 +87,6 @@ class Worker:
         """Build and warm the engine (blocking), then start the worker thread."""
         began = time.perf_counter()
         self.engine = self._factory()
-        self._last_store = self.engine.store
         log.info("engine ready in %.1fs: %s", time.perf_counter() - began, self.engine.describe())
         self._accepting = True
         self._ready.set()
@@ -282,7 +275,6 @@ class Worker:
             torch._dynamo.reset()  # drop graphs guarded on the old modules before compiling the new ones
             try:
                 self.engine = self._factory()
-                self._last_store = self.engine.store
                 break
             except Exception as exc:
                 if attempt == self.max_rebuild_attempts:

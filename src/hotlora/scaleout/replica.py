@@ -60,18 +60,19 @@ def adapters_that_fit(spec: ModelDeployment, store, adapter_bytes_estimate: int)
 class ModelReplica:
     def __init__(self, spec: ModelDeployment, adapter_bytes_estimate: int):
         from hotlora.server.app import create_app
-        from hotlora.server.run import build_worker
+        from hotlora.server.run import build_serving
 
         self.spec = spec
         self.replica_id = serve.get_replica_context().replica_id.to_full_id_str()
-        self.worker = build_worker(spec.server, spec.store)
+        self.serving = build_serving(spec.server, spec.store)
+        self.worker = self.serving.worker
         # Build and warm the engine, pre-cache the catalog: Serve routes nothing here until __init__
         # returns, so a replica is only ever offered traffic once it is warm.
         self.worker.start()
-        self.app = create_app(self.worker, spec.server, start_worker=False)
+        self.app = create_app(self.serving, spec.server, start_worker=False)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://replica",
                                         timeout=None)
-        self.max_adapters = adapters_that_fit(spec, self.worker.store, adapter_bytes_estimate)
+        self.max_adapters = adapters_that_fit(spec, self.serving.store, adapter_bytes_estimate)
 
         # Applied here rather than as a class decorator because the count is only known once the
         # catalog is loaded; Serve detects multiplexed functions stored on the instance.
@@ -92,7 +93,7 @@ class ModelReplica:
         """Load the identity adapter into the store's RAM cache (and so register this replica as
         holding it). A bad reference is not an error here: the app resolves it again and answers it."""
         try:
-            return await self.worker.store.aget(ref)  # a request waits for it: the request lane
+            return await self.serving.store.aget(ref)  # a request waits for it: the request lane
         except HotloraError as exc:  # its message names the reference redacted (Reference.display)
             log.info("identity adapter %s did not load: %s", redact_reference(ref), exc)
             return None
@@ -111,7 +112,7 @@ class ModelReplica:
 
     def describe(self) -> dict:
         """For tests and operators: who this replica is and what its caches hold."""
-        store = self.worker.store
+        store = self.serving.store
         return {"replica": self.replica_id, "model": self.spec.server.model, "max_adapters": self.max_adapters,
                 "ready": self.worker.ready, "stats": store.stats() if store else None}
 

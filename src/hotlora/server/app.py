@@ -1,10 +1,10 @@
 """The FastAPI application: three APIs over one worker, errors mapped once, metrics.
 
-Where things are: ``service`` (admission, resolve, queue, wait, encode; prefetch), ``errors``
-(error -> status, body, headers; no web framework), ``handlers`` (the app's exception handlers),
-``middleware`` (request counting, body limits, Host and Origin checks, CORS), ``auth`` (API keys)
-and ``access`` (the key check per route, each caller's view of the cache), one ``routes_*`` module
-per API family.
+Where things are: ``run`` (the serving object: worker and adapter store), ``service`` (admission,
+fetch, queue, wait, encode; prefetch), ``errors`` (error -> status, body, headers; no web
+framework), ``handlers`` (the app's exception handlers), ``middleware`` (request counting, body
+limits, Host and Origin checks, CORS), ``auth`` (API keys) and ``access`` (the key check per route,
+each caller's view of the cache), one ``routes_*`` module per API family.
 """
 
 from __future__ import annotations
@@ -26,20 +26,22 @@ from hotlora.server.routes_inference import inference_routes
 from hotlora.server.routes_json import json_routes
 from hotlora.server.routes_openai import openai_routes
 from hotlora.server.routes_playground import playground_routes
+from hotlora.server.run import Serving
 from hotlora.server.service import Service
 from hotlora.server.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
 
-def create_app(worker: Worker, config: ServerConfig, *, start_worker: bool = True,
+def create_app(serving: Serving, config: ServerConfig, *, start_worker: bool = True,
                tracing: Tracing | None = None) -> FastAPI:
-    """The app over ``worker``; with ``start_worker`` the lifespan builds and warms its engine (in
-    the background: /healthz answers at once, /readyz once warm) and drains it at shutdown.
-    ``tracing``: where spans go (default: ``config.otlp_endpoint``'s collector, or nowhere)."""
-    service = Service(worker, config, tracing)  # reads the API keys: raises AuthConfigError before anything starts
+    """The app over ``serving`` (its worker and adapter store); with ``start_worker`` the lifespan
+    builds and warms its engine (in the background: /healthz answers at once, /readyz once warm) and
+    drains it at shutdown. ``tracing``: where spans go (default: ``config.otlp_endpoint``'s
+    collector, or nowhere)."""
+    service = Service(serving, config, tracing)  # reads the API keys: raises AuthConfigError before anything starts
     redact_url_logs()  # httpx logs every adapter download's URL, presigned signature included
-    worker.on_event = service.metrics.on_event
+    serving.worker.on_event = service.metrics.on_event
     app = FastAPI(title="hotlora", version=__version__, lifespan=_lifespan(service, start_worker))
     app.state.service = service
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, refuse=error_response)
@@ -64,8 +66,8 @@ def _lifespan(service: Service, start_worker: bool):
         yield
         log.info("shutting down: draining the queue")
         drained = await asyncio.to_thread(worker.stop, config.drain_timeout_s)
-        if worker.store is not None:
-            worker.store.close()  # the fetch pool's threads
+        if service.store is not None:
+            service.store.close()  # the fetch pool's threads
         service.tracing.shutdown()  # the spans still buffered go out
         log.info("shutdown %s", "complete, queue drained" if drained else "timed out; waiting requests were answered 503")
 

@@ -116,7 +116,7 @@ class _Live:
                                   value=worker.retired_recompiles + (engine.recompiles if engine else 0))
         yield GaugeMetricFamily("hotlora_adapters_active", "Distinct adapters bound by the last forward batch",
                                 value=engine.active_adapters if engine else 0)
-        store = worker.store
+        store = self.service.store if self.service is not None else None
         if store is None:
             return
         stats = store.stats()

@@ -42,14 +42,14 @@ def admin_routes(service: Service) -> APIRouter:
     async def list_adapters(request: Request, principal=Depends(access.require("generate", "prefetch"))):
         """The catalog, and the cached adapters this caller fetched (every one for admin). Cache
         counters are the whole server's traffic: admin only."""
-        store = worker.store
+        store = service.store
         admin = principal.allows("admin")
         return {"slots": list(config.slots), "catalog": catalog_listing(store),
                 "cached": access.cached(principal, store), "stats": store.stats() if store and admin else None}
 
     @router.post("/v1/adapters/prefetch", status_code=202)
     async def prefetch(body: PrefetchRequest, request: Request, principal=Depends(access.require("prefetch"))):
-        store = worker.store
+        store = service.store
         service.check_sources(principal, body.refs)
         if store is None:
             raise InvalidRequest("this server has no adapter store")

@@ -67,5 +67,4 @@ async def inference_api(service: Service, request: Request) -> Response:
         raise RequestTooLarge(f"the lora header has {len(header)} characters; the limit is {MAX_REF_CHARS}")
     fmt = format_from_accept(request.headers.get("accept"))
     out = await service.generate(request, body.to_request(header, service.config.lora_header_slot), fmt=fmt)
-    return Response(out["images"][0], media_type=MEDIA_TYPES[fmt],
-                    headers=result_headers(out))
+    return Response(out.images[0], media_type=MEDIA_TYPES[fmt], headers=result_headers(out))

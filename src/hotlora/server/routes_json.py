@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hotlora.errors import HotloraError
 from hotlora.server.errors import stream_error
 from hotlora.server.schemas import GenerateRequest
-from hotlora.server.service import Service, result_headers
+from hotlora.server.service import Generated, Service, result_headers
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +23,8 @@ def json_routes(service: Service) -> APIRouter:
 
     @router.post("/v1/generate")
     async def generate(body: GenerateRequest, request: Request):
-        payload = await generate_json(service, body, request)
-        return JSONResponse(payload, headers=result_headers(payload))
+        out = await service.generate(request, body.to_request(), fmt=body.output_format)
+        return JSONResponse(json_body(out, body.output_format), headers=result_headers(out))
 
     @router.post("/v1/generate/stream")
     async def generate_stream(body: GenerateRequest, request: Request):
@@ -38,8 +38,8 @@ def json_routes(service: Service) -> APIRouter:
 
         async def run():
             try:
-                out = await generate_json(service, body, request, progress=progress)
-                await events.put(("result", out))
+                out = await service.generate(request, body.to_request(progress), fmt=body.output_format)
+                await events.put(("result", json_body(out, body.output_format)))
             except Exception as exc:  # the stream must end with an answer, whatever happened
                 if not isinstance(exc, HotloraError):
                     log.exception("stream generation failed")
@@ -61,7 +61,6 @@ def json_routes(service: Service) -> APIRouter:
     return router
 
 
-async def generate_json(service: Service, body: GenerateRequest, request: Request, progress=None) -> dict:
+def json_body(out: Generated, fmt: str) -> dict:
     """The /v1/generate body: the service's answer with the images base64-encoded."""
-    out = await service.generate(request, body.to_request(progress), fmt=body.output_format)
-    return {**out, "images": [base64.b64encode(b).decode() for b in out["images"]], "format": body.output_format}
+    return {**out.body(), "images": [base64.b64encode(b).decode() for b in out.images], "format": fmt}

@@ -22,13 +22,12 @@ def openai_routes(service: Service) -> APIRouter:
         if body.response_format != "b64_json":
             raise InvalidRequest("only response_format=b64_json is supported (hotlora keeps no image URLs)")
         out = await service.generate(request, body.to_request(), fmt="png")
-        data = [{"b64_json": base64.b64encode(b).decode()} for b in out["images"]]
+        data = [{"b64_json": base64.b64encode(b).decode()} for b in out.images]
         # `size` is in OpenAI's own answers (gpt-image-1); `snapped_from` is hotlora's, when size_policy
         # "nearest" served another size than the one asked for.
-        answer = {"created": int(time.time()), "data": data, "size": out["size"]}
-        if out["snapped_from"]:
-            answer["snapped_from"] = out["snapped_from"]
-        return JSONResponse(answer,
-                            headers=result_headers(out))
+        answer = {"created": int(time.time()), "data": data, "size": out.size}
+        if out.snapped_from:
+            answer["snapped_from"] = out.snapped_from
+        return JSONResponse(answer, headers=result_headers(out))
 
     return router

@@ -1,4 +1,4 @@
-"""Wiring for ``hotlora serve``: config -> store -> worker -> app -> uvicorn."""
+"""Wiring for ``hotlora serve``: config -> serving (worker and store) -> app -> uvicorn."""
 
 from __future__ import annotations
 
@@ -29,16 +29,20 @@ def prepare_tiny_model(config: ServerConfig, store_config: StoreConfig) -> tuple
     return config.replace(model=str(tiny)), store_config
 
 
-class StoreOwner:
-    """Builds the adapter store once, for the first engine (it needs the model's family), and
-    hands the same store to every rebuilt engine: the caches outlive engine faults."""
+class Serving:
+    """One served model: the worker that runs (and rebuilds) its engine, and the adapter store the
+    service fetches through. The store is its alone: built once, with the first engine (it needs the
+    model's family), it serves every rebuilt one, so the caches outlive engine faults. No engine
+    holds it: the service hands each request's fetched adapters to ``Engine.prepare``."""
 
-    def __init__(self, config: StoreConfig):
-        self.config = config
-        self.store = None
+    def __init__(self, config: StoreConfig | None = None, *, worker: Worker | None = None, store=None):
+        self.config = config  # the store's settings
+        self.worker = worker
+        self.store = store  # None until the first engine is built
         self.on_fetch = None  # the store's hook: seconds of each source fetch (metrics)
 
-    def attach(self, engine) -> None:
+    def open_store(self, engine) -> None:
+        """The store for ``engine``'s model, built (and its catalog pre-fetched) the first time."""
         if self.store is None:
             from hotlora.adapters.store import AdapterStore
 
@@ -50,7 +54,6 @@ class StoreOwner:
                 failures = self.store.precache_catalog()
                 if failures:
                     log.warning("catalog entries that failed: %s", ", ".join(failures))
-        engine.store = self.store
 
 
 def check_memory(config: ServerConfig):
@@ -61,7 +64,7 @@ def check_memory(config: ServerConfig):
         return None
     import torch
 
-    from hotlora.engine.pipeline import default_device
+    from hotlora.engine.device import default_device
     from hotlora.engine.plan import parse_bytes, plan_memory, this_machine
     from hotlora.errors import DoesNotFit
 
@@ -84,27 +87,28 @@ def check_memory(config: ServerConfig):
     return plan
 
 
-def build_worker(config: ServerConfig, store_config: StoreConfig) -> Worker:
-    """A worker whose engines (the first and any rebuilt one) share one adapter store. The memory
-    plan is checked first (``check_memory``): an engine that cannot fit is never loaded."""
+def build_serving(config: ServerConfig, store_config: StoreConfig) -> Serving:
+    """The worker, whose engines (the first and any rebuilt one) are served from one adapter store.
+    The memory plan is checked first (``check_memory``): an engine that cannot fit is never loaded."""
     from hotlora import Engine
 
     check_memory(config)
     engine_config = config.engine_config()
-    stores = StoreOwner(store_config)
+    serving = Serving(store_config)
 
     def make_engine() -> Engine:
         log.info("loading %s (slots %s, target rank %d, batch %s, compile %s, mixed batches %s)", config.model,
                  ",".join(config.slots), config.target_rank, config.batch_size, config.compile, config.mixed)
         engine = Engine.from_pretrained(config.model, engine_config)
-        stores.attach(engine)
+        serving.open_store(engine)
         return engine
 
-    worker = Worker(make_engine, max_queue=config.max_queue, max_batch_delay_s=config.max_batch_delay_s,
-                    max_rebuild_attempts=config.max_rebuild_attempts)
+    worker = serving.worker = Worker(make_engine, max_queue=config.max_queue,
+                                     max_batch_delay_s=config.max_batch_delay_s,
+                                     max_rebuild_attempts=config.max_rebuild_attempts)
     # A cold fetch is a worker event (its on_event feeds the metrics) like the engine's own.
-    stores.on_fetch = lambda seconds: worker.on_event("adapter_fetched", {"seconds": seconds})
-    return worker
+    serving.on_fetch = lambda seconds: worker.on_event("adapter_fetched", {"seconds": seconds})
+    return serving
 
 
 def serve(config: ServerConfig, store_config: StoreConfig) -> None:
@@ -115,7 +119,7 @@ def serve(config: ServerConfig, store_config: StoreConfig) -> None:
 
     keyring_for(config)  # no keys where keys are required: refuse now, before a model is built or loaded
     config, store_config = prepare_tiny_model(config, store_config)
-    app = create_app(build_worker(config, store_config), config)
+    app = create_app(build_serving(config, store_config), config)
     log.info("listening on http://%s:%d (ready once /readyz says so)", config.host, config.port)
     uvicorn.run(app, host=config.host, port=config.port, log_level="info",
                 timeout_graceful_shutdown=int(config.drain_timeout_s))

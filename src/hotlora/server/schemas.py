@@ -1,18 +1,16 @@
 """Request bodies of the three APIs, and their translation into one engine request: each body's
-``to_request`` is the only place its fields become a ``GenerationRequest``."""
+``to_request`` is the only place its fields become a ``GenerationRequest``. The engine's records
+import no torch, so neither does this module (the Ray ingress validates bodies with it)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hotlora.settings import parse_size
+from hotlora.engine.request import AdapterSpec, GenerationRequest
 from hotlora.errors import InvalidRequest
-
-if TYPE_CHECKING:
-    from hotlora.adapters.binding import AdapterSpec as Spec
-    from hotlora.engine.request import GenerationRequest
 
 Format = Literal["png", "jpeg", "webp"]
 # Every field is bounded: the body cap bounds the whole, these say which field is too big.
@@ -24,7 +22,9 @@ Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
 SlotName = Annotated[str, Field(max_length=64)]
 
 
-class AdapterSpec(BaseModel):
+class AdapterBody(BaseModel):
+    """One slot's adapter as a JSON body writes it, bounded; ``specs`` makes it an ``AdapterSpec``."""
+
     model_config = ConfigDict(extra="forbid")
     ref: Ref
     scale: float | None = None  # None: the catalog entry's default, else 1.0
@@ -33,7 +33,7 @@ class AdapterSpec(BaseModel):
     tokens: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=64)] | None = None
 
 
-Adapters = Annotated[dict[SlotName, AdapterSpec | Ref | None], Field(max_length=MAX_SLOTS)]
+Adapters = Annotated[dict[SlotName, AdapterBody | Ref | None], Field(max_length=MAX_SLOTS)]
 
 
 class GenerateRequest(BaseModel):
@@ -53,11 +53,10 @@ class GenerateRequest(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0, le=3600)
 
     def to_request(self, progress=None) -> GenerationRequest:
-        from hotlora.engine.request import GenerationRequest  # here: importing schemas needs no torch
-
-        return GenerationRequest(self.prompt, specs(self.adapters), self.num_images, self.num_inference_steps,
-                                 self.guidance_scale, self.height, self.width, self.seed or 0, self.negative_prompt,
-                                 timeout_s=self.timeout_s, progress=progress)
+        return GenerationRequest(prompt=self.prompt, adapters=specs(self.adapters), num_images=self.num_images,
+                                 num_inference_steps=self.num_inference_steps, guidance_scale=self.guidance_scale,
+                                 height=self.height, width=self.width, seed=self.seed or 0,
+                                 negative_prompt=self.negative_prompt, timeout_s=self.timeout_s, progress=progress)
 
 
 class HFParameters(BaseModel):
@@ -81,15 +80,14 @@ class HFRequest(BaseModel):
 
     def to_request(self, lora: str | None = None, lora_slot: str = "") -> GenerationRequest:
         """``lora``: the ``lora`` header's reference, for ``lora_slot`` at ``parameters.lora_scale``."""
-        from hotlora.adapters.binding import AdapterSpec as Spec  # here: importing schemas needs no torch
-        from hotlora.engine.request import GenerationRequest
-
         params = self.parameters
         adapters = specs(params.adapters)
         if lora:
-            adapters[lora_slot] = Spec(lora, params.lora_scale)
-        return GenerationRequest(self.inputs, adapters, 1, params.num_inference_steps, params.guidance_scale,
-                                 params.height, params.width, params.seed or 0, params.negative_prompt)
+            adapters[lora_slot] = AdapterSpec(ref=lora, scale=params.lora_scale)
+        return GenerationRequest(prompt=self.inputs, adapters=adapters, num_images=1,
+                                 num_inference_steps=params.num_inference_steps, guidance_scale=params.guidance_scale,
+                                 height=params.height, width=params.width, seed=params.seed or 0,
+                                 negative_prompt=params.negative_prompt)
 
 
 class OpenAIImagesRequest(BaseModel):
@@ -118,11 +116,9 @@ class OpenAIImagesRequest(BaseModel):
         return parse_size(self.size)
 
     def to_request(self) -> GenerationRequest:
-        from hotlora.engine.request import GenerationRequest  # here: importing schemas needs no torch
-
         height, width = self.dimensions()
-        return GenerationRequest(self.prompt, specs(self.adapters), self.n, height=height, width=width,
-                                 seed=self.seed or 0)
+        return GenerationRequest(prompt=self.prompt, adapters=specs(self.adapters), num_images=self.n, height=height,
+                                 width=width, seed=self.seed or 0)
 
 
 class PrefetchRequest(BaseModel):
@@ -130,19 +126,18 @@ class PrefetchRequest(BaseModel):
     refs: list[Ref] = Field(min_length=1, max_length=64)
 
 
-def specs(adapters) -> dict[str, Spec]:
+def specs(adapters) -> dict[str, AdapterSpec]:
     """``{slot: "ref" | {"ref", "scale", "tokens"} | None}`` as the engine's AdapterSpecs (an empty
     slot is left out); checked once, by ``Engine.check``."""
-    from hotlora.adapters.binding import AdapterSpec as Spec  # here: importing schemas needs no torch
-
     out = {}
     for slot, spec in (adapters or {}).items():
         if spec is None:
             continue
         if isinstance(spec, str):
-            out[slot] = Spec(spec)
-        elif isinstance(spec, AdapterSpec):
-            out[slot] = Spec(spec.ref, spec.scale, None if spec.tokens is None else tuple(spec.tokens))
+            out[slot] = AdapterSpec(ref=spec)
+        elif isinstance(spec, AdapterBody):
+            out[slot] = AdapterSpec(ref=spec.ref, scale=spec.scale,
+                                    tokens=None if spec.tokens is None else tuple(spec.tokens))
         else:
             raise InvalidRequest(f"[{slot}] adapter spec must be a reference string or {{ref, scale}}")
     return out

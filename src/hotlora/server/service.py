@@ -8,9 +8,11 @@ each client a share of its workers and puts requests before prefetches. A reques
 (``timeout_s``) counts from its arrival and covers the fetch wait as well as the queue.
 
 The routes only translate their API's request into one ``GenerationRequest`` (once) and the
-result into their API's response. The service keeps to admission, fetching (it owns the event
-loop, the client's share and the deadline), queueing and encoding: checking, validating and laying
-out are the engine's (``Engine.check`` before the fetch, ``Engine.prepare`` after), each once.
+service's ``Generated`` into their API's response. The service keeps to admission, fetching (it
+owns the event loop, the client's share and the deadline; the adapter store is the serving
+object's, and the engines never see it), queueing and encoding: checking, validating and laying out
+are the engine's (``Engine.check`` before the fetch, ``Engine.prepare`` after, given every fetched
+adapter), each once.
 """
 
 from __future__ import annotations
@@ -19,16 +21,15 @@ import asyncio
 import logging
 import threading
 import time
-from dataclasses import replace
-from typing import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Mapping
 
 from fastapi import Request
 
-from hotlora.adapters.binding import AdapterSpec
 from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.store.references import redact_reference
 from hotlora.settings import ServerConfig
-from hotlora.engine.request import GenerationRequest
+from hotlora.engine.request import AdapterSpec, GenerationRequest
 from hotlora.engine.worker import DeadlineExceeded, Job, NotAccepting, Overloaded, Worker
 from hotlora.errors import HotloraError
 from hotlora.server.access import Access
@@ -38,18 +39,42 @@ from hotlora.server.metrics import Metrics
 from hotlora.server.tracing import Tracing
 from hotlora.tracing import Trace, wall_ns
 
+if TYPE_CHECKING:
+    from hotlora.server.run import Serving
+
 log = logging.getLogger(__name__)
 POLL_S = 0.1  # how often a waiting request checks that its client is still there
 
 
-class Service:
-    """What the routes share: the worker, the resolver, admission control, metrics."""
+@dataclass(frozen=True, kw_only=True)
+class Generated:
+    """One generation as every API answers it: the images encoded, what was served and how long
+    each stage took (``timings``: milliseconds per stage, ``total_ms`` last)."""
 
-    def __init__(self, worker: Worker, config: ServerConfig, tracing: Tracing | None = None):
-        self.worker = worker
+    images: list[bytes]
+    seeds: list[int]
+    adapters: dict[str, dict | None]  # slot -> what was served (``GenerationResult.adapters``)
+    timings: dict[str, float]
+    recompiles: int
+    size: str  # the size served, WIDTHxHEIGHT
+    snapped_from: str | None = None  # the size asked for, when size_policy "nearest" snapped it
+
+    def body(self) -> dict:
+        """The JSON answer's fields (images as the caller encodes them)."""
+        return {"images": self.images, "seeds": self.seeds, "adapters": self.adapters, "timings": self.timings,
+                "recompiles": self.recompiles, "size": self.size, "snapped_from": self.snapped_from}
+
+
+class Service:
+    """What the routes share: the worker and the adapter store (the serving object's), admission
+    control, metrics."""
+
+    def __init__(self, serving: Serving, config: ServerConfig, tracing: Tracing | None = None):
+        self.serving = serving
+        self.worker: Worker = serving.worker
         self.config = config
         self.access = Access(config)
-        self.metrics = Metrics(worker, self)
+        self.metrics = Metrics(self.worker, self)
         self.tracing = tracing or Tracing.from_endpoint(config.otlp_endpoint)
         # Requests past their fetch (preparing, queued, running) count against this bound; those
         # still waiting on fetches are bounded per client instead (``_fetching``), so one client's
@@ -74,19 +99,24 @@ class Service:
             self._pending -= 1
 
     @property
+    def store(self):
+        """The adapter store every request is fetched through (None until the first engine)."""
+        return self.serving.store
+
+    @property
     def pending(self) -> int:
         """Requests admitted (past their fetch): preparing, queued or running."""
         return self._pending
 
-    async def generate(self, request: Request, job: GenerationRequest, fmt: str) -> dict:
-        """Check, fetch, prepare, queue, wait (watching the client), encode. Returns images and
-        timings. ``job``: the route's translation of its body (``output_type`` "pil": encoded here).
+    async def generate(self, request: Request, job: GenerationRequest, fmt: str) -> Generated:
+        """Check, fetch, prepare, queue, wait (watching the client), encode. ``job``: the route's
+        translation of its body (``output_type`` "pil": encoded here).
         One trace per call when tracing is on (``server/tracing.py``)."""
         route = request.scope.get("route")
         with self.tracing.request(request.headers, request.method, route.path if route else request.url.path) as trace:
             return await self._generate(request, replace(job, trace=trace), fmt, trace)
 
-    async def _generate(self, request: Request, job: GenerationRequest, fmt: str, trace: Trace) -> dict:
+    async def _generate(self, request: Request, job: GenerationRequest, fmt: str, trace: Trace) -> Generated:
         began = time.monotonic()
         deadline = began + (job.timeout_s or self.config.request_timeout_s)  # the fetch wait counts too
         principal = self.access.principal_of(request)
@@ -95,15 +125,16 @@ class Service:
             self.check_sources(principal, [spec.ref for spec in job.adapters.values()])  # before any fetch
             if not self.worker.ready:
                 raise NotAccepting("the engine is not ready (starting, rebuilding or shutting down)")
-            engine = self.worker.engine
-            if engine is None:
+            engine, store = self.worker.engine, self.store
+            if engine is None or store is None:
                 raise NotAccepting("the engine is rebuilding")
-            checked = engine.check(job)  # parameters and specs first: bad ones never wait for a download
+            # Parameters and specs first: bad ones never wait for a download.
+            checked = engine.check(job, default_scale=store.default_scale)
         fetch_began = time.monotonic()
         # Waiting on fetches holds a place in the client's own share, not an admission slot: one
         # client's slow sources cannot turn everyone else's cached requests away.
         with self._fetching.hold(client), trace.span("fetch", adapters=len(checked.specs)):
-            fetched = await self.fetch(engine.store, checked.specs, principal, client, deadline)
+            fetched = await self.fetch(store, checked.specs, principal, client, deadline)
         fetch_ms = (time.monotonic() - fetch_began) * 1000
         self.admit()
         trace.event("admitted")
@@ -142,12 +173,12 @@ class Service:
         self.metrics.observe({**timings, "decode_ms": sum(decode) if decode else None}, result.adapters)
         log.info("generated %d images in %.0f ms (queue %.0f ms, generate %.0f ms)", len(images),
                  timings["total_ms"], timings["queue_ms"], timings["generate_ms"])
-        return {"images": images, "seeds": result.seeds, "adapters": result.adapters, "timings": timings,
-                "recompiles": result.recompiles, "size": result.size, "snapped_from": result.snapped_from}
+        return Generated(images=images, seeds=result.seeds, adapters=result.adapters, timings=timings,
+                         recompiles=result.recompiles, size=result.size, snapped_from=result.snapped_from)
 
     def check_sources(self, principal: Principal, refs: list[str]) -> None:
         """403 for a reference outside the caller's key's sources; nothing has been fetched yet."""
-        store = self.worker.store
+        store = self.store
         principal.check_references(refs, catalog_names=store.catalog if store is not None else ())
 
     async def fetch(self, store, specs: Mapping[str, AdapterSpec], principal: Principal, client: str = "local",
@@ -157,9 +188,7 @@ class Service:
         returns at once, never behind someone's slow download), waiting until ``deadline`` at most
         (504 then; the fetch goes on and its result is cached); ``Engine.prepare`` validates them.
         Each adapter goes on under the caller's own reference: a content-addressed hit carries the
-        first fetcher's. Slot -> adapter; slots left out (no store) are loaded by the engine."""
-        if store is None:
-            return {}
+        first fetcher's. Slot -> adapter, every slot of ``specs`` (the routes' references are text)."""
 
         async def fetch(slot, ref):
             return slot, self.access.named(principal, await store.aget(ref, client=client), ref)
@@ -257,10 +286,10 @@ SIZE_HEADER = "x-hotlora-size"  # the size served, WIDTHxHEIGHT
 SNAPPED_HEADER = "x-hotlora-snapped-from"  # the size asked for, when size_policy="nearest" snapped it
 
 
-def result_headers(out: dict) -> dict:
+def result_headers(out: Generated) -> dict:
     """Every API's answer to a generation carries its timings and the size it was served at (an
     image-bytes answer has no body to say it in)."""
-    headers = {"Server-Timing": server_timing(out["timings"]), SIZE_HEADER: out["size"]}
-    if out.get("snapped_from"):
-        headers[SNAPPED_HEADER] = out["snapped_from"]
+    headers = {"Server-Timing": server_timing(out.timings), SIZE_HEADER: out.size}
+    if out.snapped_from:
+        headers[SNAPPED_HEADER] = out.snapped_from
     return headers

@@ -123,7 +123,7 @@ class EngineConfig(Settings):
                                     parse=_batch_size)
     max_batch_size: int = setting(6, "the largest batch compiled for with batch_size auto")
     # engine/warmup.py: at full size on a CPU an unbounded measurement took ~640 s. Saved with the
-    # compile artifacts (engine/chunk_record.py): only a start with a new key measures.
+    # compile artifacts (engine/warmup.py): only a start with a new key measures.
     chunk_budget_s: float = setting(300.0, "batch_size auto: the most seconds warm-up spends timing chunk sizes "
                                            "(candidates not timed by then are not chosen; 0: no bound); the "
                                            "result is saved in compile_cache_dir and reused by later starts")

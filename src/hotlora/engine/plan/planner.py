@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import torch
 
 from hotlora.settings import EngineConfig, format_size
-from hotlora.engine.pipeline import default_device, resolve_dtype
+from hotlora.engine.device import default_device
+from hotlora.engine.pipeline import resolve_dtype
 from hotlora.engine.plan import activations
 from hotlora.engine.plan.budget import CPU_RUNTIME_BYTES, CUDA_RUNTIME_BYTES, format_bytes
 from hotlora.engine.plan.memory import Part, static_parts

@@ -18,7 +18,7 @@ path). No recompiles: the model is the slots' model throughout (PEFT layers over
 whose weights fused mode writes in place, never replacing them), and a fused request runs the
 slots' graph of the smallest rank bucket (the slots are empty), which the warm-up visits like
 every bucket. With a rank-0 bucket (slots that run no LoRA product at all), a fused request would
-be free of slot compute without a change here: ``SlotBank.swap({})`` picks the smallest bucket
+be free of slot compute without a change here: ``SlotsWriter.swap({})`` picks the smallest bucket
 that holds the (empty) slots.
 
 Every adapter must fit the slots' ceiling (``target_rank``, ``target_modules``, Linear layers
@@ -30,11 +30,12 @@ writing anything).
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
-from hotlora.adapters.binding import Binding, Bindings, assignment_key
+from hotlora.adapters.binding import Bindings, bindings_key
+from hotlora.engine.writers.base import SwapReport, ceiling_modules
 from hotlora.engine.writers.fused import FusedWriter
-from hotlora.engine.writers.slots import SlotBank, SwapReport, ceiling_modules
+from hotlora.engine.writers.slots import SlotsWriter
 from hotlora.errors import InvalidRequest
 from hotlora.lru import LRU
 
@@ -58,7 +59,7 @@ class AutoWriter:
         self.fused = FusedWriter(denoiser, family, slot_names, target_rank, served_models, restore=restore,
                                  min_kept=0.0, linears=linears)  # measures kept; never refuses (we decide)
         self._min_kept = min_kept
-        self.slots = SlotBank(denoiser, family, slot_names, target_rank, target_modules, served_models=served_models,
+        self.slots = SlotsWriter(denoiser, family, slot_names, target_rank, target_modules, served_models=served_models,
                               rank_buckets=rank_buckets)
         self.slot_names = self.slots.slot_names
         self.ceiling = self.slots.ceiling  # every adapter must be servable by the slots
@@ -77,37 +78,37 @@ class AutoWriter:
 
     # ------------------------------------------------------------------ the writer interface
 
-    def prepare(self, resolved: Mapping[str, Binding]) -> None:
+    def prepare(self, bindings: Bindings) -> None:
         """On the request's thread: measure what the merge keeps and choose the path; prepare
         that path's writer (the fused plan, or the slots' packed layout)."""
-        mode, _ = self._decide(resolved)
+        mode, _ = self._decide(bindings)
         if mode == SLOTS:
-            self.slots.prepare(resolved)
+            self.slots.prepare(bindings)
 
-    def _decide(self, resolved: Bindings) -> tuple[str, float]:
-        signature = assignment_key(resolved)
+    def _decide(self, bindings: Bindings) -> tuple[str, float]:
+        signature = bindings_key(bindings)
         decided = self._decisions.get(signature)
         if decided is None:
-            plan = self.fused.plan_for(resolved)
+            plan = self.fused.plan_for(bindings)
             kept = plan.kept if plan is not None else 1.0
             decided = (FUSED if kept >= self._min_kept else SLOTS, kept)
             if decided[0] == SLOTS:
-                self.fused.forget(resolved)  # never merged: its stacked factors would only hold memory
+                self.fused.forget(bindings)  # never merged: its stacked factors would only hold memory
             self._decisions.put(signature, decided)
         return decided
 
     def bind(self, samples: Sequence[Bindings], repeat: int = 1) -> SwapReport:
         """Before a chunk: one adapter set for the whole batch, on the path chosen for it. The
         other path is emptied first (slots zeroed, or the weights restored to ``W0``)."""
-        if len({assignment_key(s) for s in samples}) > 1:
+        if len({bindings_key(s) for s in samples}) > 1:
             raise InvalidRequest("auto mode holds one request's adapters at a time (fused into the weights or in "
                                  "the slots); a forward batch cannot carry different adapters")
-        assignment = samples[0] if samples else {}
-        mode, kept = self._decide(assignment)
+        bindings = samples[0] if samples else {}
+        mode, kept = self._decide(bindings)
         if mode == FUSED:
-            emptied, report = self.slots.swap({}), self.fused.swap(assignment)
+            emptied, report = self.slots.swap({}), self.fused.swap(bindings)
         else:
-            emptied, report = self.fused.swap({}), self.slots.swap(assignment)
+            emptied, report = self.fused.swap({}), self.slots.swap(bindings)
         report.ms += emptied.ms
         report.bytes_copied += emptied.bytes_copied
         report.modules_zeroed += emptied.modules_zeroed
@@ -115,8 +116,8 @@ class AutoWriter:
         # Each served slot says its path; ``kept`` is what the merge keeps (fused) or would have
         # kept (slots: why the request is not fused). ``Engine`` reports both per slot.
         report.fused = {slot: {**report.fused.get(slot, {}), "mode": mode, "kept": round(kept, 6)}
-                        for slot, binding in assignment.items() if binding is not None}
-        if assignment_key(assignment):
+                        for slot, binding in bindings.items() if binding is not None}
+        if bindings_key(bindings):
             self.batches[mode] += 1
         return report
 

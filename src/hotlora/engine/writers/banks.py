@@ -19,14 +19,13 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
-from hotlora.adapters.format.validate import SlotCeiling
-from hotlora.engine.runner import synchronize
 from hotlora.adapters.binding import Binding, Bindings
-from hotlora.engine.writers.slots import SwapReport, _Slot, ceiling_modules, write_padded
+from hotlora.adapters.format.validate import SlotCeiling
+from hotlora.engine.device import synchronize
+from hotlora.engine.writers.base import SwapReport, ceiling_modules
+from hotlora.engine.writers.slots import _Slot, write_padded
 from hotlora.errors import InvalidRequest, SlotStateCorrupt
 from hotlora.lru import LRU
-
-Assignment = Bindings  # slot/kind -> adapter and scale
 
 
 class BankSelector(nn.Module):
@@ -64,7 +63,7 @@ class BankedLinear(nn.Module):
         return y
 
 
-class AdapterBank:
+class BanksWriter:
     """The banks of one denoiser, their entries' occupants, and the per-sample selection (the
     ``banks`` adapter writer: several requests' adapters in one forward batch)."""
 
@@ -110,15 +109,12 @@ class AdapterBank:
 
     def check_intact(self) -> None:
         if self._fingerprint() != self._layout:
-            raise SlotStateCorrupt("bank tensors were replaced or reshaped outside the adapter bank")
+            raise SlotStateCorrupt("bank tensors were replaced or reshaped outside the banks writer")
 
     # ------------------------------------------------------------------ the writer interface
 
-    def prepare(self, resolved: Bindings) -> None:
+    def prepare(self, bindings: Bindings) -> None:
         """Nothing to lay out: bank entries are written module by module."""
-
-    def bind(self, samples: Sequence[Assignment], repeat: int = 1) -> SwapReport:
-        return self.assign(samples, repeat)
 
     def warmup_states(self) -> tuple[str, ...]:
         return ("banks",)  # one graph serves any assignment of entries
@@ -130,7 +126,7 @@ class AdapterBank:
         return {"writer": "banks", "slot_bytes": self.nbytes, "entries": self.entries, "resident": len(self._resident)}
 
     @torch.no_grad()
-    def assign(self, samples: Sequence[Assignment], repeat: int = 1) -> SwapReport:
+    def bind(self, samples: Sequence[Bindings], repeat: int = 1) -> SwapReport:
         """Make every sample's adapters resident and point the selector at them.
 
         ``samples`` lists each real sample's ``{slot: (adapter, scale)}``; ``repeat`` tiles the

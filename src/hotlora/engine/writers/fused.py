@@ -42,11 +42,11 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
+from hotlora.adapters.binding import Bindings, bindings_key, factors_by_module
 from hotlora.adapters.format.convert import Adapter, LoraWeights
-from hotlora.adapters.binding import Bindings, assignment_key, factors_by_module
 from hotlora.adapters.format.validate import SlotCeiling
-from hotlora.engine.runner import synchronize
-from hotlora.engine.writers.slots import SwapReport, ceiling_modules
+from hotlora.engine.device import synchronize
+from hotlora.engine.writers.base import SwapReport, ceiling_modules
 from hotlora.errors import AdapterRejected, InvalidRequest, SlotStateCorrupt
 from hotlora.lru import LRU
 
@@ -145,15 +145,15 @@ class FusedWriter:
 
     # ------------------------------------------------------------------ the writer interface
 
-    def prepare(self, resolved: Bindings) -> None:
+    def prepare(self, bindings: Bindings) -> None:
         """On the request's thread: stack the request's factors per layer shape (the swap then
         only runs GEMMs and copies) and measure what the merge keeps; a request whose merged
         weights would carry less than ``min_kept`` of its delta is refused here, before the
         weights are touched."""
-        plan = self.plan_for(resolved)
+        plan = self.plan_for(bindings)
         if plan is not None and self.min_kept is not None and plan.kept < self.min_kept:
             dtype = next(iter(self._params.values())).dtype
-            names = ", ".join(f"{slot}={b.adapter.name} (scale {b.scale:g})" for slot, b in sorted(resolved.items())
+            names = ", ".join(f"{slot}={b.adapter.name} (scale {b.scale:g})" for slot, b in sorted(bindings.items())
                               if b is not None and b.writes)
             raise AdapterRejected(names, [
                 f"merged into the {str(dtype).removeprefix('torch.')} weights, it would keep {plan.kept:.1%} of its "
@@ -162,26 +162,26 @@ class FusedWriter:
                 "adapter_mode=slots (unfused, nothing lost) or auto (slots for such requests), or lower "
                 "fused_min_kept to accept the loss"])
 
-    def plan_for(self, resolved: Bindings) -> _Plan | None:
+    def plan_for(self, bindings: Bindings) -> _Plan | None:
         """The request's plan (``kept`` measured), from the cache or built now and cached; None for
         a request that merges nothing."""
-        signature = assignment_key(resolved)
+        signature = bindings_key(bindings)
         if not signature:
             return None
         plan = self._plans.get(signature)
         if plan is None:
-            plan = self._plan(resolved)
+            plan = self._plan(bindings)
             self._plans.put(signature, plan)
         return plan
 
-    def forget(self, resolved: Bindings) -> None:
+    def forget(self, bindings: Bindings) -> None:
         """Drop the request's cached plan (auto mode: a request served through the slots never
         merges, so its stacked factors would only hold device memory)."""
-        self._plans.pop(assignment_key(resolved))
+        self._plans.pop(bindings_key(bindings))
 
     def bind(self, samples: Sequence[Bindings], repeat: int = 1) -> SwapReport:
         """Before a chunk: the weights hold one adapter set, so every sample must carry the same."""
-        if len({assignment_key(s) for s in samples}) > 1:
+        if len({bindings_key(s) for s in samples}) > 1:
             raise InvalidRequest("fused mode merges one request's adapters into the weights; a forward batch "
                                  "cannot carry different adapters")
         return self.swap(samples[0] if samples else {})
@@ -216,8 +216,8 @@ class FusedWriter:
     # ------------------------------------------------------------------ the swap
 
     @torch.no_grad()
-    def _plan(self, assignment: Bindings) -> _Plan:
-        per_module, fused = factors_by_module(assignment, self.weights_of)
+    def _plan(self, bindings: Bindings) -> _Plan:
+        per_module, fused = factors_by_module(bindings, self.weights_of)
         shapes: dict[tuple[int, ...], list[str]] = {}
         for module in per_module:
             shapes.setdefault(tuple(self._params[module].shape), []).append(module)
@@ -270,17 +270,17 @@ class FusedWriter:
             yield group.modules[lo:lo + step], torch.bmm(group.up[lo:lo + step], group.down[lo:lo + step])
 
     @torch.no_grad()
-    def swap(self, assignment: Bindings) -> SwapReport:
-        """Merge ``assignment`` (slot -> (adapter, scale)) into the weights; slots not named are
+    def swap(self, bindings: Bindings) -> SwapReport:
+        """Merge ``bindings`` (slot -> (adapter, scale)) into the weights; slots not named are
         empty. Callers validate first. The same adapters and scales as now: nothing is written."""
         start = time.perf_counter()
         report = SwapReport()
-        signature = assignment_key(assignment)
-        for slot, value in assignment.items():
+        signature = bindings_key(bindings)
+        for slot, value in bindings.items():
             report.adapters[slot] = value[0].sha256 if value is not None else None
         with self._lock:
             if signature != self._current:
-                plan = (self._plans.get(signature) if signature else None) or self._plan(assignment)
+                plan = (self._plans.get(signature) if signature else None) or self._plan(bindings)
                 try:
                     self._write(plan, report)
                 except BaseException:

@@ -31,42 +31,20 @@ from __future__ import annotations
 import re
 import time
 import warnings
-from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 import torch
 
-from hotlora.adapters.binding import Binding, Bindings, assignment_key
+from hotlora.adapters.binding import Bindings, bindings_key
 from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.format.validate import SlotCeiling
-from hotlora.engine.runner import synchronize
+from hotlora.engine.device import synchronize
+from hotlora.engine.writers.base import SwapReport, ceiling_modules
 from hotlora.engine.writers.packing import PackCache, PackedWeights, PackLayout
 from hotlora.errors import InvalidRequest, SlotStateCorrupt
 
 PEFT_ADAPTER = "hotlora_slots"  # the one PEFT adapter all slots are rows of
-
-
-@dataclass
-class SwapReport:
-    ms: float = 0.0
-    bytes_copied: int = 0
-    modules_written: int = 0
-    modules_zeroed: int = 0
-    packed_writes: int = 0  # slots written with one copy per buffer
-    per_module_writes: int = 0  # slots given an adapter module by module (not packed for this layout)
-    rank_bucket: int = 0  # the rank the model runs for this request (see SlotBank.rank_buckets)
-    adapters: dict[str, str | None] = field(default_factory=dict)  # slot -> sha256
-    # Fused mode: slot -> {"modules": how many layers its adapter was merged into, "rank": its rank}
-    fused: dict[str, dict] = field(default_factory=dict)
-    text_ms: float = 0.0  # the text encoders' part: their LoRA bound, embeddings copied (not in ``ms``; Timings.swap_ms has both)
-
-    def add(self, other: "SwapReport") -> None:
-        """Fold a later swap of the same request (the next chunk's) into this report."""
-        for name in ("ms", "bytes_copied", "modules_written", "modules_zeroed", "packed_writes", "per_module_writes",
-                     "text_ms"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.rank_bucket, self.adapters = other.rank_bucket, dict(other.adapters)
-        self.fused = {**self.fused, **other.fused}
 
 
 @dataclass
@@ -84,26 +62,7 @@ class _Slot:
     flat_up: torch.Tensor | None = None  # [R, sum(out)]: every module's up is a transposed view of it
 
 
-def ceiling_modules(denoiser: torch.nn.Module, target_modules: Iterable[str] | str | None) -> dict[str, tuple[int, int]]:
-    """The Linear layers slots will cover: all of them, or those named (exact names or a regex)."""
-    linears = {name: m for name, m in denoiser.named_modules() if isinstance(m, torch.nn.Linear)}
-    if target_modules is None:
-        chosen = list(linears)
-    elif isinstance(target_modules, str):
-        pattern = re.compile(target_modules)
-        chosen = [n for n in linears if pattern.fullmatch(n)]
-    else:
-        wanted = list(target_modules)
-        missing = [n for n in wanted if n not in linears and not any(l.endswith("." + n) for l in linears)]
-        if missing:
-            raise ValueError(f"target modules not found among the denoiser's Linear layers: {', '.join(missing[:8])}")
-        chosen = [n for n in linears if n in wanted or any(n.endswith("." + w) for w in wanted)]
-    if not chosen:
-        raise ValueError("the slot ceiling selects no Linear layer of the denoiser")
-    return {n: (linears[n].in_features, linears[n].out_features) for n in chosen}
-
-
-class SlotBank:
+class SlotsWriter:
     """The slots of one denoiser (the ``slots`` adapter writer). Owns every LoRA tensor in it;
     nothing else writes them. One request's adapters at a time."""
 
@@ -248,15 +207,15 @@ class SlotBank:
 
     # ------------------------------------------------------------------ the writer interface
 
-    def prepare(self, resolved: Mapping[str, Binding]) -> None:
+    def prepare(self, bindings: Bindings) -> None:
         """On the request's thread: lay the adapters out for a one-copy swap (side table)."""
-        for adapter, _ in resolved.values():
+        for adapter, _ in bindings.values():
             self.packs.prepare(adapter)
 
     def bind(self, samples: Sequence[Bindings], repeat: int = 1) -> SwapReport:
         """Before a chunk: every sample's adapters in place. The slots hold one request's adapters,
         so every sample must carry the same; a repeated bind of what is in place copies nothing."""
-        if len({assignment_key(s) for s in samples}) > 1:
+        if len({bindings_key(s) for s in samples}) > 1:
             raise InvalidRequest("this engine's slots hold one request's adapters at a time; "
                                  "build it with mixed=True to batch requests with different adapters")
         return self.swap(samples[0] if samples else {})
@@ -269,16 +228,16 @@ class SlotBank:
         self.use_bucket(state)
 
     @torch.no_grad()
-    def swap(self, assignments: Bindings) -> SwapReport:
+    def swap(self, bindings: Bindings) -> SwapReport:
         """Write each slot's adapter (or zeros) in place. Callers validate first.
 
-        Slots not named in ``assignments`` are emptied: a request gets exactly the adapters it
+        Slots not named in ``bindings`` are emptied: a request gets exactly the adapters it
         names, never a previous request's.
         """
         start = time.perf_counter()
         report = SwapReport()
         for name, slot in self._slots.items():
-            assigned = assignments.get(name)
+            assigned = bindings.get(name)
             adapter, scale = assigned if assigned is not None else (None, 0.0)
             if adapter is not None and slot.key == assigned.key:
                 report.adapters[name] = adapter.sha256

@@ -31,14 +31,13 @@ from typing import Mapping, Sequence
 
 import torch
 
-from hotlora.adapters.binding import Binding
-from hotlora.families import ModelFamily
+from hotlora.adapters.binding import Bindings
 from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.format.validate import problems_with
 from hotlora.engine.writers.text_lora import UnfusedTextLora
 from hotlora.errors import InvalidRequest
+from hotlora.families import ModelFamily
 
-Resolved = Mapping[str, Binding]
 RESERVED = re.compile(r"<hotlora-", re.IGNORECASE)  # CLIP's tokenizer lowercases before matching added tokens
 
 
@@ -104,8 +103,9 @@ def _text_weights(encoder: str):
     return lambda adapter: adapter.text_modules.get(encoder, {})
 
 
-class TextEncoders:
-    """Every text encoder's writer and reserved rows, bound per request before it is encoded."""
+class TextEncodersWriter:
+    """Every text encoder's LoRA and reserved rows, applied per request before it is encoded (the
+    ``TextWriter``)."""
 
     def __init__(self, pipeline, family: ModelFamily, slot_names: Sequence[str], *, lora: bool = True, rows: int = 4):
         self.family = family
@@ -117,7 +117,7 @@ class TextEncoders:
         self.rows = {te: ReservedRows(getattr(pipeline, self.family.tokenizer_of[te]), module, slot_names, rows)
                      for te, module in present.items()
                      if rows and self.slot_names and getattr(pipeline, self.family.tokenizer_of[te], None) is not None}
-        self._bound: tuple | None = ()
+        self._applied: tuple | None = ()
 
     # ------------------------------------------------------------------ before anything is touched
 
@@ -145,18 +145,18 @@ class TextEncoders:
                 problems.append(f"embedding token {reserved[0]!r:.80} uses the engine's reserved prefix <hotlora-")
         return problems
 
-    def prepare(self, resolved: Resolved, *texts: str | None) -> None:
+    def prepare(self, bindings: Bindings, *texts: str | None) -> None:
         """On the request's thread, once per request: its token names and prompts checked (below),
-        then each text encoder's LoRA factors stacked on its device, so that ``bind`` on the serving
+        then each text encoder's LoRA factors stacked on its device, so that ``apply`` on the serving
         thread only re-points the hooks."""
-        self.check(resolved, *texts)
+        self.check(bindings, *texts)
         for encoder, writer in self.lora.items():
-            writer.prepare(self._assignment(encoder, resolved))
+            writer.prepare(self._with_lora_for(encoder, bindings))
 
-    def check(self, resolved: Resolved, *texts: str | None) -> None:
+    def check(self, bindings: Bindings, *texts: str | None) -> None:
         """Per request: token names unique across its slots, and no reserved token in its prompts."""
         owner: dict[str, str] = {}
-        for slot, (adapter, _) in resolved.items():
+        for slot, (adapter, _) in bindings.items():
             for token in adapter.embeddings.tokens if adapter.embeddings is not None else ():
                 if token in owner:
                     raise InvalidRequest(f"slots {owner[token]} and {slot} both define the embedding token {token}; "
@@ -165,42 +165,42 @@ class TextEncoders:
         if any(isinstance(text, str) and RESERVED.search(text) for text in texts):
             raise InvalidRequest("the prompt names a token reserved by the engine (<hotlora-...>)")
 
-    # ------------------------------------------------------------------ binding and prompts
+    # ------------------------------------------------------------------ applying and prompts
 
     @staticmethod
-    def _assignment(encoder: str, resolved: Resolved) -> dict:
+    def _with_lora_for(encoder: str, bindings: Bindings) -> dict:
         """The slots whose adapters carry LoRA for ``encoder``."""
-        return {slot: b for slot, b in resolved.items() if b.adapter.text_modules.get(encoder)}
+        return {slot: b for slot, b in bindings.items() if b.adapter.text_modules.get(encoder)}
 
-    def signature(self, resolved: Resolved) -> tuple:
-        """What the text encoders hold for ``resolved``: equal signatures encode prompts alike.
+    def signature(self, bindings: Bindings) -> tuple:
+        """What the text encoders hold for ``bindings``: equal signatures encode prompts alike.
         Each slot's ``Binding.key``, but embeddings ignore the scale: an adapter with embeddings and
         no text-encoder LoRA is the same state at any scale (its rows are copied unscaled)."""
         return tuple(sorted((slot, b.key if b.adapter.text_modules else (b.adapter.key, None))
-                            for slot, b in resolved.items() if b.adapter.text_parts))
+                            for slot, b in bindings.items() if b.adapter.text_parts))
 
-    def bind(self, resolved: Resolved) -> float:
-        """Bind the request's text-encoder LoRA and copy its embeddings into its slots' rows;
-        nothing is written when the text encoders already hold them. Milliseconds spent."""
-        signature = self.signature(resolved)
-        if signature == self._bound:
+    def apply(self, bindings: Bindings) -> float:
+        """Point the text-encoder LoRA at the request's and copy its embeddings into its slots'
+        rows; nothing is written when the text encoders already hold them. Milliseconds spent."""
+        signature = self.signature(bindings)
+        if signature == self._applied:
             return 0.0
         began = time.perf_counter()
-        self._bound = None  # unknown until every write below has landed
+        self._applied = None  # unknown until every write below has landed
         for encoder, writer in self.lora.items():
-            writer.swap(self._assignment(encoder, resolved))
+            writer.swap(self._with_lora_for(encoder, bindings))
         for encoder, rows in self.rows.items():
-            for slot, (adapter, _) in resolved.items():
+            for slot, (adapter, _) in bindings.items():
                 if adapter.embeddings is not None and encoder in adapter.embeddings.vectors:
                     rows.write(slot, adapter.embeddings.vectors[encoder])
-        self._bound = signature
+        self._applied = signature
         return (time.perf_counter() - began) * 1000
 
-    def prompts(self, resolved: Resolved, prompt: str, negative: str | None = None) -> dict:
+    def prompts(self, bindings: Bindings, prompt: str, negative: str | None = None) -> dict:
         """The pipeline's prompt arguments for this request: each text encoder's prompt with the
         request's trainer tokens replaced by its slots' reserved tokens (unchanged without embeddings)."""
         texts = {"prompt": prompt, **({"negative_prompt": negative} if negative is not None else {})}
-        mappings = {encoder: self._mapping(encoder, resolved) for encoder in self.rows}
+        mappings = {encoder: self._mapping(encoder, bindings) for encoder in self.rows}
         if not any(mappings.values()):
             return texts
         out = {}
@@ -212,9 +212,9 @@ class TextEncoders:
                 out[key] = _rewritten(text, mappings.get(encoder) or {}, rows is not None and rows.ignore_case)
         return out
 
-    def _mapping(self, encoder: str, resolved: Resolved) -> dict[str, str]:
+    def _mapping(self, encoder: str, bindings: Bindings) -> dict[str, str]:
         rows, mapping = self.rows[encoder], {}
-        for slot, (adapter, _) in resolved.items():
+        for slot, (adapter, _) in bindings.items():
             if adapter.embeddings is not None and encoder in adapter.embeddings.vectors:
                 mapping.update(zip(adapter.embeddings.tokens, rows.names[slot]))
         return mapping

@@ -25,10 +25,10 @@ from typing import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
-from hotlora.adapters.binding import Bindings, assignment_key, factors_by_module
+from hotlora.adapters.binding import Bindings, bindings_key, factors_by_module
 from hotlora.adapters.format.convert import Adapter, LoraWeights
 from hotlora.adapters.format.validate import SlotCeiling
-from hotlora.engine.writers.slots import ceiling_modules
+from hotlora.engine.writers.base import ceiling_modules
 from hotlora.errors import SlotStateCorrupt
 from hotlora.lru import LRU
 
@@ -65,15 +65,15 @@ class UnfusedTextLora:
         self._bound: dict[str, dict] = {}
         self._plans: LRU[tuple, _Plan] = LRU(max_cost=self.PLAN_CACHE_BYTES, cost=lambda plan: plan.nbytes)
 
-    def prepare(self, assignment: Bindings) -> None:
+    def prepare(self, bindings: Bindings) -> None:
         """On the request's thread: the request's factors stacked per layer, on the device (cached)."""
-        signature = assignment_key(assignment)
+        signature = bindings_key(bindings)
         if signature and self._plans.get(signature) is None:
-            self._plans.put(signature, self._plan(assignment))
+            self._plans.put(signature, self._plan(bindings))
 
     @torch.no_grad()
-    def _plan(self, assignment: Bindings) -> _Plan:
-        per_module, bound = factors_by_module(assignment, self.weights_of)
+    def _plan(self, bindings: Bindings) -> _Plan:
+        per_module, bound = factors_by_module(bindings, self.weights_of)
         factors, nbytes = {}, 0
         for module, parts in per_module.items():
             # float32 before scaling (one rounding into the encoder's dtype), as diffusers' PEFT
@@ -84,14 +84,14 @@ class UnfusedTextLora:
             nbytes += down.nbytes + up.nbytes
         return _Plan(factors, bound, nbytes)
 
-    def swap(self, assignment: Bindings) -> float:
-        """Point the hooks at ``assignment``'s factors (hooks only on the layers it touches).
+    def swap(self, bindings: Bindings) -> float:
+        """Point the hooks at ``bindings``'s factors (hooks only on the layers it touches).
         Milliseconds spent; nothing is written when it is already bound."""
-        signature = assignment_key(assignment)
+        signature = bindings_key(bindings)
         if signature == self._current:
             return 0.0
         began = time.perf_counter()
-        plan = (self._plans.get(signature) or self._plan(assignment)) if signature else _Plan({}, {}, 0)
+        plan = (self._plans.get(signature) or self._plan(bindings)) if signature else _Plan({}, {}, 0)
         for module in [m for m in self._hooks if m not in plan.factors]:
             self._hooks.pop(module).remove()
         self._active = plan.factors
