@@ -114,12 +114,15 @@ class FetchScheduler:
     # ------------------------------------------------------------------ internals
 
     def _wake(self) -> None:
-        """Called holding the lock: an idle worker takes the new work, else a new one starts."""
+        """Called holding the lock: idle workers look for the new work, and a new one starts while
+        the pool is not full."""
         if self._idle:
             # All of them: a notified thread counts as idle until it runs, so a single notify
             # could go to one already woken and the new work would wait for the next finish.
             self._cond.notify_all()
-        elif len(self._threads) < self.workers:
+        # A new thread too, even with some idle: several submits can land while one notified
+        # thread has not run yet, and it takes only one of them; the rest would wait for a finish.
+        if len(self._threads) < self.workers:
             thread = threading.Thread(target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True)
             self._threads.append(thread)
             thread.start()
