@@ -7,7 +7,7 @@ through the ``TextWriter`` protocol (``apply``, ``prompts``, ``signature``).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import torch
 
