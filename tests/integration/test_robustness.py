@@ -105,7 +105,7 @@ def test_the_fail_on_recompile_stance_backs_the_size_check(warm):
     share dynamo's graphs, dynamic image sizes included)."""
     _, engine = warm
     with pytest.raises(UnservedShape, match="would compile a new graph"):
-        with engine._engine_section():
+        with engine.warm.section():
             engine.pipeline(prompt=PROMPT, num_inference_steps=1, max_sequence_length=128, output_type="latent")
 
 

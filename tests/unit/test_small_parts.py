@@ -70,3 +70,14 @@ def test_skipped_text_encoder_parts_are_reported_by_model_not_by_layer():
     with_text = Adapter("c", "sdxl", "diffusers", {}, "2" * 64, text_modules={"text_encoder": weights})
     assert skipped(with_text) == {**skipped(with_text), "keys": 2, "parts": ["text_encoder"]}
     assert skipped(with_text, applied_text_encoders=("text_encoder",)) is None
+
+
+def test_a_run_lays_its_requests_images_out_in_order_and_cuts_them_into_chunks():
+    from hotlora.engine.runner import Part, plan_chunks
+
+    assert plan_chunks([7], 3) == [(Part(request=0, start=0, count=3),), (Part(request=0, start=3, count=3),),
+                                   (Part(request=0, start=6, count=1),)]
+    assert [sum(p.count for p in chunk) for chunk in plan_chunks([7], 3)] == chunk_sizes(7, 3)
+    assert plan_chunks([2, 3], 5) == [(Part(request=0, start=0, count=2), Part(request=1, start=0, count=3))]
+    assert plan_chunks([2, 3], 4) == [(Part(request=0, start=0, count=2), Part(request=1, start=0, count=2)),
+                                      (Part(request=1, start=2, count=1),)]

@@ -7,7 +7,7 @@ import torch
 from hotlora.engine import runner
 from hotlora.engine.device import synchronize
 from hotlora.engine.request import Timings
-from hotlora.engine.runner import run_pack
+from hotlora.engine.runner import plan_chunks, run_chunks
 
 
 class CudaLookingPipeline:
@@ -31,8 +31,8 @@ def test_each_chunk_is_timed_after_the_device_synchronises(monkeypatch):
     clock = iter(range(100))
     monkeypatch.setattr(runner.time, "perf_counter", lambda: events.append("clock") or next(clock))
     timings = Timings()
-    images = run_pack(CudaLookingPipeline(events), prompt="x", num_images=3, batch_size=2, seed=0,
-                      output_type="pt", call_kwargs={"num_inference_steps": 1}, timings=timings)
+    (images,) = run_chunks(CudaLookingPipeline(events), plan_chunks([3], 2), seeds=[0], output_type="pt",
+                           call_kwargs={"prompt": "x", "num_inference_steps": 1}, timings=[timings])
     assert images.shape[0] == 3
     assert events == ["clock", "denoise", "sync:cuda", "clock"] * 2
     assert len(timings.generate_ms) == 2
@@ -80,9 +80,9 @@ def test_the_decode_starts_where_the_last_step_ended_synchronised_and_is_traced(
     tracing, timings = Tracing(provider), Timings()
     try:
         with tracing.request({}, "POST", "/v1/generate") as trace:
-            run_pack(SteppingPipeline(events), prompt="x", num_images=3, batch_size=2, seed=0, output_type="pt",
-                     call_kwargs={"num_inference_steps": 2}, timings=timings, trace=trace,
-                     progress=lambda done, total: progress.append((done, total)))
+            run_chunks(SteppingPipeline(events), plan_chunks([3], 2), seeds=[0], output_type="pt",
+                       call_kwargs={"prompt": "x", "num_inference_steps": 2}, timings=[timings], trace=trace,
+                       progress=lambda done, total: progress.append((done, total)))
     finally:
         tracing.shutdown()
     chunk = ["clock", "step0", "step1", "sync", "clock", "decode", "sync", "clock"]

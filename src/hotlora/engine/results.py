@@ -1,14 +1,21 @@
-"""What a run gives back: ``GenerationResult``, one per request, with its images finished for the
-output type asked and what each slot's adapter was served as."""
+"""What a run gives back: one ``GenerationResult`` per request, made by ``build_result`` (the one
+result builder), for the warm model's output kind (``IMAGES``: a batch of images on dim 0; a
+video family adds frames)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+
+import torch
 
 from hotlora.engine import guard
-from hotlora.engine.request import Bindings, Timings
+from hotlora.engine.request import Bindings, PreparedRequest, Timings
 from hotlora.engine.writers import SwapReport
+
+if TYPE_CHECKING:
+    from hotlora.engine.warm import WarmModel
 
 
 @dataclass(kw_only=True)
@@ -21,6 +28,62 @@ class GenerationResult:
     recompiles: int = 0
     size: str = ""  # the size served, WIDTHxHEIGHT
     snapped_from: str | None = None  # the size asked for when the policy snapped it to ``size``
+
+
+class OutputKind(Protocol):
+    """What a pipeline gives back, as the runner asks for it, joins its chunks and finishes it."""
+
+    name: str
+
+    def pipeline_output_type(self, output_type: str) -> str:
+        """The ``output_type`` the pipeline is called with for a request's ``output_type``."""
+
+    def join(self, pieces: Sequence) -> Any:
+        """One request's chunks (the pipeline's outputs, sliced to its samples), in order, as one."""
+
+    def finish(self, pipeline, output, output_type: str) -> Any:
+        """What the request gets, after its output was checked finite."""
+
+
+class Images:
+    """A batch of images on dim 0. "pil" is asked of the pipeline as tensors (checked for NaN
+    before anything is encoded) and made PIL last."""
+
+    name = "images"
+
+    def pipeline_output_type(self, output_type: str) -> str:
+        return "pt" if output_type == "pil" else output_type
+
+    def join(self, pieces: Sequence) -> Any:
+        if isinstance(pieces[0], torch.Tensor):
+            return torch.cat(list(pieces))
+        if isinstance(pieces[0], list):
+            return [image for piece in pieces for image in piece]
+        import numpy as np
+
+        return np.concatenate(pieces)
+
+    def finish(self, pipeline, output, output_type: str) -> Any:
+        if output_type == "pil":
+            output = pipeline.image_processor.numpy_to_pil(pipeline.image_processor.pt_to_numpy(output))
+        return output
+
+
+IMAGES = Images()
+
+
+def build_result(warm: WarmModel, request: PreparedRequest, output, ran: Timings, swap: SwapReport,
+                 began: float) -> GenerationResult:
+    """A request's result: its ``output`` (joined, checked) finished for its output type; its timings
+    (``ran``: the chunks it ran in; swap time includes the text encoders'; total from ``began``
+    plus its preparation); what each slot's adapter was served as."""
+    images = warm.output.finish(warm.pipeline, output, request.output_type)
+    timings = replace(request.timings, swap_ms=swap.ms + swap.text_ms, generate_ms=ran.generate_ms,
+                      decode_ms=ran.decode_ms, chunks=ran.chunks)
+    timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
+    served = served_adapters(request.adapters, warm.text.lora_encoders, swap.fused, warm.path)
+    return GenerationResult(images=images, seeds=request.seeds, timings=timings, swap=swap, adapters=served,
+                            recompiles=warm.recompiles, size=request.size, snapped_from=request.snapped_from)
 
 
 def served_adapters(bindings: Bindings, text_encoders=(), fused: Mapping[str, dict] | None = None,
@@ -37,10 +100,3 @@ def served_adapters(bindings: Bindings, text_encoders=(), fused: Mapping[str, di
                    "skipped": guard.skipped(a, text_encoders), "mode": fused.get(slot, {}).get("mode", path),
                    **({"fused_kept": fused[slot]["kept"]} if "kept" in fused.get(slot, {}) else {})}
             for slot, (a, scale) in bindings.items()}
-
-
-def finish_images(pipeline, images, output_type: str):
-    """Encode PIL (finiteness was checked inside the engine section)."""
-    if output_type == "pil":
-        images = pipeline.image_processor.numpy_to_pil(pipeline.image_processor.pt_to_numpy(images))
-    return images

@@ -1,22 +1,72 @@
-"""Run one pack: chunks of the compiled batch size, per-image seeds, timings."""
+"""Running prepared requests on the warm model: one path for a pack and for a mixed batch.
+
+A run is a list of requests whose images are laid out in order and cut into chunks: one request's
+pack in chunks of ``chunk_for`` its size and CFG mode, or several requests in ONE forward batch
+(the banks writer's mixed batch, filled by the worker up to the compiled limit). Per chunk the
+writer binds each image's adapters, the pipeline runs once with one generator per image, and the
+chunk's time is split into denoise and decode; then each request's images are checked and handed
+to the one result builder (``results.build_result``).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import torch
 
+from hotlora.engine import guard
 from hotlora.engine.device import synchronize
-from hotlora.engine.request import Timings
-from hotlora.tracing import NO_TRACE, Trace
+from hotlora.engine.guard import NonFiniteOutput
+from hotlora.engine.prompts import batch_prompts
+from hotlora.engine.request import PreparedRequest, Timings
+from hotlora.engine.results import IMAGES, GenerationResult, OutputKind, build_result
+from hotlora.engine.writers import SwapReport
+from hotlora.errors import InvalidRequest
+from hotlora.tracing import NO_TRACE, Trace, together
+
+if TYPE_CHECKING:
+    from hotlora.engine.warm import WarmModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Part:
+    """Images ``start .. start + count`` of the run's request ``request``, side by side in a chunk."""
+
+    request: int
+    start: int
+    count: int
+
+
+Chunk = tuple[Part, ...]
 
 
 def chunk_sizes(num_images: int, batch_size: int) -> list[int]:
     """``num_images`` split into ceil(n / batch_size) chunks, all full but the last."""
     full, rest = divmod(num_images, batch_size)
     return [batch_size] * full + ([rest] if rest else [])
+
+
+def plan_chunks(counts: Sequence[int], size: int) -> list[Chunk]:
+    """The images of requests with ``counts[i]`` images each, in request order, in chunks of at
+    most ``size`` images: all full but the last."""
+    chunks, parts, room = [], [], size
+    for request, count in enumerate(counts):
+        start = 0
+        while start < count:
+            take = min(room, count - start)
+            parts.append(Part(request=request, start=start, count=take))
+            start, room = start + take, room - take
+            if room == 0:
+                chunks.append(tuple(parts))
+                parts, room = [], size
+    if parts:
+        chunks.append(tuple(parts))
+    return chunks
 
 
 def step_callback(progress: Callable[[int, int], None], done_before: int, total: int):
@@ -26,7 +76,7 @@ def step_callback(progress: Callable[[int, int], None], done_before: int, total:
         try:
             progress(done_before + step + 1, total)
         except Exception:
-            logging.getLogger(__name__).exception("progress listener failed")
+            log.exception("progress listener failed")
         return callback_kwargs
 
     return on_step_end
@@ -65,13 +115,16 @@ class DenoiseClock:
         return callback_kwargs
 
 
-def split_chunk(timings: Timings, trace: Trace, began: float, ended: float, clock: DenoiseClock, size: int) -> None:
-    """One chunk's time as denoise + decode (timings and the request's trace)."""
-    timings.generate_ms.append((ended - began) * 1000)
-    timings.chunks.append(size)
+def split_chunk(timings: Iterable[Timings], trace: Trace, began: float, ended: float, clock: DenoiseClock,
+                size: int) -> None:
+    """One chunk's time as denoise + decode: in the timings of every request it carried, and as
+    spans in ``trace``."""
     boundary = clock.last_step_ended
-    if boundary is not None:
-        timings.decode_ms.append((ended - boundary) * 1000)
+    for each in timings:
+        each.generate_ms.append((ended - began) * 1000)
+        each.chunks.append(size)
+        if boundary is not None:
+            each.decode_ms.append((ended - boundary) * 1000)
     if trace.recording:  # spans are wall clock: this chunk's perf_counter readings, shifted (``ended`` is now)
         offset = time.time_ns() - int(ended * 1e9)
         middle = boundary if boundary is not None else ended
@@ -86,39 +139,92 @@ def image_generators(seed: int, start: int, count: int) -> list[torch.Generator]
     return [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(start, start + count)]
 
 
-def run_pack(pipeline, *, prompt, num_images: int, batch_size: int, seed: int, output_type: str, call_kwargs: dict,
-             timings: Timings, progress: Callable[[int, int], None] | None = None,
-             before_chunk: Callable[[int], None] | None = None, trace: Trace = NO_TRACE):
-    """Run ``num_images`` through ``pipeline`` in chunks; returns images (list or concatenated tensor).
+def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], output_type: str, call_kwargs: dict,
+               timings: Sequence[Timings], progress: Callable[[int, int], None] | None = None,
+               before_chunk: Callable[[Chunk], dict] | None = None, trace: Trace = NO_TRACE,
+               output: OutputKind = IMAGES) -> list:
+    """Run each chunk through ``pipeline`` (one call each) and return each request's images, its
+    parts joined in order. Image i of request r draws its noise from seed ``seeds[r] + i``.
 
-    ``progress(done, total)`` is called after every denoising step of every chunk. Each chunk's
-    time goes to ``timings`` (and to ``trace`` as a denoise and a decode span).
+    ``before_chunk(chunk)``: the chunk's own pipeline arguments (its prompts, its writer bound);
+    default: ``num_images_per_prompt`` of its size. ``progress(done, total)`` is called after every
+    denoising step of every chunk. Each chunk's time goes to the ``timings`` of every request it
+    carries (and to ``trace`` as a denoise and a decode span).
     """
-    outputs = []
-    start = 0
-    chunks = chunk_sizes(num_images, batch_size)
     steps = call_kwargs["num_inference_steps"]
-    for index, size in enumerate(chunks):
-        if before_chunk is not None:
-            before_chunk(size)
+    pieces: list[list] = [[] for _ in seeds]
+    for index, chunk in enumerate(chunks):
+        size = sum(part.count for part in chunk)
+        arguments = before_chunk(chunk) if before_chunk is not None else {"num_images_per_prompt": size}
         began = time.perf_counter()
         clock = DenoiseClock(pipeline.device, steps, progress, index * steps, len(chunks) * steps)
-        result = pipeline(
-            prompt=prompt,
-            num_images_per_prompt=size,
-            generator=image_generators(seed, start, size),
-            output_type=output_type,
-            callback_on_step_end=clock,
-            **call_kwargs,
-        )
+        generators = [g for part in chunk for g in image_generators(seeds[part.request], part.start, part.count)]
+        images = pipeline(generator=generators, output_type=output_type, callback_on_step_end=clock, **call_kwargs,
+                          **arguments).images
         synchronize(pipeline.device)
-        split_chunk(timings, trace, began, time.perf_counter(), clock, size)
-        outputs.append(result.images)
-        start += size
-    if output_type == "pil":
-        return [img for chunk in outputs for img in chunk]
-    if output_type == "np":
-        import numpy as np
+        split_chunk([timings[part.request] for part in chunk], trace, began, time.perf_counter(), clock, size)
+        offset = 0
+        for part in chunk:
+            pieces[part.request].append(images[offset:offset + part.count])
+            offset += part.count
+    return [output.join(own) for own in pieces]
 
-        return np.concatenate(outputs)
-    return torch.cat(outputs)
+
+class Runner:
+    """Runs prepared requests on one warm model, one run at a time inside its guards."""
+
+    def __init__(self, warm: WarmModel):
+        self.warm = warm
+
+    def run(self, requests: Sequence[PreparedRequest], *,
+            mixed: bool = False) -> list[GenerationResult | NonFiniteOutput]:
+        """One GenerationResult per request, or that request's own NonFiniteOutput (its adapters
+        overflowed its images; the others are served). ``mixed``: the requests share ONE forward
+        batch (they must share their denoising parameters and fit the compiled batch); else there
+        is one request, its pack run in chunks of ``chunk_for`` its size and CFG mode."""
+        warm, total = self.warm, sum(r.num_images for r in requests)
+        if mixed and (not requests or total > warm.batch_size):
+            raise InvalidRequest(f"a mixed batch holds 1..{warm.batch_size} images, got {total}")
+        if mixed and len({r.batch_key() for r in requests}) > 1:
+            raise InvalidRequest("requests in one batch must share steps, guidance, size and output type")
+        if not mixed and len(requests) != 1:
+            raise ValueError(f"a pack is one request, got {len(requests)}")
+        began, first = time.perf_counter(), requests[0]
+        params = first.params
+        # A mixed batch is one chunk holding every request whole (``batch_prompts`` reads them so).
+        chunks = plan_chunks([r.num_images for r in requests], total if mixed else warm.chunk_for(params))
+        trace = together([r.trace for r in requests]) if mixed else first.trace
+        repeat = warm.batch_factor(params)
+        swap, timings = SwapReport(), [Timings() for _ in requests]
+        call = params.pipeline_kwargs()
+        texts = None if mixed else warm.text.prompts(first.adapters, first.prompt, first.negative_prompt)
+
+        def before_chunk(chunk: Chunk) -> dict:
+            owners = [requests[part.request] for part in chunk]
+            samples = [owner.adapters for part, owner in zip(chunk, owners) for _ in range(part.count)]
+            size = len(samples)
+            with trace.span("swap", images=size, **({"requests": len(owners)} if mixed else {})):
+                swap.add(warm.writer.bind(samples, repeat))
+                if mixed:  # each image its own prompt, encoded group by group where text states differ
+                    return {"num_images_per_prompt": 1,
+                            **batch_prompts(warm.text, warm.pipeline, warm.family, owners,
+                                            warm.uses_cfg(params.guidance_scale), swap)}
+            return {"num_images_per_prompt": size, **texts}
+
+        warm.active_adapters = len({b.adapter.sha256 for r in requests for b in r.adapters.values()})
+        with warm.section():
+            if not mixed:  # one request: its text-encoder state once, its prompt encoded by the pipeline
+                with trace.span("swap", target="text_encoders"):
+                    swap.text_ms += warm.text.apply(first.adapters)
+            images = run_chunks(warm.pipeline, chunks, seeds=[r.seed for r in requests],
+                                output_type=warm.output.pipeline_output_type(first.output_type), call_kwargs=call,
+                                timings=timings, progress=fan_out([r.progress for r in requests]),
+                                before_chunk=before_chunk, trace=trace, output=warm.output)
+            refused = {}
+            for i, request in enumerate(requests):  # samples are independent: a request that overflowed fails alone
+                try:
+                    guard.check_finite(images[i], request.adapters, warm.pipeline)
+                except NonFiniteOutput as exc:
+                    refused[i] = exc
+        return [refused[i] if i in refused else build_result(warm, request, images[i], timings[i], swap, began)
+                for i, request in enumerate(requests)]

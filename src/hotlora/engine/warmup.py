@@ -1,4 +1,4 @@
-"""Making an engine warm: every shape steady state will see is run once at start-up (so no request
+"""Making a model warm: every shape steady state will see is run once at start-up (so no request
 compiles), then, with ``batch_size="auto"``, the chunk size is chosen by measuring.
 
 Why measure: batching a pack is the biggest lever on a launch-bound model (the tiny one: ~2x), but
@@ -46,10 +46,10 @@ SCHEMA = 1  # of the saved measurement
 clock: Callable[[], float] = time.perf_counter  # replaced by tests with a fake timer
 
 
-def guidance_scales(engine) -> list[float]:
+def guidance_scales(warm) -> list[float]:
     """The guidance values whose batch shapes differ (the family says: under batch CFG, guidance 1
     runs a batch half as big)."""
-    return engine.family.warmup_guidance_scales(engine.defaults["guidance_scale"])
+    return warm.family.warmup_guidance_scales(warm.defaults["guidance_scale"])
 
 
 def candidates(limit: int) -> list[int]:
@@ -58,7 +58,7 @@ def candidates(limit: int) -> list[int]:
     return sorted({1, max(1, limit // 2), max(1, limit - 1), limit})
 
 
-def warm_up(engine) -> None:
+def warm_up(warm) -> None:
     """Run every batch shape steady state will see, at every served size, in every state of the
     writer, so no request compiles. Batch 1 specializes differently from larger batches, and the
     second distinct batch turns the batch dimension dynamic; the limit and a size in between cover
@@ -69,28 +69,28 @@ def warm_up(engine) -> None:
     equal at warm-up (a square image's height and width, a sequence length and a channel count)
     would share one symbol and a later size that breaks the equality would recompile (diffusers
     documents ``use_duck_shape=False`` with dynamic shapes)."""
-    batches = sorted({1, engine.batch_size, max(1, engine.batch_size - 1)})
+    batches = sorted({1, warm.batch_size, max(1, warm.batch_size - 1)})
     began = time.perf_counter()
-    duck = torch.fx.experimental._config.patch(use_duck_shape=False) if engine.dynamic_sizes else nullcontext()
+    duck = torch.fx.experimental._config.patch(use_duck_shape=False) if warm.dynamic_sizes else nullcontext()
     # Eager, no state compiles anything: one state pages the model in (the rest would only cost time).
-    states = engine.writer.warmup_states() if engine.compile_mode else engine.writer.warmup_states()[:1]
+    states = warm.writer.warmup_states() if warm.compile_mode else warm.writer.warmup_states()[:1]
     with duck:
         for state in states:
-            engine.writer.enter(state)
-            for height, width in engine.served_sizes:
-                for scale in guidance_scales(engine):
+            warm.writer.enter(state)
+            for height, width in warm.served_sizes:
+                for scale in guidance_scales(warm):
                     for batch in batches:
                         log.info("warm-up: %s, batch %d, guidance %.1f, writer state %s (%s)",
-                                 format_size(height, width), batch, scale, state, engine.compile_mode or "eager")
-                        _run(engine, batch, height, width, scale)
-    engine.warmup_s = time.perf_counter() - began
-    log.info("warm: %.1fs, %d graphs compiled, %s", engine.warmup_s, graph_count(), engine.compile_mode or "eager")
+                                 format_size(height, width), batch, scale, state, warm.compile_mode or "eager")
+                        _run(warm, batch, height, width, scale)
+    warm.warmup_s = time.perf_counter() - began
+    log.info("warm: %.1fs, %d graphs compiled, %s", warm.warmup_s, graph_count(), warm.compile_mode or "eager")
 
 
-def _run(engine, batch: int, height: int, width: int, scale: float) -> None:
-    engine.pipeline(prompt="warm-up", num_images_per_prompt=batch, num_inference_steps=TIMED_STEPS,
-                    guidance_scale=scale, height=height, width=width,
-                    generator=[torch.Generator().manual_seed(i) for i in range(batch)], output_type="latent")
+def _run(warm, batch: int, height: int, width: int, scale: float) -> None:
+    warm.pipeline(prompt="warm-up", num_images_per_prompt=batch, num_inference_steps=TIMED_STEPS,
+                  guidance_scale=scale, height=height, width=width,
+                  generator=[torch.Generator().manual_seed(i) for i in range(batch)], output_type="latent")
 
 
 def chunk_key(height: int, width: int, cfg: bool) -> str:
@@ -104,7 +104,7 @@ def choose(ms_per_image: dict[int, float]) -> int:
     return min(ms_per_image, key=lambda batch: (ms_per_image[batch], -batch))
 
 
-def measure_chunks(engine, budget_s: float | None = None) -> dict[str, dict]:
+def measure_chunks(warm, budget_s: float | None = None) -> dict[str, dict]:
     """For every served size and CFG mode: the time per image of each candidate chunk size (after
     the compile runs, synchronised on CUDA, the fastest of a few repeats) and the choice. Runs in
     whatever writer state warm-up left (the timing of a chunk does not depend on the adapters).
@@ -113,9 +113,9 @@ def measure_chunks(engine, budget_s: float | None = None) -> dict[str, dict]:
     key's candidates once, the limit first, then the repeats), so a budget that runs out leaves
     every key measured as far as it got; a candidate never timed is never chosen, and a key with
     none timed runs at the compiled limit (``"bounded": true`` says the budget cut it short)."""
-    keys = [(h, w, scale) for h, w in engine.served_sizes for scale in guidance_scales(engine)]
+    keys = [(h, w, scale) for h, w in warm.served_sizes for scale in guidance_scales(warm)]
     # The limit first: it is what runs when nothing else was timed, and usually the best on a GPU.
-    order = sorted(candidates(engine.batch_size), key=lambda b: (b != engine.batch_size, b))
+    order = sorted(candidates(warm.batch_size), key=lambda b: (b != warm.batch_size, b))
     runs = [(repeat, key, batch) for repeat in range(TIMED_REPEATS) for key in keys for batch in order]
     best: dict[tuple, dict[int, float]] = {key: {} for key in keys}
     began, done = clock(), 0
@@ -126,22 +126,22 @@ def measure_chunks(engine, budget_s: float | None = None) -> dict[str, dict]:
                         budget_s, done, len(runs))
             break
         height, width, scale = key
-        synchronize(engine.device)
+        synchronize(warm.device)
         start = clock()
-        _run(engine, batch, height, width, scale)
-        synchronize(engine.device)
+        _run(warm, batch, height, width, scale)
+        synchronize(warm.device)
         took = clock() - start
         best[key][batch] = min(best[key].get(batch, float("inf")), took)
         done += 1
         log.info("chunk timing %d/%d: %s, batch %d, %.0f ms per image (%.0fs of %s)", done, len(runs),
-                 chunk_key(height, width, engine.uses_cfg(scale)), batch, took * 1000 / batch, clock() - began,
+                 chunk_key(height, width, warm.uses_cfg(scale)), batch, took * 1000 / batch, clock() - began,
                  f"{budget_s:.0f}s" if budget_s is not None else "no bound")
     measured = {}
     for key in keys:
         height, width, scale = key
         per_image = {b: round(best[key][b] * 1000 / b, 3) for b in sorted(best[key])}
-        name = chunk_key(height, width, engine.uses_cfg(scale))
-        measured[name] = {"chosen": choose(per_image) if per_image else engine.batch_size, "ms_per_image": per_image}
+        name = chunk_key(height, width, warm.uses_cfg(scale))
+        measured[name] = {"chosen": choose(per_image) if per_image else warm.batch_size, "ms_per_image": per_image}
         if done < len(runs):
             measured[name]["bounded"] = True
         log.info("chunk size for %s: %d (ms per image: %s)", name, measured[name]["chosen"],
@@ -152,20 +152,20 @@ def measure_chunks(engine, budget_s: float | None = None) -> dict[str, dict]:
 # ---------------------------------------------------------------------------- the saved measurement
 
 
-def measured_chunks(engine, fingerprint: str | None) -> dict[str, dict]:
-    """The engine's chunk sizes: saved by an earlier start under the same key, else measured now
+def measured_chunks(warm, fingerprint: str | None) -> dict[str, dict]:
+    """The warm model's chunk sizes: saved by an earlier start under the same key, else measured now
     (within ``chunk_budget_s``) and saved in ``compile_cache_dir``. No cache folder: measured only."""
-    budget = engine.config.chunk_budget_s or None  # 0: no bound
+    budget = warm.config.chunk_budget_s or None  # 0: no bound
     if fingerprint is None:
-        return measure_chunks(engine, budget)
-    key = record_key(fingerprint, engine.device, compile_mode=engine.compile_mode, budget_s=budget,
+        return measure_chunks(warm, budget)
+    key = record_key(fingerprint, warm.device, compile_mode=warm.compile_mode, budget_s=budget,
                      steps=TIMED_STEPS, repeats=TIMED_REPEATS)
-    path = record_path(engine.config.compile_cache_dir, key)
-    expected = {chunk_key(h, w, engine.uses_cfg(scale)) for h, w in engine.served_sizes
-                for scale in guidance_scales(engine)}
-    chunks = load_measurement(path, key, expected, set(candidates(engine.batch_size)))
+    path = record_path(warm.config.compile_cache_dir, key)
+    expected = {chunk_key(h, w, warm.uses_cfg(scale)) for h, w in warm.served_sizes
+                for scale in guidance_scales(warm)}
+    chunks = load_measurement(path, key, expected, set(candidates(warm.batch_size)))
     if chunks is None:
-        chunks = measure_chunks(engine, budget)
+        chunks = measure_chunks(warm, budget)
         save_measurement(path, key, chunks)
     return chunks
 

@@ -1,0 +1,195 @@
+"""The warm model: one diffusion pipeline made ready to serve, and the guards around every run.
+
+    load_model(model, config)  the pipeline and its family, on the configured device and dtype
+    WarmModel(...)             the denoiser quantized, the adapter writers installed (before any
+                               compile), the denoiser compiled and warmed up at every shape steady
+                               state will see, the chunk sizes measured (``batch_size="auto"``)
+    WarmModel.section()        one run at a time; no run ever compiles; the writers intact; a
+                               foreign error named an engine fault
+
+It knows nothing of requests: ``Engine`` checks and prepares them, the runner runs them here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from hotlora.settings import EngineConfig, format_size
+from hotlora.engine.device import default_device
+from hotlora.engine.pipeline import (
+    compile_artifacts_path, compile_denoiser, graph_count, load_compile_artifacts, load_pipeline, resolve_dtype,
+    save_compile_artifacts, set_attention_backend,
+)
+from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
+from hotlora.engine.request import CallParams, UnservedShape
+from hotlora.engine.results import IMAGES, OutputKind
+from hotlora.engine.stepcache import apply_step_cache
+from hotlora.engine.warmup import chunk_key, measured_chunks, warm_up
+from hotlora.engine.writers import AdapterWriter, TextWriter, install_text_writer, install_writer
+from hotlora.errors import EngineError, HotloraError
+from hotlora.families import ModelFamily
+
+log = logging.getLogger(__name__)
+
+RECOMPILES_PER_STATE = 8  # dynamo's default recompile limit covers the batch and CFG variants of one state
+_GRAPHS_ALLOTTED = [0]  # graphs the compiled engines of this process were allowed
+
+
+def load_model(model: str | os.PathLike, config: EngineConfig) -> tuple[object, ModelFamily]:
+    """``model`` (a local directory or a hub id) loaded through ``from_pretrained`` on the configured
+    device (default: CUDA when there is one) and dtype (default: the device's)."""
+    device = config.device or default_device()
+    check_quantization(config.base_quantization, device)  # before loading: float8 needs CUDA
+    dtype = resolve_dtype(config.dtype, device)
+    return load_pipeline(model, dtype=dtype, device=device)
+
+
+class WarmModel:
+    """A pipeline of a registered family, warm: see the module docstring. ``defaults``: the saved
+    model's own defaults (its ``hotlora.json``) over the family's."""
+
+    def __init__(self, pipeline, family: ModelFamily, config: EngineConfig, *, model: str | None = None,
+                 defaults: Mapping | None = None):
+        self.config, self.pipeline, self.family, self.model = config, pipeline, family, model
+        self.batch_size = config.batch_limit  # compiled for batches up to this; packs chunk by ``chunk_for``
+        self.chunks: dict[str, dict] = {}  # batch_size="auto": the measured choice per size and CFG mode
+        self.denoiser = getattr(pipeline, family.denoiser)
+        self.defaults = {**family.defaults, **(defaults or {})}
+        self.size_multiple = family.size_multiple(self.pipeline.vae_scale_factor)
+        self.sizes = self._served_sizes(config, self.size_multiple)
+        served = [model, Path(model).name if model else None, self.defaults.get("model_id"),
+                  *self.defaults.get("base_model_aliases", [])]
+        self.quantization = quantize_denoiser(self.denoiser, config.base_quantization)  # before LoRA and compile
+        self.denoiser_bytes = weight_bytes(self.denoiser)  # the base weights, as stored
+        self.writer: AdapterWriter = install_writer(config, self.denoiser, family.name, served)
+        # The text encoders' side (LoRA merged in, embeddings in reserved rows), before any compile.
+        self.text: TextWriter = install_text_writer(config, pipeline, family, self.writer.slot_names)
+        self.output: OutputKind = IMAGES
+        self._lock = threading.Lock()  # one run at a time: the writer's tensors are shared state
+        self._recompiles, self.compile_mode = 0, None
+        self.active_adapters = 0  # distinct adapters bound by the last forward batch (a gauge for metrics)
+        self.warmup_s, self.compile_artifacts_loaded = 0.0, False
+        self.attention_backend = set_attention_backend(self.denoiser, config.attention_backend)
+        self.step_cache = config.step_cache
+        self.dynamic_sizes = family.dynamic_sizes if len(self.sizes) > 1 else None
+        self._make_warm()
+
+    def _served_sizes(self, config: EngineConfig, multiple: int) -> tuple[tuple[int, int], ...]:
+        """The (height, width) sizes served, the default first (see ``EngineConfig.sizes``)."""
+        default = (config.height or self.defaults.get("height") or self._pipeline_default_size(),
+                   config.width or self.defaults.get("width") or self._pipeline_default_size())
+        sizes = config.sizes or (default,)
+        if config.sizes and (config.height or config.width):
+            if default not in sizes:
+                raise ValueError(f"the default size {format_size(*default)} (height, width) is not one of the "
+                                 f"sizes {', '.join(format_size(*s) for s in sizes)}")
+            sizes = (default, *(s for s in sizes if s != default))
+        wrong = [format_size(*s) for s in sizes if s[0] % multiple or s[1] % multiple]
+        if wrong:
+            raise ValueError(f"sizes {', '.join(wrong)}: height and width must be multiples of {multiple} "
+                             f"for this model (VAE factor x patch size)")
+        return tuple(sizes)
+
+    def _pipeline_default_size(self) -> int:
+        return int(self.pipeline.default_sample_size * self.pipeline.vae_scale_factor)
+
+    def _make_warm(self) -> None:
+        config, artifacts = self.config, None
+        fingerprint = None if config.compile_cache_dir is None else config.fingerprint(  # artifacts, chunk sizes
+            self.model, self.family.name, sizes=self.served_sizes, dynamic_sizes=self.dynamic_sizes,
+            attention=self.attention_backend, dtype=str(self.denoiser.dtype))
+        if config.compile and fingerprint is not None:
+            artifacts = compile_artifacts_path(config.compile_cache_dir, fingerprint)
+            self.compile_artifacts_loaded = load_compile_artifacts(artifacts)
+        states = len(self.writer.warmup_states())
+        # Graphs per (state, size): one state's batch and CFG variants (dynamo's default limit, 8). Dynamic
+        # sizes: the first size compiles static graphs, the second dynamic ones every later size reuses.
+        sizes = len(self.served_sizes)
+        graph_sizes = min(sizes, 2) if self.dynamic_sizes else sizes
+        # Every compiled engine of a process adds graphs to the blocks' shared code objects: cover them all.
+        needed = _GRAPHS_ALLOTTED[0] = _GRAPHS_ALLOTTED[0] + RECOMPILES_PER_STATE * states * graph_sizes
+        if config.compile and torch._dynamo.config.recompile_limit < needed:
+            log.info("%d writer states x %d sizes: dynamo recompile_limit raised to %d", states, sizes, needed)
+            torch._dynamo.config.recompile_limit = needed
+        if self.step_cache is not None:  # installed before compile: the compiled blocks include it
+            apply_step_cache(self.pipeline, self.denoiser, self.step_cache)
+        if config.compile:
+            fullgraph = self.step_cache.fullgraph if self.step_cache else True
+            self.compile_mode = compile_denoiser(self.denoiser, self.family, fullgraph=fullgraph,
+                                                 dynamic=False if self.dynamic_sizes is False else None)
+        warm_up(self)
+        if config.batch_size == "auto":  # the chunk size per size and CFG mode, measured (warmup.py)
+            self.chunks = measured_chunks(self, fingerprint)
+        if artifacts is not None and not self.compile_artifacts_loaded:
+            save_compile_artifacts(artifacts)
+
+    # ------------------------------------------------------------------ what steady state runs
+
+    @property
+    def served_sizes(self) -> tuple[tuple[int, int], ...]:
+        """(height, width) pairs warmed up, the default first."""
+        return self.sizes
+
+    @property
+    def device(self) -> torch.device:
+        return self.pipeline.device
+
+    @property
+    def recompiles(self) -> int:
+        """New dynamo graphs compiled inside ``section`` since warm-up. Must stay 0."""
+        return self._recompiles
+
+    @property
+    def path(self) -> str:
+        """How adapters are applied when the writer does not say per request (auto mode's does)."""
+        return "fused" if self.config.adapter_mode == "fused" else "slots"
+
+    def uses_cfg(self, guidance_scale: float) -> bool:
+        """Whether this guidance runs as a doubled [uncond, cond] batch (the family's CFG style)."""
+        return self.family.doubles_batch(guidance_scale)
+
+    def batch_factor(self, params: CallParams) -> int:
+        return self.family.batch_factor(params.guidance_scale)
+
+    def chunk_for(self, params: CallParams) -> int:
+        """The chunk size a pack of this size and CFG mode runs in: the measured choice with
+        ``batch_size="auto"``, else the configured batch size."""
+        chosen = self.chunks.get(chunk_key(params.height, params.width, self.uses_cfg(params.guidance_scale)))
+        return chosen["chosen"] if chosen else self.batch_size
+
+    # ------------------------------------------------------------------ the guards
+
+    @contextmanager
+    def section(self):
+        """One run at a time on the writer's tensors; graphs compiled inside are counted; anything
+        unexpected raised inside is an engine fault (EngineError: the worker rebuilds).
+
+        A compiled model runs requests with dynamo's ``fail_on_recompile`` stance: whatever
+        ``RequestRules`` did not foresee, no request ever starts a compile; it is refused."""
+        stance = torch.compiler.set_stance("fail_on_recompile") if self.compile_mode else nullcontext()
+        with self._lock:
+            graphs_before = graph_count()
+            try:
+                self.writer.check_intact()
+                self.text.check_intact()
+                with stance:
+                    yield
+            except HotloraError:
+                raise
+            except RuntimeError as exc:
+                if "Detected recompile" in str(exc):
+                    names = tuple(format_size(h, w) for h, w in self.sizes)
+                    raise UnservedShape("this request would compile a new graph on the warm engine; refused "
+                                        f"(served sizes: {', '.join(names)})", names) from exc
+                raise EngineError(f"generation failed inside the engine: {type(exc).__name__}: {exc}") from exc
+            except Exception as exc:
+                raise EngineError(f"generation failed inside the engine: {type(exc).__name__}: {exc}") from exc
+            finally:
+                self._recompiles += graph_count() - graphs_before
