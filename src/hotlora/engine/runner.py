@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import torch
@@ -52,20 +54,17 @@ def chunk_sizes(num_images: int, batch_size: int) -> list[int]:
 
 
 def plan_chunks(counts: Sequence[int], size: int) -> list[Chunk]:
-    """The images of requests with ``counts[i]`` images each, in request order, in chunks of at
-    most ``size`` images: all full but the last."""
-    chunks, parts, room = [], [], size
-    for request, count in enumerate(counts):
-        start = 0
-        while start < count:
-            take = min(room, count - start)
-            parts.append(Part(request=request, start=start, count=take))
-            start, room = start + take, room - take
-            if room == 0:
-                chunks.append(tuple(parts))
-                parts, room = [], size
-    if parts:
+    """The images of requests with ``counts[i]`` images each, in request order, cut into chunks of
+    ``size`` (``chunk_sizes``: all full but the last), each chunk one part per request it holds."""
+    images = [(request, index) for request, count in enumerate(counts) for index in range(count)]
+    chunks, start = [], 0
+    for n in chunk_sizes(len(images), size):
+        parts = []
+        for request, held in groupby(images[start:start + n], key=itemgetter(0)):
+            indices = [index for _, index in held]
+            parts.append(Part(request=request, start=indices[0], count=len(indices)))
         chunks.append(tuple(parts))
+        start += n
     return chunks
 
 
