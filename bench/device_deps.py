@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as md
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -278,7 +279,11 @@ def _download(pip: list[str], pins: list[str], python: str, dest: Path, cache: P
         cache.mkdir(parents=True, exist_ok=True)
         for wheel in dest.glob("*.whl"):
             if not (cache / wheel.name).exists():
-                shutil.copy2(wheel, cache / wheel.name)
+                # Copied aside, then renamed: a run killed mid-copy leaves a ``.part`` that
+                # --find-links never reads, not a truncated wheel the next run would trust.
+                partial = cache / f"{wheel.name}.part"
+                shutil.copy2(wheel, partial)
+                os.replace(partial, cache / wheel.name)
 
 
 def fetch(items: list[Item], dest: Path, pythons: list[str], local_pythons: list[str], limit_bytes: int,

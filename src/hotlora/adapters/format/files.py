@@ -7,6 +7,7 @@ Nothing here converts: ``formats`` turns what is read into the canonical form.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -261,6 +262,12 @@ def _declared(value) -> str | None:
     return _model_named_by(value)
 
 
+@functools.cache
+def _denoiser_dirs() -> frozenset[str]:
+    """The pipeline subfolders of the registered families' denoisers (read from diffusers once)."""
+    return frozenset(family.denoiser for family in REGISTERED)
+
+
 def _model_named_by(value: str) -> str:
     """The model a declared path stands for. PEFT's ``save_pretrained`` on a diffusers denoiser puts
     the denoiser's own directory in the model card: ``<pipeline dir>/transformer``, or inside the hub
@@ -270,6 +277,6 @@ def _model_named_by(value: str) -> str:
     for part in parts:
         if part.startswith("models--") and part.count("--") >= 2:
             return part.removeprefix("models--").replace("--", "/", 1)
-    if len(parts) > 1 and parts[-1] in {family.denoiser for family in REGISTERED}:  # the pipelines' subfolders
+    if len(parts) > 1 and parts[-1] in _denoiser_dirs():
         return value.replace("\\", "/").rstrip("/").rsplit("/", 1)[0] or "/"
     return value
