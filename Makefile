@@ -15,7 +15,7 @@ BROWSER := /usr/bin/chromium /usr/bin/chromedriver
 PROMTOOL := /usr/bin/promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install lint test test-full serve clean
+.PHONY: install lint test test-full test-families serve clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ lint: install
 
 test: lint $(BROWSER) $(PROMTOOL)
 	$(PY) -m pytest -q -ra --durations=25
+
+# The per-family modules (fused, auto, int8, bf16, formats, mixed batches, Ray) for every family beyond
+# flux and sdxl; `make test` runs the correctness contract for all of them. Not part of `make test`.
+test-families: install
+	$(PY) -m pytest -q -ra -m families tests/integration tests/ray
 
 # The real SDXL architecture served end to end (~15 GB peak in one process, ~40 min on 2 cores; the model is
 # built once into .cache/fullsize). Not part of `make test`.

@@ -24,6 +24,24 @@ TARGET_RANK = 8
 GENERATE_STEPS = 3  # denoising steps of an e2e ``generate`` request unless the caller passes its own
 
 
+# Every test module parametrised over families runs these two in `make test`; the other registered
+# families run the correctness contract (tests/integration/test_contract.py) there too, and every
+# other per-family module in `make test-families` (marker ``families``): a compiled tiny engine per
+# family and module is most of CI's time.
+CORE_FAMILIES = ("flux", "sdxl")
+
+
+def family_params(every: bool = False) -> list:
+    """The registered families as pytest parameters; beyond CORE_FAMILIES marked ``families``
+    unless ``every``."""
+    import pytest
+
+    from hotlora.families import FAMILIES
+
+    return [pytest.param(name, id=name, marks=() if every or name in CORE_FAMILIES else pytest.mark.families)
+            for name in FAMILIES]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -116,8 +116,9 @@ def serve_settings(args) -> tuple:
 
 
 def cmd_serve(args) -> int:
+    from hotlora.families import UnservedModel
     from hotlora.server.auth import AuthConfigError
-    from hotlora.server.run import serve
+    from hotlora.server.run import StartupFailed, serve
 
     config, store_config = serve_settings(args)
     if args.ray:  # one deployment per base model on Ray Serve; see docs/scale-out.md
@@ -133,6 +134,30 @@ def cmd_serve(args) -> int:
     except DoesNotFit as exc:  # the memory plan, refused before the model is loaded
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except UnservedModel as exc:  # a local model no family serves, refused before anything listens
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except StartupFailed as exc:  # the engine failed to start: the server stopped, the orchestrator sees it
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_families(args) -> int:
+    """The model families this server serves: pipelines, guidance, what a request may set."""
+    from hotlora.families import describe_families
+
+    described = describe_families()
+    if args.json:
+        print(json.dumps(described, indent=2))
+        return 0
+    for entry in described:
+        defaults = entry["defaults"]
+        print(f"{entry['family']:12} {entry['pipeline']} (denoiser {entry['denoiser']}; guidance: {entry['cfg']})")
+        print(f"{'':12} defaults: {defaults['num_inference_steps']} steps, guidance {defaults['guidance_scale']}, "
+              f"{defaults['width']}x{defaults['height']}; text-encoder LoRA: "
+              f"{', '.join(entry['text_encoder_lora']) or 'none'}; plans: {', '.join(entry['plans']) or 'none'}")
+        print(f"{'':12} a request may set: {', '.join(entry['request_options'])}")
     return 0
 
 
@@ -261,6 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--ray", action="store_true", help="scale out on Ray Serve (models from the config's [ray] table)")
     _add_setting_flags(srv)
     srv.set_defaults(run=cmd_serve)
+
+    fams = sub.add_parser("families", help="the model families served: pipelines, guidance, request options")
+    fams.add_argument("--json", action="store_true")
+    fams.set_defaults(run=cmd_families)
 
     plan = sub.add_parser("plan", help="the memory plan of `hotlora serve` with these settings: per part, per "
                                        "size, the largest chunk that fits, and a verdict")

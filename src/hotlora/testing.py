@@ -137,9 +137,11 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
             pipeline.load_textual_inversion(vectors, token=list(tokens), text_encoder=getattr(pipeline, encoder),
                                             tokenizer=getattr(pipeline, family.tokenizer_of[encoder]))
     generators = [torch.Generator().manual_seed(seed + i) for i in range(num_images)]
+    negative = family.default_negative_prompt(guidance_scale)
     return pipeline(prompt=prompt, num_images_per_prompt=num_images, generator=generators,
-                    num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, height=height,
-                    width=width, output_type=output_type).images
+                    num_inference_steps=num_inference_steps, height=height, width=width, output_type=output_type,
+                    **({} if negative is None else {"negative_prompt": negative}),
+                    **family.call_arguments(guidance_scale)).images
 
 
 def controlled_lora(denoiser: torch.nn.Module, magnitude: float, rank: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:

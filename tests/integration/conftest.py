@@ -5,7 +5,9 @@ import socket
 
 import pytest
 
-from hotlora.families import FAMILIES, family_named
+from hotlora.families import family_named
+
+from ..helpers import family_params
 
 MIXED_BATCH = 3
 
@@ -29,7 +31,7 @@ def s3_endpoint(monkeypatch):
     server.stop()
 
 
-@pytest.fixture(scope="session", params=list(FAMILIES))
+@pytest.fixture(scope="session", params=family_params())
 def mixed(request, tiny_models, tmp_path_factory):
     """A compiled mixed-batch engine per family and a pool of adapters for it, shared by the test
     modules that serve through one (compiles are most of CI's time). Tests turn recompiles into

@@ -18,10 +18,9 @@ import torch
 
 from hotlora import Engine
 from hotlora.errors import InvalidRequest
-from hotlora.families import FAMILIES
 from hotlora.testing import TINY_SIZE, controlled_lora, random_lora, save_diffusers_lora
 
-from ..helpers import TARGET_RANK, engine_reference, recompiles_are_errors
+from ..helpers import TARGET_RANK, engine_reference, recompiles_are_errors, family_params
 
 RANK = 16
 STEPS = 2
@@ -47,7 +46,7 @@ def effect(out, base, ref, ref_base):
     return float(got @ wanted / (wanted @ wanted)), float((got - wanted).norm() / wanted.norm())
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", family_params())
 def test_bf16_strong_adapter_fused_weak_adapter_through_slots(tiny_models, tmp_path, family):
     from diffusers import DiffusionPipeline
 
@@ -101,7 +100,7 @@ def test_bf16_strong_adapter_fused_weak_adapter_through_slots(tiny_models, tmp_p
     assert auto.describe()["batches"] == {"fused": 1, "slots": 2}
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module", params=family_params())
 def compiled_auto(request, tiny_models, tmp_path_factory):
     family = request.param
     engine = Engine.from_pretrained(tiny_models[family], adapter_mode="auto", target_rank=TARGET_RANK, batch_size=2,

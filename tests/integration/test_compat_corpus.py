@@ -11,12 +11,12 @@ import json
 import pytest
 import torch
 
-from hotlora.families import FAMILIES, family_named
+from hotlora.families import family_named
 from hotlora.adapters.format.convert import load_adapter
 from hotlora.errors import AdapterFormatError
 from hotlora.testing import denoiser_linears, random_lora
 
-from ..helpers import assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas
+from ..helpers import assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas, family_params
 
 
 
@@ -90,7 +90,7 @@ def save_with_diffusers(tmp_path, family, sd, metadata=None, dtype=None):
     return tmp_path / "pytorch_lora_weights.safetensors"
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", family_params())
 @pytest.mark.parametrize("alpha", [4, 8])
 def test_training_script_metadata_is_a_real_lora_config(pipelines, tmp_path, family, alpha):
     """A real ``LoraConfig(...).to_dict()`` has ``base_model_name_or_path: null`` and many null
@@ -113,7 +113,7 @@ def test_training_script_metadata_is_a_real_lora_config(pipelines, tmp_path, fam
     assert problems_with(adapter, ceiling) == []
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", family_params())
 def test_training_script_file_without_metadata(pipelines, tmp_path, family):
     """Older scripts saved no metadata: alpha is lost and both sides apply a scaling of 1."""
     pipeline = pipelines(family)
@@ -125,7 +125,7 @@ def test_training_script_file_without_metadata(pipelines, tmp_path, family):
     assert_same_deltas(canonical_deltas(adapter), diffusers_deltas(pipeline, family, path))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", family_params())
 def test_per_module_ranks_and_alphas_from_rank_and_alpha_patterns(pipelines, tmp_path, family):
     """A real LoraConfig with ``rank_pattern`` / ``alpha_pattern``: a suffix key (every ``to_k``), and
     ``^``-anchored full names, which PEFT matches with its regex lookup and hotlora without one."""
@@ -151,7 +151,7 @@ def test_per_module_ranks_and_alphas_from_rank_and_alpha_patterns(pipelines, tmp
     assert_same_deltas(canonical_deltas(adapter), diffusers_deltas(pipeline, family, path))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", family_params())
 def test_text_encoder_layers_saved_beside_the_denoiser(pipelines, tmp_path, family):
     """``save_lora_weights(..., text_encoder_lora_layers=...)`` with each part's metadata: every
     part equals what diffusers loads into the denoiser and the text encoders; nothing is skipped."""
@@ -189,7 +189,7 @@ def linear_layers(model) -> dict[str, tuple[int, int]]:
 # ----------------------------------------------------------------------------- PEFT
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", family_params())
 @pytest.mark.parametrize("variant", ["lora", "rslora"])
 def test_peft_save_pretrained(pipelines, tmp_path, family, variant):
     """``get_peft_model(denoiser, LoraConfig)`` trained (random B here), then ``save_pretrained``:
@@ -422,7 +422,7 @@ def test_xlabs_flux_in_half_precision(pipelines, tmp_path):
     assert_same_deltas(canonical_deltas(adapter), diffusers_deltas(pipeline, "flux", path))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", family_params())
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_diffusers_files(pipelines, tmp_path, family, dtype):
     from peft import LoraConfig

@@ -13,10 +13,10 @@ from hotlora import Engine
 from hotlora.adapters.binding import Binding
 from hotlora.engine.pipeline import graph_count
 from hotlora.errors import AdapterNotFound, AdapterRejected, InvalidRequest
-from hotlora.families import FAMILIES, family_named
+from hotlora.families import family_named
 from hotlora.testing import random_lora, save_diffusers_lora
 
-from ..helpers import TARGET_RANK, recompiles_are_errors, engine_reference
+from ..helpers import TARGET_RANK, recompiles_are_errors, engine_reference, family_params
 
 TOLERANCE = 1e-4  # float32 latents; compiled kernels reorder sums
 PROMPT = "a portrait of an astronaut, watercolor"
@@ -24,7 +24,7 @@ STEPS = 3
 N = 4  # with batch_size 3: one full chunk and a last chunk of 1
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module", params=family_params(every=True))
 def warm(request, tiny_models):
     family = request.param
     engine = Engine.from_pretrained(tiny_models[family], target_rank=TARGET_RANK, batch_size=3, compile=True)

@@ -5,9 +5,9 @@ import torch
 
 from hotlora.adapters.format.convert import load_adapter
 from hotlora.errors import AdapterFormatError, AdapterNotFound
-from hotlora.families import FAMILIES, family_named
+from hotlora.families import family_named
 
-from ..helpers import assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas
+from ..helpers import assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas, family_params
 
 
 SAMPLES = {
@@ -43,7 +43,7 @@ def test_layout_matches_load_lora_weights(tiny_models, family, sample):
         assert {round(w.scaling, 6) for w in adapter.modules.values()} != {1.0}
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", family_params())
 def test_peft_layout_matches_peft_loading(tiny_models, family):
     from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
     from safetensors.torch import load_file

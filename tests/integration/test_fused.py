@@ -19,7 +19,6 @@ import torch
 from hotlora import Engine
 from hotlora.adapters.binding import Binding
 from hotlora.errors import AdapterRejected, InvalidRequest
-from hotlora.families import FAMILIES
 from hotlora.testing import (
     kohya_flux_lora,
     random_conv_lora,
@@ -31,7 +30,7 @@ from hotlora.testing import (
     sd_scripts_sdxl_lora,
 )
 
-from ..helpers import TARGET_RANK, recompiles_are_errors, engine_reference
+from ..helpers import TARGET_RANK, recompiles_are_errors, engine_reference, family_params
 
 TOLERANCE = 1e-4  # float32 latents; compiled kernels reorder sums
 PROMPT = "a portrait of an astronaut, watercolor"
@@ -43,7 +42,7 @@ THROUGH_THE_ENGINE = 40  # every 40th swap is a full compiled request
 NARROW = {"flux": r"transformer_blocks\.0\.attn\.to_q", "sdxl": r".*attn1\.to_q"}
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module", params=family_params())
 def fused(request, tiny_models):
     family = request.param
     engine = Engine.from_pretrained(tiny_models[family], adapter_mode="fused", target_rank=TARGET_RANK,
@@ -222,7 +221,7 @@ def test_freezing_would_bake_the_weights_in_and_is_refused(fused):
         engine.writer.enter("fused")
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", family_params())
 def test_bfloat16_fused_weights_equal_diffusers_fuse_lora(tiny_models, tmp_path, family):
     """Eager (the weights are what is compared): hotlora's merge vs diffusers' ``fuse_lora``, both in
     bf16, within one bf16 rounding (diffusers rounds the delta, then the sum; hotlora the sum once).

@@ -83,7 +83,7 @@ def test_flux_prompts_and_text_parts_in_one_batch(mixed, pivotal):
                                   PackRequest("a cat", seed=3)])
     assert all(d <= TOLERANCE for d in diffs), diffs
     assert engine.recompiles == 0
-    with pytest.raises(InvalidRequest, match="negative_prompt is not supported"):
+    with pytest.raises(InvalidRequest, match="negative_prompt not taken by the flux family"):
         engine.prepare("a cat", negative_prompt="blurry")
 
 

@@ -21,8 +21,9 @@ import torch
 
 from hotlora import Engine
 from hotlora.errors import AdapterRejected
-from hotlora.families import FAMILIES
 from hotlora.testing import TINY_SIZE, controlled_lora, save_diffusers_lora
+
+from ..helpers import family_params
 
 RANK = 16
 MAGNITUDES = (0.001, 0.003, 0.01, 0.03)
@@ -30,7 +31,7 @@ STEPS = 2
 PROMPT = "a portrait"
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module", params=family_params())
 def adapters(request, tiny_models, tmp_path_factory):
     """(family, model dir, {magnitude: (path, PEFT state dict)})."""
     from diffusers import DiffusionPipeline

@@ -20,10 +20,9 @@ import torch
 from hotlora import Engine
 from hotlora.settings import EngineConfig
 from hotlora.engine.quantize import weight_bytes
-from hotlora.families import FAMILIES
 from hotlora.testing import random_lora, save_diffusers_lora
 
-from ..helpers import TARGET_RANK, PackRequest, engine_reference, fresh_pipeline, generate_batch, recompiles_are_errors
+from ..helpers import TARGET_RANK, PackRequest, engine_reference, fresh_pipeline, generate_batch, recompiles_are_errors, family_params
 
 pytest.importorskip("torchao")
 
@@ -68,7 +67,7 @@ def distance(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", family_params())
 def test_compiled_int8_base_serves_adapters_in_turn_without_recompiling(family, tiny_models, tmp_path):
     model_dir = tiny_models[family]
     # rank_buckets=(): every request here holds a full-rank adapter (the full bucket); the default's

@@ -13,7 +13,8 @@ import ray
 from PIL import Image
 
 from hotlora.scaleout.routing import ATTEMPTS_HEADER, REPLICA_HEADER
-from hotlora.families import FAMILIES
+
+from ..helpers import family_params
 
 STEPS = 2
 TIMEOUT_S = 120  # per HTTP request: nothing in these tests may hang
@@ -99,7 +100,7 @@ def test_the_edge_refuses_what_no_replica_could_serve(cluster):
     assert missing.json()["type"] == "AdapterNotFound"
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", family_params())
 def test_results_through_the_cluster_equal_the_single_process_engine(cluster, tiny_models, family):
     url, config = cluster
     response = generate(url, "identity-peft", model=family, n=3, seed=11)

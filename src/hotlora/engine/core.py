@@ -209,11 +209,14 @@ class Engine:
         r = checked.request
         with r.trace.span("validate", adapters=len(checked.specs)):
             bindings = self.resolver.validate(checked.specs, fetched)
-            self.text.prepare(bindings, r.prompt, r.negative_prompt)  # checks first: raises before any planning
+            negative = r.negative_prompt
+            if negative is None:
+                negative = self.family.default_negative_prompt(checked.params.guidance_scale)
+            self.text.prepare(bindings, r.prompt, negative)  # checks first: raises before any planning
             self.writer.prepare(bindings)
         timings = Timings(resolve_ms=(time.perf_counter() - began) * 1000)
         return PreparedRequest(prompt=r.prompt, params=checked.params, adapters=bindings, num_images=r.num_images,
-                               seed=r.seed, output_type=r.output_type, negative_prompt=r.negative_prompt,
+                               seed=r.seed, output_type=r.output_type, negative_prompt=negative,
                                progress=r.progress, timings=timings, trace=r.trace)
 
     def run(self, work: PreparedRequest | Sequence[PreparedRequest]):

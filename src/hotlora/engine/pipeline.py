@@ -55,6 +55,8 @@ def compile_denoiser(denoiser: torch.nn.Module, family: ModelFamily, fullgraph: 
     """Regional compilation where the model declares repeated blocks, whole-model otherwise.
     ``dynamic``: torch.compile's (None: dims that change between calls turn dynamic on their second
     value; False: one static graph per shape)."""
+    if not getattr(denoiser, "_repeated_blocks", None) and family.repeated_blocks:
+        denoiser._repeated_blocks = list(family.repeated_blocks)  # what compile_repeated_blocks reads
     if getattr(denoiser, "_repeated_blocks", None):
         denoiser.compile_repeated_blocks(fullgraph=fullgraph, dynamic=dynamic)
         return f"regional ({', '.join(denoiser._repeated_blocks)})"

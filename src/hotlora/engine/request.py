@@ -91,9 +91,10 @@ class CallParams:
         """The size asked for, WIDTHxHEIGHT, when the request was snapped to ``size``; else None."""
         return format_size(*self.requested) if self.requested else None
 
-    def pipeline_kwargs(self) -> dict:
-        return {"num_inference_steps": self.num_inference_steps, "guidance_scale": self.guidance_scale,
-                "height": self.height, "width": self.width}
+    def pipeline_kwargs(self, family) -> dict:
+        """The pipeline's arguments for these parameters (guidance the family's way: ``call_arguments``)."""
+        return {"num_inference_steps": self.num_inference_steps, "height": self.height, "width": self.width,
+                **family.call_arguments(self.guidance_scale)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,6 +184,15 @@ class RequestRules:
         """The served sizes as WIDTHxHEIGHT strings (the OpenAI API's ``size``), default first."""
         return tuple(format_size(h, w) for h, w in self.sizes)
 
+    def _untaken(self, **given) -> list[str]:
+        """The options given that the family does not take, as one problem listing what it takes."""
+        family = self.family
+        taken = family.request_options()
+        untaken = [name for name, value in given.items() if value is not None and name not in taken]
+        if not untaken:
+            return []
+        return [f"{' and '.join(untaken)} not taken by the {family.name} family (it takes: {', '.join(taken)})"]
+
     def check_request(self, request: "GenerationRequest") -> CallParams:
         """``check`` on a request's parameters."""
         r = request
@@ -209,6 +219,7 @@ class RequestRules:
         steps = self.defaults["num_inference_steps"] if steps is None else steps
         if not (isinstance(steps, int) and 1 <= steps <= limits.max_steps):
             problems.append(f"num_inference_steps must be an integer in 1..{limits.max_steps}")
+        problems += self._untaken(negative_prompt=negative_prompt, guidance_scale=guidance)
         guidance = self.defaults["guidance_scale"] if guidance is None else guidance
         if not (isinstance(guidance, (int, float)) and math.isfinite(guidance) and 0 <= guidance <= 50):
             problems.append("guidance_scale must be a finite number in 0..50")
@@ -223,8 +234,6 @@ class RequestRules:
             problems.append("seed must be a non-negative integer")
         if output_type not in OUTPUT_TYPES:
             problems.append(f"output_type must be one of {', '.join(OUTPUT_TYPES)}")
-        if negative_prompt is not None and not self.family.negative_prompts:
-            problems.append(f"negative_prompt is not supported by the {self.family.name} family")
         if problems:
             raise InvalidRequest("; ".join(problems))
         requested = None

@@ -195,7 +195,7 @@ class Runner:
         trace = together([r.trace for r in requests]) if mixed else first.trace
         repeat = warm.batch_factor(params)
         swap, timings = SwapReport(), [Timings() for _ in requests]
-        call = params.pipeline_kwargs()
+        call = params.pipeline_kwargs(warm.family)
         texts = None if mixed else warm.text.prompts(first.adapters, first.prompt, first.negative_prompt)
 
         def before_chunk(chunk: Chunk) -> dict:

@@ -82,15 +82,18 @@ def warm_up(warm) -> None:
                     for batch in batches:
                         log.info("warm-up: %s, batch %d, guidance %.1f, writer state %s (%s)",
                                  format_size(height, width), batch, scale, state, warm.compile_mode or "eager")
-                        _run(warm, batch, height, width, scale)
+                        for prompt in warm.family.warmup_prompts():
+                            _run(warm, batch, height, width, scale, prompt)
     warm.warmup_s = time.perf_counter() - began
     log.info("warm: %.1fs, %d graphs compiled, %s", warm.warmup_s, graph_count(), warm.compile_mode or "eager")
 
 
-def _run(warm, batch: int, height: int, width: int, scale: float) -> None:
-    warm.pipeline(prompt="warm-up", num_images_per_prompt=batch, num_inference_steps=TIMED_STEPS,
-                  guidance_scale=scale, height=height, width=width,
-                  generator=[torch.Generator().manual_seed(i) for i in range(batch)], output_type="latent")
+def _run(warm, batch: int, height: int, width: int, scale: float, prompt: str = "warm-up") -> None:
+    family = warm.family
+    negative = family.default_negative_prompt(scale)
+    warm.pipeline(prompt=prompt, num_images_per_prompt=batch, num_inference_steps=TIMED_STEPS, height=height,
+                  width=width, generator=[torch.Generator().manual_seed(i) for i in range(batch)], output_type="latent",
+                  **({} if negative is None else {"negative_prompt": negative}), **family.call_arguments(scale))
 
 
 def chunk_key(height: int, width: int, cfg: bool) -> str:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Mapping
 
+from hotlora.errors import HotloraError
 from hotlora.families.base import CfgStyle, ModelFamily
 from hotlora.families.flux import Flux
 from hotlora.families.sdxl import StableDiffusionXL
@@ -19,6 +20,23 @@ from hotlora.families.sdxl import StableDiffusionXL
 REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL())
 FAMILIES: dict[str, ModelFamily] = {family.name: family for family in REGISTERED}
 DEFAULT_FAMILY = REGISTERED[0].name  # the built-in tiny model of `hotlora serve` with no --model
+
+
+class UnservedModel(HotloraError, ValueError):
+    """Start-up: the model's pipeline is not one a registered family serves; the message names the
+    pipeline and what is missing."""
+
+
+def why_unserved(pipeline_type: type) -> str:
+    """What a pipeline no family matches lacks, in words."""
+    mixins = [cls.__name__ for cls in pipeline_type.__mro__
+              if cls.__name__.endswith("LoraLoaderMixin") and "_lora_loadable_modules" in vars(cls)]
+    if not mixins:
+        return "it has no diffusers LoRA loader mixin, so diffusers loads no LoRA into it"
+    module = getattr(pipeline_type, "__module__", "")
+    if any(part in module.lower() for part in ("video", "wan", "ltx", "hunyuan", "mochi", "cogvideo", "skyreels")):
+        return f"it is a video pipeline ({mixins[0]}); video families are not served yet"
+    return f"no registered family uses its LoRA mixin {mixins[0]} with its denoiser"
 
 
 def family_named(name: str) -> ModelFamily:
@@ -35,7 +53,8 @@ def family_of_class(pipeline_type: type, denoiser_class: str | None = None) -> M
                     reverse=True)
     best, index = ranked[0]
     if best == 0:
-        raise ValueError(f"{pipeline_type.__name__} is not a pipeline hotlora serves ({', '.join(FAMILIES)})")
+        raise UnservedModel(f"{pipeline_type.__name__} is not a pipeline hotlora serves: {why_unserved(pipeline_type)} "
+                            f"(served families: {', '.join(FAMILIES)}; `hotlora families` lists them)")
     return REGISTERED[index]
 
 
@@ -53,7 +72,7 @@ def family_of_model_index(index: Mapping | str | Path) -> ModelFamily:
     name = index.get("_class_name", "")
     pipeline_type = getattr(diffusers, name, None)
     if not isinstance(pipeline_type, type):
-        raise ValueError(f"{name or 'a model_index.json without _class_name'} is not a diffusers pipeline "
+        raise UnservedModel(f"{name or 'a model_index.json without _class_name'} is not a diffusers pipeline "
                          f"hotlora serves ({', '.join(FAMILIES)})")
     denoisers = [entry[1] for key, entry in index.items()
                  if key in ("transformer", "unet") and isinstance(entry, list) and len(entry) == 2]
@@ -73,10 +92,16 @@ def full_size_model(name: str) -> tuple[ModelFamily, str] | None:
     return None
 
 
+def describe_families() -> list[dict]:
+    """What each registered family serves (``hotlora families``): its pipelines, how guidance runs,
+    what a request may set, which text encoders take LoRA, the defaults, the built-in plans."""
+    return [family.describe() for family in REGISTERED]
+
+
 def full_size_names() -> list[str]:
     return [name for family in REGISTERED for name in family.full_size_models]
 
 
-__all__ = ["CfgStyle", "DEFAULT_FAMILY", "FAMILIES", "ModelFamily", "REGISTERED", "family_named", "family_of_class",
-           "family_of_denoiser_class", "family_of_model_index", "family_of_pipeline", "full_size_model",
-           "full_size_names"]
+__all__ = ["CfgStyle", "DEFAULT_FAMILY", "FAMILIES", "ModelFamily", "REGISTERED", "UnservedModel", "describe_families",
+           "family_named", "family_of_class", "family_of_denoiser_class", "family_of_model_index", "family_of_pipeline",
+           "full_size_model", "full_size_names", "why_unserved"]

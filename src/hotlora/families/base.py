@@ -36,6 +36,12 @@ class ModelFamily:
     default_size: ClassVar[tuple[int, int]] = (1024, 1024)  # (height, width) of the published models
     cfg: ClassVar[CfgStyle] = "none"
     negative_prompts: ClassVar[bool] = False
+    # False for a pipeline that ignores ``guidance_scale`` (distilled Flux.2 klein): a request that
+    # sets one is refused rather than silently given the same image.
+    takes_guidance: ClassVar[bool] = True
+    # Block classes regional compilation repeats, for denoisers that declare no ``_repeated_blocks``
+    # (SD3's transformer): the family names them.
+    repeated_blocks: ClassVar[tuple[str, ...]] = ()
     # Height and width in latent pixels are multiples of this (the pixel multiple is this times
     # the VAE's factor).
     latent_multiple: ClassVar[int] = 1
@@ -105,6 +111,13 @@ class ModelFamily:
             denoiser_class = getattr(getattr(annotation, "annotation", None), "__name__", None)
         return int(denoiser_class == self.denoiser_class)
 
+    def describe(self) -> dict[str, Any]:
+        return {"family": self.name, "pipeline": self.pipeline_class, "denoiser": f"{self.denoiser} ({self.denoiser_class})",
+                "cfg": self.cfg, "request_options": list(self.request_options()),
+                "text_encoder_lora": list(self.lora_text_encoders), "embeddings": sorted({k for k, _ in self.embedding_keys}),
+                "defaults": {**self.defaults, "height": self.default_size[0], "width": self.default_size[1]},
+                "plans": list(self.full_size_models)}
+
     # ------------------------------------------------------------------ declared: requests and guidance
 
     @property
@@ -127,6 +140,28 @@ class ModelFamily:
         """Guidance values whose batch shapes differ, each warmed up: under batch CFG a request
         at guidance 1 runs a batch half as big."""
         return [default, *([1.0] if self.cfg == "batch" and default != 1.0 else [])]
+
+    def call_arguments(self, guidance_scale: float) -> dict[str, Any]:
+        """The pipeline's keyword arguments for hotlora's one ``guidance_scale`` (plus any option the
+        family fixes): Qwen-Image takes it as ``true_cfg_scale``, most as ``guidance_scale``. The
+        warm-up, every request and the tests' plain-diffusers reference call the pipeline with these."""
+        return {"guidance_scale": guidance_scale}
+
+    def default_negative_prompt(self, guidance_scale: float) -> str | None:
+        """The negative prompt a request without one runs with (None: the pipeline's own default).
+        Qwen-Image runs true CFG only when it is given one."""
+        return None
+
+    def warmup_prompts(self) -> tuple[str, ...]:
+        """Prompts warm-up runs, so that every text-shape steady state sees is compiled: one for a
+        pipeline that pads its prompts to a fixed length, more where lengths reach the denoiser."""
+        return ("warm-up",)
+
+    def request_options(self) -> tuple[str, ...]:
+        """What a request of this family may set (the 422 for an option it does not take lists them)."""
+        return ("prompt", *(("negative_prompt",) if self.negative_prompts else ()), "num_images",
+                "num_inference_steps", *(("guidance_scale",) if self.takes_guidance else ()), "height", "width",
+                "seed", "output_type")
 
     def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
         """The pipeline's own ``encode_prompt`` on one group of prompts (one text-encoder state):

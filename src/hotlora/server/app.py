@@ -62,7 +62,7 @@ def _lifespan(service: Service, start_worker: bool):
         if start_worker:
             # Listen at once (healthz answers, readyz says "not yet") while the engine warms up.
             app.state.starting = asyncio.create_task(asyncio.to_thread(worker.start))
-            app.state.starting.add_done_callback(lambda task: _report_start(task, worker))
+            app.state.starting.add_done_callback(lambda task: _report_start(task, worker, app))
         yield
         log.info("shutting down: draining the queue")
         drained = await asyncio.to_thread(worker.stop, config.drain_timeout_s)
@@ -74,11 +74,16 @@ def _lifespan(service: Service, start_worker: bool):
     return lifespan
 
 
-def _report_start(task: asyncio.Task, worker: Worker) -> None:
+def _report_start(task: asyncio.Task, worker: Worker, app: FastAPI) -> None:
     """A start-up that failed is said at once (the log, and /readyz's ``failed``), not left as a
-    task exception nobody retrieves while /readyz answers "not yet" forever."""
+    task exception nobody retrieves while /readyz answers "not yet" forever; then
+    ``app.state.on_start_failed`` (``hotlora serve`` sets it) ends the server, so that it exits
+    non-zero and an orchestrator shows a failed container instead of one that never gets ready."""
     if task.cancelled() or task.exception() is None:
         return
     exc = task.exception()
     log.error("the engine failed to start: %s: %s", type(exc).__name__, exc, exc_info=exc)
     worker.failed = f"start-up failed: {type(exc).__name__}: {exc}"
+    on_start_failed = getattr(app.state, "on_start_failed", None)
+    if on_start_failed is not None:
+        on_start_failed()

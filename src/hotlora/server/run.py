@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from hotlora.settings import ServerConfig, StoreConfig
 from hotlora.engine.worker import Worker
+from hotlora.errors import HotloraError
+from hotlora.settings import ServerConfig, StoreConfig
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,27 @@ def serve(config: ServerConfig, store_config: StoreConfig) -> None:
 
     keyring_for(config)  # no keys where keys are required: refuse now, before a model is built or loaded
     config, store_config = prepare_tiny_model(config, store_config)
-    app = create_app(build_serving(config, store_config), config)
+    check_served(config.model)
+    serving = build_serving(config, store_config)
+    app = create_app(serving, config)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
+                                           timeout_graceful_shutdown=int(config.drain_timeout_s)))
+    app.state.on_start_failed = lambda: setattr(server, "should_exit", True)
     log.info("listening on http://%s:%d (ready once /readyz says so)", config.host, config.port)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info",
-                timeout_graceful_shutdown=int(config.drain_timeout_s))
+    server.run()
+    if serving.worker.failed and serving.worker.failed.startswith("start-up failed"):
+        raise StartupFailed(serving.worker.failed)
+
+
+class StartupFailed(HotloraError):
+    """``hotlora serve``: the engine could not start (the server stopped listening; exit status 1)."""
+
+
+def check_served(model) -> None:
+    """A local model whose pipeline no family serves is refused before anything listens
+    (UnservedModel); a hub id is read when it loads, and a failure there ends the server too."""
+    from hotlora.families import family_of_model_index
+
+    index = Path(str(model)) / "model_index.json"
+    if index.is_file():
+        family_of_model_index(index)
