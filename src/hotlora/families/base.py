@@ -48,6 +48,11 @@ class ModelFamily:
     # How several served sizes share compiled graphs: True turns the token / spatial dimensions
     # dynamic at warm-up (bench/sizes.py measures both ways), False compiles one graph per size.
     dynamic_sizes: ClassVar[bool] = True
+    # Module names distinctive of this family's denoiser, as diffusers and its trainers name them (a
+    # regex searched in LoRA keys), and lowercase words trainers write for its base model in a file's
+    # metadata: both only word the refusal of another family's LoRA (``families.recognize``).
+    lora_key_pattern: ClassVar[str] = ""
+    base_model_markers: ClassVar[tuple[str, ...]] = ()
     # Pivotal-tuning embedding file keys -> the text encoder they extend.
     embedding_keys: ClassVar[tuple[tuple[str, str], ...]] = ()
     # Each text encoder's tokenizer and the pipeline argument its prompt comes in.

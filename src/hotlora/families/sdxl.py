@@ -27,6 +27,9 @@ class StableDiffusionXL(ModelFamily):
     embedding_keys = (("clip_l", "text_encoder"), ("text_encoders_0", "text_encoder"),
                       ("clip_g", "text_encoder_2"), ("text_encoders_1", "text_encoder_2"))
     full_size_models = {"sdxl": "sdxl"}
+    # Diffusers' and kohya's U-Net block names; SD1.5 shares them (its family tells them apart by metadata).
+    lora_key_pattern = r"(down_blocks|up_blocks|mid_block|input_blocks|output_blocks|middle_block)[._]"
+    base_model_markers = ("sdxl", "stable-diffusion-xl", "stable_diffusion_xl")
     tiny_size = 64
 
     def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:

@@ -36,6 +36,7 @@ import torch
 
 from hotlora.adapters.format.embeddings import Embeddings, parse_embeddings
 from hotlora.families import ModelFamily
+from hotlora.families.recognize import foreign_note
 from hotlora.adapters.format.lora_config import MAX_NAME_CHARS, LoraWeights, module_weights  # LoraWeights: re-exported
 from hotlora.adapters.format.files import ReadLimits, declared_base_model, hash_state_dict, read_files
 from hotlora.errors import AdapterFormatError
@@ -169,6 +170,7 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
         raise AdapterFormatError(
             f"{label}: no LoRA weights for the {family.name} {prefix} or its text encoders found "
             f"({len(state_dict)} keys, e.g. {', '.join(sorted(state_dict)[:3]) or 'none'})"
+            + foreign_note(family, sorted(raw), file_metadata)
         )
     if skipped:
         log.warning("%s: skipping %d keys no served model part takes (%s)", label, len(skipped), skipped[0][:80])
@@ -290,7 +292,11 @@ def _diffusers_state_dict(raw, metadata, family: ModelFamily, label, denoiser_co
     try:
         state_dict, network_alphas, file_meta = family.pipeline_type.lora_state_dict(raw, **kwargs)
     except Exception as exc:  # converters raise ValueError, KeyError, AssertionError, ...
-        raise AdapterFormatError(f"{label}: diffusers cannot convert this LoRA ({type(exc).__name__}: {exc})") from exc
+        message = str(exc).strip()
+        if len(message) > 600:  # converters list every incompatible key: the first ones say enough
+            message = message[:600] + " ..."
+        raise AdapterFormatError(f"{label}: diffusers cannot convert this LoRA for the {family.name} family "
+                                 f"({type(exc).__name__}: {message})" + foreign_note(family, sorted(raw), metadata)) from exc
     return state_dict, network_alphas, metadata if metadata is not None else file_meta
 
 

@@ -14,6 +14,8 @@ from typing import Mapping
 import torch
 
 from hotlora.adapters.format.convert import Adapter
+from hotlora.families import FAMILIES, family_named
+from hotlora.families.recognize import families_of_metadata, foreign_note
 
 # Long lists are cut in messages; the count is always given.
 MAX_LISTED = 8
@@ -61,9 +63,11 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
     if not adapter.modules and not adapter.text_modules:
         problems.append("adapter holds no LoRA modules")
     if not base_model_compatible(adapter.base_model, ceiling.served_models):
+        named = [f.name for f in families_of_metadata(None, adapter.base_model) if f.name != ceiling.family]
         problems.append(
-            f"adapter declares base model {adapter.base_model!r}; this server serves "
-            f"{', '.join(sorted(ceiling.served_models))}"
+            f"adapter declares base model {adapter.base_model!r}"
+            + (f" (a {' or '.join(named)} model)" if named else "")
+            + f"; this server serves {', '.join(sorted(ceiling.served_models))} ({ceiling.family} family)"
         )
     too_big = {m: w.rank for m, w in adapter.modules.items() if w.rank > ceiling.target_rank and not ceiling.any_rank}
     if too_big:
@@ -80,7 +84,10 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
                         "(adapter_mode='fused'), not by slots or banks")
     outside = [m for m in adapter.modules if m not in ceiling.modules and m not in ceiling.convs and m not in convs]
     if outside:
-        problems.append(f"{len(outside)} module(s) outside the slot ceiling: {_listed(outside)}")
+        # Mostly outside: perhaps another family's LoRA, named when its keys or metadata say so.
+        note = (foreign_note(family_named(ceiling.family), outside, declared=adapter.base_model)
+                if 2 * len(outside) > len(adapter.modules) and ceiling.family in FAMILIES else "")
+        problems.append(f"{len(outside)} module(s) outside the slot ceiling: {_listed(outside)}{note}")
     bad_dtype, bad_shape, non_finite, bad_scale = [], [], [], []
     for module, w in adapter.modules.items():
         if not (w.down.is_floating_point() and w.up.is_floating_point()):

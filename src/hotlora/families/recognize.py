@@ -1,0 +1,70 @@
+"""Which family a LoRA that does not fit the served one was made for, so that the refusal can name
+both ("this is an SDXL LoRA; this engine serves flux") instead of only listing keys.
+
+Two signals, each declared by the families: the module names a family's denoiser has, as diffusers
+and the trainers name them (``ModelFamily.lora_key_pattern``), and what trainers write about the base
+model in a file's metadata (kohya's ``ss_base_model_version``, the ``modelspec.architecture`` of
+sd-scripts and ai-toolkit, a declared base model id: ``ModelFamily.base_model_markers``). No
+library does this (diffusers' converters only say a key is incompatible), so it is ours. It is
+only ever used to word an error: nothing is served or refused because of it.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from typing import Iterable, Mapping
+
+from hotlora.families import REGISTERED, ModelFamily
+
+# Metadata keys whose values name the base model a trainer trained on.
+BASE_MODEL_KEYS = ("ss_base_model_version", "modelspec.architecture", "ss_sd_model_name", "base_model",
+                   "base_model_name_or_path", "modelspec.implementation")
+SAMPLED_KEYS = 2000  # a hostile file may hold millions of keys: a sample says as much
+
+
+@cache
+def _pattern(family: ModelFamily) -> re.Pattern | None:
+    return re.compile(family.lora_key_pattern) if family.lora_key_pattern else None
+
+
+def families_of_keys(keys: Iterable[str]) -> list[ModelFamily]:
+    """The registered families whose denoiser module names most of ``keys`` match, best first."""
+    sample = [key for _, key in zip(range(SAMPLED_KEYS), keys)]
+    if not sample:
+        return []
+    scored = []
+    for family in REGISTERED:
+        pattern = _pattern(family)
+        if pattern is None:
+            continue
+        hits = sum(1 for key in sample if pattern.search(key))
+        if hits * 2 > len(sample):
+            scored.append((hits, family))
+    return [family for _, family in sorted(scored, key=lambda pair: -pair[0])]
+
+
+def families_of_metadata(metadata: Mapping | None, declared: str | None = None) -> list[ModelFamily]:
+    """The registered families a file's base-model metadata (or its declared base model) names."""
+    texts = [str(value).lower() for key, value in (metadata or {}).items() if key.endswith(BASE_MODEL_KEYS)]
+    if declared:
+        texts.append(declared.lower())
+    return [family for family in REGISTERED
+            if any(marker in text for marker in family.base_model_markers for text in texts)]
+
+
+def foreign_note(served: ModelFamily, keys: Iterable[str], metadata: Mapping | None = None,
+                 declared: str | None = None) -> str:
+    """``"; it looks like a sdxl LoRA (...); this engine serves flux"``, or "" when nothing
+    recognisable points to another family."""
+    keys = list(keys)
+    by_metadata = [f for f in families_of_metadata(metadata, declared) if f is not served]
+    by_keys = [f for f in families_of_keys(keys) if f is not served]
+    if served in families_of_keys(keys) and not by_metadata:
+        return ""  # its names are the served family's: a damaged or partial file, not a foreign one
+    others = list(dict.fromkeys([*by_metadata, *by_keys]))
+    if not others:
+        return ""
+    names = " or ".join(f.name for f in others[:3])
+    why = "its metadata names that base model" if by_metadata else f"keys such as {keys[0]!r}"
+    return f"; it looks like a LoRA for the {names} family ({why}); this engine serves the {served.name} family"

@@ -1,0 +1,58 @@
+"""A start-up that cannot succeed ends `hotlora serve` with a non-zero exit and the reason, so an
+orchestrator shows a failed container instead of one whose /readyz stays false forever."""
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+
+from ..helpers import free_port
+
+EXIT_TIMEOUT_S = 300  # importing torch and diffusers, loading a tiny model: well under this
+
+
+def serve(model, port) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "hotlora.cli", "serve", "--model", str(model), "--port", str(port),
+                             "--no-compile"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_model_no_family_serves_exits_before_listening(tmp_path):
+    model = tmp_path / "tiny-wan"
+    model.mkdir()
+    (model / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline",
+                                                       "transformer": ["diffusers", "WanTransformer3DModel"]}))
+    done = subprocess.run([sys.executable, "-m", "hotlora.cli", "serve", "--model", str(model), "--port",
+                           str(free_port())], capture_output=True, text=True, timeout=EXIT_TIMEOUT_S)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "WanPipeline is not a pipeline hotlora serves" in done.stderr
+    assert "video pipeline" in done.stderr and "hotlora families" in done.stderr
+
+
+def test_an_engine_that_fails_to_start_ends_the_server_with_exit_1(tiny_models, tmp_path):
+    """The model's files are read once the server listens (so /healthz answers during a long
+    warm-up); a failure there ends the process, /healthz answering until then."""
+    import shutil
+
+    model = tmp_path / "broken"
+    shutil.copytree(tiny_models["flux"], model)
+    weights = next((model / "transformer").glob("*.safetensors"))
+    weights.write_bytes(b"not a safetensors file")
+    port = free_port()
+    process = serve(model, port)
+    try:
+        answered, deadline = False, time.monotonic() + EXIT_TIMEOUT_S
+        while process.poll() is None and time.monotonic() < deadline:
+            try:
+                answered = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200 or answered
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        output = process.communicate(timeout=EXIT_TIMEOUT_S)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, output
+    assert answered, "the server never listened: the failure came before the model was read"
+    assert "error: start-up failed: ModelLoadError" in output and "broken" in output

@@ -1,0 +1,77 @@
+"""What is not served is said as such: a pipeline no family serves names what it lacks, a request
+option its family does not take lists what it takes, and another family's LoRA is named."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hotlora.families import FAMILIES, UnservedModel, family_named, family_of_class, family_of_model_index
+from hotlora.families.recognize import families_of_keys, families_of_metadata, foreign_note
+
+
+@pytest.mark.parametrize("pipeline, reason", [
+    ("WanPipeline", "video pipeline (WanLoraLoaderMixin); video families are not served yet"),
+    ("LTXPipeline", "video pipeline"),
+    ("DDPMPipeline", "no diffusers LoRA loader mixin"),
+])
+def test_an_unserved_pipeline_names_what_it_lacks(pipeline, reason):
+    import diffusers
+
+    with pytest.raises(UnservedModel, match=f"{pipeline} is not a pipeline hotlora serves") as info:
+        family_of_class(getattr(diffusers, pipeline))
+    assert reason in str(info.value) and "hotlora families" in str(info.value)
+    with pytest.raises(UnservedModel, match=reason.split(" (")[0]):
+        family_of_model_index({"_class_name": pipeline})
+
+
+def test_hotlora_families_lists_every_registered_family():
+    done = subprocess.run([sys.executable, "-m", "hotlora.cli", "families", "--json"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    listed = {entry["family"]: entry for entry in json.loads(done.stdout)}
+    assert set(listed) == set(FAMILIES)
+    for name, entry in listed.items():
+        family = family_named(name)
+        assert entry["pipeline"] == family.pipeline_class and entry["cfg"] == family.cfg
+        assert ("negative_prompt" in entry["request_options"]) == family.negative_prompts
+        assert entry["defaults"]["num_inference_steps"] == family.default_steps
+
+
+def test_request_options_a_family_does_not_take_are_refused_with_what_it_takes():
+    from hotlora.engine.request import RequestLimits, RequestRules
+    from hotlora.errors import InvalidRequest
+
+    family = next(f for f in FAMILIES.values() if not f.negative_prompts)
+    rules = RequestRules(family=family, defaults=family.defaults, limits=RequestLimits(), sizes=((64, 64),),
+                         size_multiple=16, sizes_only=True)
+    with pytest.raises(InvalidRequest, match=f"negative_prompt not taken by the {family.name} family") as info:
+        rules.check("a cat", negative_prompt="blurry")
+    assert f"it takes: {', '.join(family.request_options())}" in str(info.value)
+    rules.check("a cat")  # without it: fine
+
+
+SDXL_KEYS = ["lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn1_to_k.lora_down.weight",
+             "unet.up_blocks.0.attentions.1.transformer_blocks.1.attn2.to_q.lora_A.weight"]
+FLUX_KEYS = ["transformer.single_transformer_blocks.0.attn.to_k.lora_A.weight",
+             "transformer.transformer_blocks.1.attn.add_q_proj.lora_B.weight",
+             "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight",
+             "double_blocks.0.processor.qkv_lora1.down.weight"]
+
+
+def test_another_familys_lora_is_named():
+    flux, sdxl = family_named("flux"), family_named("sdxl")
+    assert sdxl in families_of_keys(SDXL_KEYS) and flux not in families_of_keys(SDXL_KEYS)
+    assert flux in families_of_keys(FLUX_KEYS) and sdxl not in families_of_keys(FLUX_KEYS)
+    note = foreign_note(flux, SDXL_KEYS)
+    assert "looks like a LoRA for the sdxl" in note and "this engine serves the flux family" in note
+    assert "looks like a LoRA for the flux" in foreign_note(sdxl, FLUX_KEYS)
+    # Its own family's names: a damaged file of the served family, not a foreign one.
+    assert foreign_note(flux, FLUX_KEYS) == ""
+    # Trainers' metadata: kohya's base model version, sd-scripts' modelspec architecture.
+    assert flux in families_of_metadata({"ss_base_model_version": "flux1"})
+    assert sdxl in families_of_metadata({"modelspec.architecture": "stable-diffusion-xl-v1-base/lora"})
+    assert "its metadata names that base model" in foreign_note(flux, ["a.lora_A.weight"],
+                                                              {"ss_base_model_version": "sdxl_base_v1-0"})
+    assert foreign_note(flux, ["something.else.lora_A.weight"]) == ""
