@@ -37,6 +37,7 @@ import torch
 from hotlora.adapters.format.embeddings import Embeddings, parse_embeddings
 from hotlora.families import ModelFamily
 from hotlora.families.recognize import foreign_note
+from hotlora.adapters.format.lokr import LAYOUT as LOKR_LAYOUT, is_lokr, lokr_modules
 from hotlora.adapters.format.lora_config import MAX_NAME_CHARS, LoraWeights, module_weights  # LoraWeights: re-exported
 from hotlora.adapters.format.files import ReadLimits, declared_base_model, hash_state_dict, read_files
 from hotlora.errors import AdapterFormatError
@@ -157,6 +158,8 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
             f"{label}: carries both kohya-style alphas and lora_adapter_metadata; diffusers refuses that too"
         )
 
+    if is_lokr(state_dict):
+        layout = LOKR_LAYOUT
     ours = {k.removeprefix(f"{prefix}."): v for k, v in state_dict.items() if k.startswith(f"{prefix}.")}
     parts = (prefix, *family.lora_text_encoders)
     skipped = sorted([k for k in state_dict if not k.startswith(tuple(f"{part}." for part in parts))]
@@ -200,6 +203,8 @@ def _denoiser_modules(ours: dict, network_alphas, metadata, prefix: str, label: 
         network_alphas = {
             k.removeprefix(f"{prefix}."): v for k, v in network_alphas.items() if k.startswith(f"{prefix}.")
         }
+    if is_lokr(ours):
+        return lokr_modules(ours, metadata, label)
     if "lora_A" not in next(iter(ours)):
         ours = convert_unet_state_dict_to_peft(ours)
     # The same rank dict and config construction as diffusers' load_lora_adapter.

@@ -14,6 +14,7 @@ from typing import Mapping
 import torch
 
 from hotlora.adapters.format.convert import Adapter
+from hotlora.adapters.format.lokr import LAYOUT as LOKR_LAYOUT
 from hotlora.families import FAMILIES, family_named
 from hotlora.families.recognize import families_of_metadata, foreign_note
 
@@ -74,6 +75,8 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
         problems.append(
             f"rank {max(too_big.values())} exceeds the engine's target rank {ceiling.target_rank} "
             f"in {_listed(too_big)}"
+            + (" (the exact low-rank form of a LyCORIS LoKr: fused mode, adapter_mode='fused', serves it at any "
+               "rank)" if adapter.layout == LOKR_LAYOUT else "")
         )
     # Conv layers get their own message: the fix is another adapter mode, not another ceiling.
     convs = [m for m, w in adapter.modules.items()
