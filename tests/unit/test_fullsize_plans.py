@@ -86,6 +86,7 @@ TEXT_ENCODERS = {
     ("zimage_turbo", "text_encoder"): 4_022_468_096,  # Qwen3-4B as Qwen3Model: 4.02B, embeddings tied
     ("flux2_klein_9b", "text_encoder"): 8_190_735_360,  # Qwen3-8B: 8.19B
     ("qwen_image", "text_encoder"): 8_292_166_656,  # Qwen2.5-VL-7B-Instruct: 8.29B
+    ("qwen_image_21", "text_encoder"): 8_767_123_696,  # Qwen3-VL-8B-shaped: 8.77B
     ("flux2_dev", "text_encoder"): 24_011_361_280,  # Mistral-Small-3.2-24B: 24.0B
     ("sd35_large", "text_encoder_2"): 694_659_840,  # OpenCLIP bigG/14 text tower with projection
 }

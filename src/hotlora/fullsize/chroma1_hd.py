@@ -3,14 +3,13 @@ configuration, so ``hotlora plan chroma1-hd`` builds the full-size model on the 
 
 Sources (the Hub is not reachable where this was written):
 
-* ``TRANSFORMER``: ``ChromaTransformer2DModel``'s defaults in diffusers 0.42.1 (19 double and 38
-  single blocks of FLUX.1's width, a 5-layer 5120-wide distilled guidance approximator over 64
-  channels, no CLIP pooled input), which are the values a public converter derives from a Chroma
-  checkpoint's tensors and writes as the diffusers ``transformer/config.json`` (its field list:
-  ``approximator_hidden_dim`` / ``_layers`` / ``_num_channels``, ``attention_head_dim``,
-  ``axes_dims_rope`` [16, 56, 56], ``in_channels``, ``joint_attention_dim``, ``num_attention_heads``,
-  ``num_layers``, ``num_single_layers``, ``patch_size`` 1). The numbers are NOT confirmed against
-  Chroma1-HD's own file; the count matches the model card's "8.9B".
+* ``TRANSFORMER``: the Chroma1-HD architecture as two public copies give it field for field (a
+  diffusers cache test's ``CHROMA_HD_SIGNATURE``, ``out_channels`` null; InvokeAI's Chroma loader's
+  ``CHROMA_TRANSFORMER_CONFIG``, which writes ``out_channels`` 64, the same thing): 19 double and
+  38 single blocks of FLUX.1's width, a 5-layer 5120-wide distilled guidance approximator over 64
+  channels, no CLIP pooled input. These are also ``ChromaTransformer2DModel``'s defaults. Not seen
+  verbatim from the repository's own ``transformer/config.json`` (its bookkeeping keys aside, a
+  public converter writes the same field list); the count matches the model card's "8.9B".
 * ``MODEL_INDEX``: the classes ``ChromaPipeline`` takes (T5 encoder only, FLUX.1's VAE); not
   confirmed against the published file.
 * ``TEXT_ENCODER``: T5 v1.1 XXL's encoder, ``VAE``: FLUX.1's (``hotlora.fullsize._encoders``).

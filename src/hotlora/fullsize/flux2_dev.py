@@ -5,8 +5,10 @@ Sources (the Hub is not reachable where this was written):
 
 * ``TRANSFORMER``: ``get_flux2_transformer_config("flux2-dev")`` in diffusers'
   ``scripts/convert_flux2_to_diffusers.py`` (the script that wrote the published ``transformer/``),
-  which are also ``Flux2Transformer2DModel``'s defaults; ``guidance_embeds`` True (the class
-  default; the script leaves it so) and ``out_channels`` null (= ``in_channels``).
+  which are also ``Flux2Transformer2DModel``'s defaults and the twelve fields a public Swift port's
+  test decodes as FLUX.2-dev's config; that copy has no ``guidance_embeds`` (the class default,
+  True, written out here: FLUX.2-dev is guidance-distilled) nor ``out_channels`` (null, =
+  ``in_channels``).
 * ``VAE``: the script builds ``AutoencoderKLFlux2()`` with its defaults and saves it, so the
   published ``vae/config.json`` is those defaults (copied here from diffusers 0.42.1).
 * ``TEXT_ENCODER``: the script's text encoder, Mistral-Small-3.2-24B-Instruct-2506

@@ -7,8 +7,9 @@ Sources (the Hub is not reachable where this was written):
 
 * ``TRANSFORMER``: ``get_flux2_transformer_config("klein-4b")`` in diffusers'
   ``scripts/convert_flux2_to_diffusers.py`` (5 double and 20 single blocks, 24 heads of 128,
-  ``joint_attention_dim`` 7680, ``guidance_embeds`` False), consistent with public copies of the
-  published ``transformer/config.json`` (``joint_attention_dim`` 7680, 5 / 20 layers, 24 heads);
+  ``joint_attention_dim`` 7680, ``guidance_embeds`` False), and every field of a public trainer's
+  copy "pinned from a config that was actually read" of the published ``transformer/config.json``
+  (both 4B variants);
   ``out_channels`` null (= ``in_channels``).
 * ``MODEL_INDEX``: a public copy of FLUX.2-klein-base-4B's ``model_index.json``
   (``Flux2KleinPipeline``, ``Qwen3ForCausalLM``, ``Qwen2TokenizerFast``, ``AutoencoderKLFlux2``);

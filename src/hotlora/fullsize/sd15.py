@@ -4,12 +4,16 @@
 meta device.
 
 Source (the Hub is not reachable where this was written): the repository's ``unet/``, ``vae/``,
-``text_encoder/`` and ``scheduler/`` configs as the original SD v1 release defines them and
-diffusers' ``scripts/convert_original_stable_diffusion_to_diffusers.py`` writes them for
-``v1-inference.yaml`` (U-Net: 4 blocks of 320/640/1280/1280 channels, 8 heads, cross-attention 768,
-64x64 latents; VAE: 4 latent channels, scale 0.18215; CLIP ViT-L/14's text tower;
-``PNDMScheduler``). Recalled field by field, not compared with a copy of the files here; every
-shape field is the classic SD v1 one and the U-Net's count is the published 859.5M ("860M").
+``text_encoder/`` and ``scheduler/`` configs as the SD v1 release defines them and diffusers'
+``scripts/convert_original_stable_diffusion_to_diffusers.py`` writes them for ``v1-inference.yaml``
+(U-Net: 4 blocks of 320/640/1280/1280 channels, 8 heads, cross-attention 768, 64x64 latents; VAE: 4
+latent channels, scale 0.18215 (the class default); CLIP ViT-L/14's text tower; ``PNDMScheduler``).
+The shape fields are confirmed by public copies: diffusers-rs's SD 1.5 U-Net config (citing
+``runwayml/stable-diffusion-v1-5/blob/main/unet/config.json``: 320/640/1280/1280, 8 heads, cross
+attention on the first three blocks) and mmagic's Stable Diffusion config (the same U-Net block
+types and widths, cross-attention 768, and this VAE field for field, the scheduler's betas). The
+bookkeeping fields (``center_input_sample``, ``downsample_padding``, ``freq_shift`` ...) are recalled,
+not compared with a copy of the file. The U-Net has the published 859,520,964 parameters ("860M").
 The safety checker and feature extractor in ``model_index.json`` are not built by a plan.
 """
 
