@@ -129,3 +129,14 @@ def test_plan_builds_the_class_the_model_index_names(monkeypatch):
     spec = models._built_in("zimage-turbo")
     assert spec.classes["text_encoder"] == ("transformers", "Qwen3Model")
     assert spec.vocabulary == {"tokenizer": 151665}
+
+
+@pytest.mark.parametrize("name,factor,width", [("sd15", 8, 128), ("flux2_dev", 8, 128), ("qwen_image", 8, 96),
+                                               ("qwen_image_21", 16, 144), ("sd35_large", 8, 128)])
+def test_activation_workload_reads_every_vae_layout(name, factor, width):
+    """The plan's activation workload reads the VAE's scale and width from AutoencoderKL-style
+    configs (block_out_channels) and from the Wan-style ones Qwen-Image ships, as its pipelines do."""
+    from hotlora.engine.plan.activations import vae_scale_factor, vae_width
+
+    vae = importlib.import_module(f"hotlora.fullsize.{name}").COMPONENTS["vae"]
+    assert (vae_scale_factor(vae), vae_width(vae)) == (factor, width)
