@@ -65,7 +65,21 @@ class Workload:
 
 
 def vae_scale_factor(vae_config: dict) -> int:
-    return 2 ** (len(vae_config["block_out_channels"]) - 1)
+    """Pixels per latent pixel, each way: AutoencoderKL-style VAEs halve at every block but the
+    last; the Wan-style ones (Qwen-Image's) at every ``temperal_downsample`` stage, or say it
+    (``scale_factor_spatial``, Qwen-Image-2.1's), as their pipelines compute it."""
+    if "block_out_channels" in vae_config:
+        return 2 ** (len(vae_config["block_out_channels"]) - 1)
+    if vae_config.get("scale_factor_spatial"):
+        return int(vae_config["scale_factor_spatial"])
+    return 2 ** len(vae_config["temperal_downsample"])
+
+
+def vae_width(vae_config: dict) -> int:
+    """The channels of the VAE's first (widest-resolution) stage, what its decode peak scales with."""
+    if "block_out_channels" in vae_config:
+        return vae_config["block_out_channels"][0]
+    return vae_config.get("decoder_base_dim") or vae_config["base_dim"]
 
 
 def workload(family: ModelFamily, configs: dict, height: int, width: int, images: int, cfg: bool) -> Workload:
@@ -74,7 +88,7 @@ def workload(family: ModelFamily, configs: dict, height: int, width: int, images
     factor = vae_scale_factor(vae)
     tokens, layer_width = family.plan_tokens(configs, (height // factor) * (width // factor))
     return Workload(batch=images * (2 if cfg else 1), tokens=tokens, width=layer_width, images=images,
-                    pixels=height * width, vae_channels=vae["block_out_channels"][0])
+                    pixels=height * width, vae_channels=vae_width(vae))
 
 
 def coefficient(table: dict, family: str, part: str, dtype: torch.dtype, writer: str | None = None):

@@ -95,7 +95,8 @@ def _static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, dev
             denoiser_bytes = weight_bytes(denoiser)
         writer = install_writer(meta_config, denoiser, family.name, ())
         text = install_text_writer(meta_config, parts, family, writer.slot_names)
-    others = {c: weight_bytes(getattr(parts, c)) for c in ("text_encoder", "text_encoder_2", "vae") if hasattr(parts, c)}
+    others = {c: weight_bytes(getattr(parts, c)) for c in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
+              if hasattr(parts, c)}
     result = [Part(family.denoiser, denoiser_bytes, detail=f"{parameters:,} parameters, {_dtype_name(dtype)}"
                    + (f", {config.base_quantization}" if config.base_quantization != "none" else ""))]
     for component, nbytes in others.items():

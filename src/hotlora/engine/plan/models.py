@@ -22,7 +22,7 @@ import torch
 from hotlora.families import ModelFamily, family_of_model_index, full_size_model, full_size_names
 from hotlora.engine.pipeline import ModelLoadError
 
-COMPONENTS = ("text_encoder", "text_encoder_2", "vae")  # read beside the family's denoiser
+COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")  # read beside the family's denoiser
 
 
 @dataclass
@@ -54,9 +54,10 @@ COMPONENT_OF_CLASS = {
 
 
 def _built_in(name: str) -> ModelSpec:
-    """A module of ``hotlora.fullsize``: ``MODEL_INDEX`` and ``COMPONENTS`` (component -> config)
-    when it has them, else every module-level dict that names its class (``_class_name`` or
-    ``architectures``, as a published config.json does), placed by its class."""
+    """A module of ``hotlora.fullsize``: ``COMPONENTS`` (component -> config) when it has them, each
+    built as ``MODEL_INDEX`` names its class (else as its config does), else every module-level
+    dict that names its class (``_class_name`` or ``architectures``, as a published config.json
+    does), placed by its class."""
     family, module_name = full_size_model(name)
     try:
         module = importlib.import_module(f"hotlora.fullsize.{module_name}")
@@ -64,17 +65,31 @@ def _built_in(name: str) -> ModelSpec:
         raise ModelLoadError(f"the built-in model {name!r} has no published configuration in this "
                              f"installation (hotlora.fullsize.{module_name})") from None
     configs, classes = {}, {}
-    published = list(getattr(module, "COMPONENTS", {}).values()) or [
-        v for v in vars(module).values() if isinstance(v, dict) and ("_class_name" in v or "architectures" in v)]
-    for config in published:
-        class_name = config.get("_class_name") or (config.get("architectures") or [None])[0]
-        if class_name == family.denoiser_class:
-            library, component = "diffusers", family.denoiser
-        elif class_name in COMPONENT_OF_CLASS:
-            library, component = COMPONENT_OF_CLASS[class_name]
-        else:
-            continue
-        configs[component], classes[component] = dict(config), (library, class_name)
+    index = getattr(module, "MODEL_INDEX", {})
+    named = getattr(module, "COMPONENTS", {})
+    if named:
+        for component, config in named.items():
+            if component not in (*COMPONENTS, family.denoiser):
+                continue
+            entry = index.get(component)
+            if isinstance(entry, list) and entry[0] in ("diffusers", "transformers"):
+                library, class_name = entry[0], entry[1]  # what the pipeline loads (Z-Image: Qwen3Model)
+            elif "_class_name" in config:
+                library, class_name = "diffusers", config["_class_name"]
+            else:
+                library, class_name = "transformers", config["architectures"][0]
+            configs[component], classes[component] = dict(config), (library, class_name)
+    else:
+        for config in (v for v in vars(module).values()
+                       if isinstance(v, dict) and ("_class_name" in v or "architectures" in v)):
+            class_name = config.get("_class_name") or (config.get("architectures") or [None])[0]
+            if class_name == family.denoiser_class:
+                library, component = "diffusers", family.denoiser
+            elif class_name in COMPONENT_OF_CLASS:
+                library, component = COMPONENT_OF_CLASS[class_name]
+            else:
+                continue
+            configs[component], classes[component] = dict(config), (library, class_name)
     if family.denoiser not in configs:
         raise ModelLoadError(f"hotlora.fullsize.{module_name} holds no denoiser configuration")
     return ModelSpec(name, family, configs, classes, dict(getattr(module, "TOKENIZER_VOCABULARY", {})))
@@ -177,7 +192,7 @@ def build_parts(spec: ModelSpec, dtype: torch.dtype) -> SimpleNamespace:
     with on_meta(dtype):
         for component, config in spec.configs.items():
             library, class_name = spec.classes[component]
-            if component in ("text_encoder", "text_encoder_2", "vae", spec.family.denoiser):
+            if component in (*COMPONENTS, spec.family.denoiser):
                 setattr(parts, component, _build(component, library, class_name, config, dtype))
     for encoder, tokenizer in spec.family.tokenizer_of.items():
         if hasattr(parts, encoder):

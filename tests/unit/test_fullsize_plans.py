@@ -1,0 +1,142 @@
+"""The published configurations of the full-size models ``hotlora plan`` can name (hotlora.fullsize):
+each denoiser, built on the meta device with the class its config names, has the exact parameter
+count its module records, within 1% of the model card's figure where the card's figure is not a
+rounded name; the text encoders, where their architecture names a transformers class, have their
+published sizes. No weights are allocated: each build is seconds."""
+
+import importlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hotlora.engine.plan.models import _build, build_parts, on_meta
+
+# diffusers' ChromaTransformer2DModel builds its rotary embedding with a class diffusers deprecated.
+pytestmark = pytest.mark.filterwarnings("ignore:`FluxPosEmbed` is deprecated:FutureWarning")
+
+# module -> (denoiser component, parameters the model card gives, tolerance against that figure)
+PUBLISHED = {
+    "zimage_turbo": ("transformer", 6e9, 0.03),  # "6B" (6.15B)
+    "qwen_image": ("transformer", 20e9, 0.03),  # "20B" (20.43B)
+    "qwen_image_21": ("transformer", 7e9, 0.02),  # "7B" (7.12B)
+    "flux2_dev": ("transformer", 32e9, 0.01),  # "32B" (32.22B)
+    "flux2_klein_4b": ("transformer", 4e9, 0.035),  # "4B" is a rounded name (3.88B)
+    "flux2_klein_9b": ("transformer", 9e9, 0.01),  # "9B" (9.08B)
+    "sd35_large": ("transformer", 8.1e9, 0.01),  # "8.1B" (8.06B)
+    "sd35_medium": ("transformer", 2.5e9, 0.11),  # "2.5B" on the card; the class builds 2.24B (see its docstring)
+    "chroma1_hd": ("transformer", 8.9e9, 0.01),  # "8.9B" (8.90B)
+    "sd15": ("unet", 860e6, 0.01),  # "860M" (859.5M)
+}
+
+
+def count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def build(module, component: str) -> torch.nn.Module:
+    """A component built as the engine's plan builds it: the class ``MODEL_INDEX`` names (else its
+    config's), from its config, on the meta device."""
+    config = module.COMPONENTS[component]
+    entry = module.MODEL_INDEX.get(component)
+    if isinstance(entry, list):
+        library, class_name = entry
+    elif "_class_name" in config:
+        library, class_name = "diffusers", config["_class_name"]
+    else:
+        library, class_name = "transformers", config["architectures"][0]
+    with on_meta(torch.bfloat16):
+        return _build(component, library, class_name, config, torch.bfloat16)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_denoiser_has_the_published_parameter_count(name):
+    module = importlib.import_module(f"hotlora.fullsize.{name}")
+    component, published, tolerance = PUBLISHED[name]
+    denoiser = build(module, component)
+    assert next(denoiser.parameters()).device.type == "meta"
+    assert type(denoiser).__name__ == module.COMPONENTS[component]["_class_name"]
+    exact = module.UNET_PARAMETERS if component == "unet" else module.TRANSFORMER_PARAMETERS
+    assert count(denoiser) == exact
+    assert abs(exact - published) / published <= tolerance
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_module_is_in_the_plan_format(name):
+    """What engine/plan/models.py reads: NAME, HUB_ID, MODEL_INDEX, COMPONENTS (component -> a config
+    naming its class, the classes the model index names), a tokenizer vocabulary per text encoder."""
+    module = importlib.import_module(f"hotlora.fullsize.{name}")
+    assert module.NAME and "/" in module.HUB_ID and module.MODEL_INDEX["_class_name"].endswith("Pipeline")
+    for component, config in module.COMPONENTS.items():
+        assert "_class_name" in config or "architectures" in config, component
+        assert component in module.MODEL_INDEX, component
+        library, class_name = module.MODEL_INDEX[component]
+        if library == "diffusers":
+            assert config["_class_name"] == class_name, component
+            import diffusers
+
+            assert hasattr(diffusers, class_name), class_name
+    encoders = [c for c in module.COMPONENTS if c.startswith("text_encoder")]
+    tokenizers = {"text_encoder": "tokenizer", "text_encoder_2": "tokenizer_2", "text_encoder_3": "tokenizer_3"}
+    assert set(getattr(module, "TOKENIZER_VOCABULARY", {})) == {tokenizers[e] for e in encoders}
+
+
+# module, component -> parameters (the published sizes of the text encoders they ship)
+TEXT_ENCODERS = {
+    ("zimage_turbo", "text_encoder"): 4_022_468_096,  # Qwen3-4B as Qwen3Model: 4.02B, embeddings tied
+    ("flux2_klein_9b", "text_encoder"): 8_190_735_360,  # Qwen3-8B: 8.19B
+    ("qwen_image", "text_encoder"): 8_292_166_656,  # Qwen2.5-VL-7B-Instruct: 8.29B
+    ("qwen_image_21", "text_encoder"): 8_767_123_696,  # Qwen3-VL-8B-shaped: 8.77B
+    ("flux2_dev", "text_encoder"): 24_011_361_280,  # Mistral-Small-3.2-24B: 24.0B
+    ("sd35_large", "text_encoder_2"): 694_659_840,  # OpenCLIP bigG/14 text tower with projection
+}
+
+
+@pytest.mark.parametrize("name,component", sorted(TEXT_ENCODERS))
+def test_text_encoder_has_the_published_size(name, component):
+    module = importlib.import_module(f"hotlora.fullsize.{name}")
+    assert count(build(module, component)) == TEXT_ENCODERS[name, component]
+
+
+def test_plan_places_each_component_where_its_pipeline_has_it(monkeypatch):
+    """Once a family lists a module in ``full_size_models``, the plan builds each of ``COMPONENTS``
+    under its own name: SD3's CLIP-L with projection is ``text_encoder`` and T5 ``text_encoder_3``
+    (placing by class alone would put both on ``text_encoder_2``)."""
+    from hotlora.engine.plan import models
+    from hotlora.fullsize import sd35_large
+
+    family = SimpleNamespace(name="sd3", denoiser="transformer", denoiser_class="SD3Transformer2DModel",
+                             tokenizer_of={"text_encoder": "tokenizer", "text_encoder_2": "tokenizer_2",
+                                           "text_encoder_3": "tokenizer_3"})
+    monkeypatch.setattr(models, "full_size_model", lambda name: (family, "sd35_large"))
+    spec = models._built_in("sd3.5-large")
+    assert set(spec.configs) == {"transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"}
+    assert spec.classes["text_encoder_3"] == ("transformers", "T5EncoderModel")
+    parts = build_parts(spec, torch.bfloat16)
+    assert count(parts.transformer) == sd35_large.TRANSFORMER_PARAMETERS
+    assert type(parts.text_encoder).__name__ == "CLIPTextModelWithProjection"
+    assert type(parts.text_encoder_3).__name__ == "T5EncoderModel"
+    assert parts.tokenizer_3.size == 32100
+
+
+def test_plan_builds_the_class_the_model_index_names(monkeypatch):
+    """Z-Image's text encoder config names Qwen3ForCausalLM; its pipeline loads Qwen3Model."""
+    from hotlora.engine.plan import models
+
+    family = SimpleNamespace(name="zimage", denoiser="transformer", denoiser_class="ZImageTransformer2DModel",
+                             tokenizer_of={"text_encoder": "tokenizer"})
+    monkeypatch.setattr(models, "full_size_model", lambda name: (family, "zimage_turbo"))
+    spec = models._built_in("zimage-turbo")
+    assert spec.classes["text_encoder"] == ("transformers", "Qwen3Model")
+    assert spec.vocabulary == {"tokenizer": 151665}
+
+
+@pytest.mark.parametrize("name,factor,width", [("sd15", 8, 128), ("flux2_dev", 8, 128), ("qwen_image", 8, 96),
+                                               ("qwen_image_21", 16, 144), ("sd35_large", 8, 128)])
+def test_activation_workload_reads_every_vae_layout(name, factor, width):
+    """The plan's activation workload reads the VAE's scale and width from AutoencoderKL-style
+    configs (block_out_channels) and from the Wan-style ones Qwen-Image ships, as its pipelines do."""
+    from hotlora.engine.plan.activations import vae_scale_factor, vae_width
+
+    vae = importlib.import_module(f"hotlora.fullsize.{name}").COMPONENTS["vae"]
+    assert (vae_scale_factor(vae), vae_width(vae)) == (factor, width)
