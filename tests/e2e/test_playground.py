@@ -83,6 +83,13 @@ def test_playground_generates_a_pack_with_two_adapters(server, browser, tmp_path
     assert browser.find_element(By.CSS_SELECTOR, "dd[data-key='status']").text == "ready"
     served = httpx.get(f"{server.url}/readyz").json()["engine"]["sizes"]
     assert [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#sizes option")] == served
+    # The model's defaults and what its family takes: flux takes guidance, not a negative prompt.
+    engine = httpx.get(f"{server.url}/readyz").json()["engine"]
+    assert wait_for(lambda: browser.find_element(By.ID, "steps").get_attribute("value")
+                    == str(engine["defaults"]["num_inference_steps"]))
+    assert browser.find_element(By.ID, "guidance").get_attribute("placeholder") == str(engine["defaults"]["guidance_scale"])
+    assert browser.find_element(By.ID, "negative").get_attribute("disabled") and \
+        not browser.find_element(By.ID, "guidance").get_attribute("disabled")
 
     def fill(element_id, value):
         field = browser.find_element(By.ID, element_id)

@@ -157,6 +157,8 @@ class Engine:
             "model": self.model, "family": self.family.name, "slots": list(self.writer.slot_names),
             "target_rank": self.ceiling.target_rank, "ceiling_modules": len(self.ceiling.modules),
             "batch_size": self.batch_size, "chunks": self.chunks, "height": self.height, "width": self.width,
+            "defaults": {k: self.defaults[k] for k in ("num_inference_steps", "guidance_scale")},
+            "request_options": list(self.family.request_options()), "cfg": self.family.cfg,
             "size_policy": self.rules.size_policy, "dynamic_sizes": self.dynamic_sizes,
             "compile": self.compile_mode, "warmup_s": round(self.warmup_s, 2), "recompiles": self.recompiles,
             "mixed": self.writer.mixes_requests, "attention_backend": self.attention_backend,
