@@ -161,3 +161,13 @@ def test_sd3_facts_against_diffusers():
         assert isinstance(getattr(transformer_sd3, block), type)
     assert inspect.signature(diffusers.SD3Transformer2DModel.__init__).parameters["patch_size"].default == \
         family.latent_multiple
+
+
+def test_a_mixed_batch_derives_every_encoders_prompt_as_the_pipeline_does():
+    """A row that lacks ``prompt_2`` / ``prompt_3`` (SD3's T5) takes ``prompt``, as the pipelines'
+    ``encode_prompt`` does; the negative prompts likewise."""
+    from hotlora.engine.prompts import columns
+
+    rows = [{"prompt": "a", "prompt_3": "c", "negative_prompt": "n"}, {"prompt": "b", "prompt_2": "x", "negative_prompt_3": "m"}]
+    assert columns(rows) == {"prompt": ["a", "b"], "prompt_2": ["a", "x"], "prompt_3": ["c", "b"],
+                             "negative_prompt": ["n", ""], "negative_prompt_3": ["n", "m"]}
