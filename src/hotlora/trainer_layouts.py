@@ -68,6 +68,7 @@ def sd_scripts_sdxl_lora(unet_sd: Mapping[str, torch.Tensor], layers_per_block: 
 
 # sd-scripts' ss_base_model_version -> the network module and modelspec architecture it writes.
 SD_SCRIPTS_NETWORKS = {"flux1": ("networks.lora_flux", "flux-1-dev/lora"),
+                       "sd_v1": ("networks.lora", "stable-diffusion-v1/lora"),
                        "sdxl_base_v1-0": ("networks.lora", "stable-diffusion-xl-v1-base/lora")}
 
 

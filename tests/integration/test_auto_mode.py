@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from hotlora import Engine
+from hotlora.families import family_named
 from hotlora.errors import InvalidRequest
 from hotlora.testing import TINY_SIZE, controlled_lora, random_lora, save_diffusers_lora
 
@@ -30,7 +31,7 @@ TOLERANCE = 1e-4  # float32 latents; compiled kernels reorder sums
 
 def call_kwargs(family):
     side = TINY_SIZE[family]
-    return {"num_inference_steps": STEPS, "guidance_scale": 3.5 if family == "flux" else 5.0, "height": side,
+    return {"num_inference_steps": STEPS, "guidance_scale": family_named(family).default_guidance, "height": side,
             "width": side, "output_type": "latent"}
 
 
@@ -53,7 +54,7 @@ def test_bf16_strong_adapter_fused_weak_adapter_through_slots(tiny_models, tmp_p
     model_dir = tiny_models[family]
     pipelines = {dtype: DiffusionPipeline.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
                  for dtype in (torch.float32, torch.bfloat16)}
-    denoiser = getattr(pipelines[torch.float32], "transformer" if family == "flux" else "unet")
+    denoiser = getattr(pipelines[torch.float32], family_named(family).denoiser)
     paths = {m: save_diffusers_lora(tmp_path / f"m{m}", family, controlled_lora(denoiser, m, rank=RANK, seed=7),
                                     rank=RANK, alpha=RANK) for m in (0.001, 0.03)}
     options = {"target_rank": RANK, "batch_size": 1, "compile": False, "dtype": torch.bfloat16}
@@ -109,7 +110,7 @@ def compiled_auto(request, tiny_models, tmp_path_factory):
     from diffusers import DiffusionPipeline
 
     pipeline = DiffusionPipeline.from_pretrained(str(tiny_models[family]), local_files_only=True)
-    denoiser = pipeline.transformer if family == "flux" else pipeline.unet
+    denoiser = getattr(pipeline, family_named(family).denoiser)
     linears = dict(engine.ceiling.modules)
     adapters = {
         "strong": save_diffusers_lora(tmp / "strong", family, random_lora(linears, TARGET_RANK, 1), rank=TARGET_RANK,

@@ -70,9 +70,10 @@ def targets(sd):
 
 
 def some_modules(linears, family):
-    """Attention and MLP projections (Flux: of the first blocks; SDXL: all): what trainers target by default."""
+    """Attention and MLP projections (transformers: of the first blocks; U-Nets: all): what trainers target by default."""
     wanted = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "proj_mlp", "ff.net.2", "proj_in", "proj_out")
-    return [m for m in linears if m.endswith(wanted) and ("blocks.0." in m or "mid_block" in m or family == "sdxl")]
+    return [m for m in linears if m.endswith(wanted) and ("blocks.0." in m or "mid_block" in m
+                                                     or family_named(family).denoiser == "unet")]
 
 
 # ----------------------------------------------------------------------------- diffusers' own files
@@ -162,9 +163,7 @@ def test_text_encoder_layers_saved_beside_the_denoiser(pipelines, tmp_path, fami
     fam = family_named(family)
     linears = denoiser_linears(pipeline)
     sd = random_lora(linears, 4, seed=6, modules=some_modules(linears, family))
-    encoders = {"text_encoder": pipeline.text_encoder}
-    if family == "sdxl":
-        encoders["text_encoder_2"] = pipeline.text_encoder_2
+    encoders = {name: getattr(pipeline, name) for name in fam.lora_text_encoders}
     kwargs = {f"{fam.denoiser}_lora_layers": sd,
               f"{fam.denoiser}_lora_adapter_metadata": LoraConfig(r=4, lora_alpha=2, target_modules=targets(sd)).to_dict()}
     for name, encoder in encoders.items():  # with their metadata, as the training scripts save them

@@ -13,7 +13,11 @@ from ..helpers import assert_same_deltas, canonical_deltas, fresh_pipeline, load
 SAMPLES = {
     "flux": ["identity-diffusers", "style-diffusers", "style-kohya", "style-xlabs"],
     "sdxl": ["identity-diffusers", "style-diffusers", "style-kohya"],
+    "sd15": ["identity-diffusers", "style-diffusers", "style-kohya"],
+    "sd3": ["identity-diffusers", "style-diffusers", "style-ai-toolkit"],
 }
+LAYOUT = {"style-ai-toolkit": "diffusers"}  # ai-toolkit saves SD3 files in diffusers' key names
+NO_ALPHAS = ("style-xlabs", "style-ai-toolkit")  # alpha = rank
 
 
 @pytest.mark.parametrize("family, sample", [(f, s) for f, names in SAMPLES.items() for s in names])
@@ -25,7 +29,7 @@ def test_layout_matches_load_lora_weights(tiny_models, family, sample):
     pipeline = fresh_pipeline(model_dir)
     denoiser = getattr(pipeline, family_named(family).denoiser)
     adapter = load_adapter(path, family_named(family), denoiser_config=denoiser.config)
-    assert adapter.layout == sample.split("-")[1]
+    assert adapter.layout == LAYOUT.get(sample, sample.split("-")[1])
     pipeline.load_lora_weights(str(path), adapter_name="ref")
     assert_same_deltas(canonical_deltas(adapter), loaded_deltas(denoiser, "ref"))
     # Alphas that differ from the rank must survive; the samples all use alpha != rank.
@@ -39,7 +43,7 @@ def test_layout_matches_load_lora_weights(tiny_models, family, sample):
             raw[f"{key}.lora_up.weight"] @ raw[f"{key}.lora_down.weight"]
         )
         torch.testing.assert_close(canonical_deltas(adapter)["transformer_blocks.0.attn.to_out.0"], expected)
-    elif sample != "style-xlabs":
+    elif sample not in NO_ALPHAS:
         assert {round(w.scaling, 6) for w in adapter.modules.values()} != {1.0}
 
 

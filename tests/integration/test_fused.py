@@ -17,14 +17,13 @@ import pytest
 import torch
 
 from hotlora import Engine
+from hotlora.families import family_named
 from hotlora.adapters.binding import Binding
 from hotlora.errors import AdapterRejected, InvalidRequest
 from hotlora.testing import (
-    kohya_flux_lora,
     random_conv_lora,
     random_lora,
     save_diffusers_lora,
-    save_kohya_sdxl_lora,
     save_peft_lora,
     sd_scripts_metadata,
     sd_scripts_sdxl_lora,
@@ -39,7 +38,8 @@ N = 2  # the compiled batch size: one chunk
 SWAPS = 200
 THROUGH_THE_ENGINE = 40  # every 40th swap is a full compiled request
 # A slots engine with this ceiling would refuse every adapter below that touches anything else.
-NARROW = {"flux": r"transformer_blocks\.0\.attn\.to_q", "sdxl": r".*attn1\.to_q"}
+NARROW = {"flux": r"transformer_blocks\.0\.attn\.to_q", "sdxl": r".*attn1\.to_q", "sd15": r".*attn1\.to_q",
+          "sd3": r"transformer_blocks\.0\.attn\.to_q"}
 
 
 @pytest.fixture(scope="module", params=family_params())
@@ -76,7 +76,7 @@ def pairs(family, linears, tmp_path):
     names = sorted(linears)
     rng = random.Random(f"fused-{family}")
     outside = [n for n in names if "to_q" not in n]
-    prefix = "transformer" if family == "flux" else "unet"
+    prefix = family_named(family).denoiser
     big = 2 * TARGET_RANK
     out = []
     sd = random_lora(linears, big, 1)
@@ -88,15 +88,9 @@ def pairs(family, linears, tmp_path):
     out.append({"identity": (save_diffusers_lora(tmp_path / f"{family}-big", family, sd, rank=big, alpha=big / 2), 0.8),
                 "style": (peft, 1.3)})
     references = {peft: peft_as_diffusers}
-    if family == "flux":
-        from safetensors.torch import save_file
-
-        blocks = sum(1 for n in names if n.endswith("attn.to_out.0") and n.startswith("transformer_blocks"))
-        kohya = tmp_path / "flux-kohya.safetensors"
-        save_file(kohya_flux_lora(linears, blocks, 4, alpha=6.0, seed=3), str(kohya))
-    else:
-        attention = {k: v for k, v in random_lora(linears, 4, 3).items() if ".attn" in k}
-        kohya = save_kohya_sdxl_lora(tmp_path / "sdxl-kohya.safetensors", attention, alpha=2.0)
+    # The family's trainer layout (kohya for Flux and the U-Nets, ai-toolkit for SD3), rank 4.
+    kohya = family_named(family).trainer_lora(tmp_path / f"{family}-trainer.safetensors", linears,
+                                              random_lora(linears, 4, 3), 4, seed=3)
     zero = save_diffusers_lora(tmp_path / f"{family}-zero", family, random_lora(linears, 2, 4), rank=2, alpha=2)
     out.append({"identity": (kohya, 1.1), "style": (zero, 0.0)})
     subset = save_diffusers_lora(tmp_path / f"{family}-subset", family,
@@ -144,7 +138,7 @@ def random_adapters(engine, family, seed: str, count: int = 6):
     linears, convs = dict(engine.ceiling.modules), dict(engine.ceiling.convs)
     names, conv_names = sorted(linears), sorted(convs)
     rng = random.Random(seed)
-    prefix = "transformer" if family == "flux" else "unet"
+    prefix = family_named(family).denoiser
     adapters = []
     for k in range(count):
         rank = rng.randint(1, 3 * TARGET_RANK)
@@ -190,7 +184,7 @@ def test_one_adapter_set_per_forward_batch_and_validation_still_applies(fused, t
     linears = dict(engine.ceiling.modules)
     module = sorted(linears)[0]
     in_f, out_f = linears[module]
-    prefix = "transformer" if family == "flux" else "unet"
+    prefix = family_named(family).denoiser
     a = engine.load_adapter({f"{prefix}.{k}": v for k, v in random_lora(linears, 2, 11).items()})
     with pytest.raises(InvalidRequest, match="cannot carry different adapters"):
         engine.writer.bind([{"identity": Binding(a, 1.0)}, {"identity": Binding(a, 0.5)}])
@@ -231,7 +225,7 @@ def test_bfloat16_fused_weights_equal_diffusers_fuse_lora(tiny_models, tmp_path,
     model_dir = tiny_models[family]
     engine = Engine.from_pretrained(model_dir, adapter_mode="fused", batch_size=1, compile=False, dtype=torch.bfloat16)
     linears, convs = dict(engine.ceiling.modules), dict(engine.ceiling.convs)
-    assert bool(convs) == (family == "sdxl")
+    assert bool(convs) == any(isinstance(m, torch.nn.Conv2d) for m in engine.denoiser.modules())  # not Flux
     one = save_diffusers_lora(tmp_path / "one", family, {**random_lora(linears, 24, 1), **random_conv_lora(convs, 24, 3)},
                               rank=24, alpha=12)
     two = save_diffusers_lora(tmp_path / "two", family, random_lora(linears, 4, 2, modules=sorted(linears)[::2]),
@@ -244,7 +238,7 @@ def test_bfloat16_fused_weights_equal_diffusers_fuse_lora(tiny_models, tmp_path,
     pipeline.load_lora_weights(str(one), adapter_name="one")
     pipeline.load_lora_weights(str(two), adapter_name="two")
     pipeline.set_adapters(["one", "two"], [0.7, 1.2])
-    denoiser = "transformer" if family == "flux" else "unet"
+    denoiser = family_named(family).denoiser
     pipeline.fuse_lora(components=[denoiser], adapter_names=["one", "two"])
     theirs = getattr(pipeline, denoiser)
     for name in layers:

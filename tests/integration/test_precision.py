@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from hotlora import Engine
+from hotlora.families import family_named
 from hotlora.errors import AdapterRejected
 from hotlora.testing import TINY_SIZE, controlled_lora, save_diffusers_lora
 
@@ -39,7 +40,7 @@ def adapters(request, tiny_models, tmp_path_factory):
     family = request.param
     tmp = tmp_path_factory.mktemp(f"precision-{family}")
     pipeline = DiffusionPipeline.from_pretrained(str(tiny_models[family]), local_files_only=True)
-    denoiser = pipeline.transformer if family == "flux" else pipeline.unet
+    denoiser = getattr(pipeline, family_named(family).denoiser)
     made = {}
     for magnitude in MAGNITUDES:
         sd = controlled_lora(denoiser, magnitude, rank=RANK, seed=7)
@@ -49,7 +50,7 @@ def adapters(request, tiny_models, tmp_path_factory):
 
 def call_kwargs(family):
     side = TINY_SIZE[family]
-    return {"num_inference_steps": STEPS, "guidance_scale": 3.5 if family == "flux" else 5.0, "height": side,
+    return {"num_inference_steps": STEPS, "guidance_scale": family_named(family).default_guidance, "height": side,
             "width": side, "output_type": "latent"}
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from hotlora.families import (
-    DEFAULT_FAMILY, FAMILIES, REGISTERED, family_named, family_of_class, family_of_model_index, full_size_model,
-    full_size_names,
+    DEFAULT_FAMILY, FAMILIES, REGISTERED, family_named, family_of_class, family_of_denoiser_class, family_of_model_index,
+    full_size_model, full_size_names,
 )
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "hotlora"
-BRANCH_ON_NAME = re.compile(r'"(flux|sdxl)"|== *"sdxl"|family\.name ==', re.IGNORECASE)
+BRANCH_ON_NAME = re.compile(r'"(flux|sdxl|sd15|sd3)"|== *"sd(xl|15|3)"|family\.name ==', re.IGNORECASE)
 
 
 @pytest.mark.parametrize("family", REGISTERED, ids=lambda f: f.name)
@@ -58,6 +58,8 @@ def test_every_lookup_finds_the_same_family(family, tmp_path):
 @pytest.mark.parametrize("variant, expected", [
     ("FluxImg2ImgPipeline", "flux"), ("FluxInpaintPipeline", "flux"),
     ("StableDiffusionXLImg2ImgPipeline", "sdxl"), ("StableDiffusionXLInpaintPipeline", "sdxl"),
+    ("StableDiffusionImg2ImgPipeline", "sd15"), ("StableDiffusionInpaintPipeline", "sd15"),
+    ("StableDiffusion3Img2ImgPipeline", "sd3"), ("StableDiffusion3InpaintPipeline", "sd3"),
 ])
 def test_task_variants_resolve_to_their_base_family(variant, expected):
     import diffusers
@@ -106,3 +108,66 @@ def test_the_check_sees_a_branch(tmp_path):
     assert BRANCH_ON_NAME.search('if engine.family.name == "sdxl":')
     assert BRANCH_ON_NAME.search('DEFAULTS = {"flux": 28}')
     assert not BRANCH_ON_NAME.search('model = "flux-dev"')
+
+
+def test_sd15_and_sdxl_share_a_denoiser_class_and_resolve_apart():
+    """Both denoise with UNet2DConditionModel: the pipeline class (or model_index.json's
+    ``_class_name``) tells them apart, the denoiser class alone does not."""
+    sd15, sdxl = family_named("sd15"), family_named("sdxl")
+    assert sd15.denoiser_class == sdxl.denoiser_class == "UNet2DConditionModel"
+    for family in (sd15, sdxl):
+        index = {"_class_name": family.pipeline_class, "unet": ["diffusers", "UNet2DConditionModel"]}
+        assert family_of_model_index(index) is family
+    assert family_of_denoiser_class("UNet2DConditionModel") is None  # ambiguous
+    assert family_of_denoiser_class("SD3Transformer2DModel") is family_named("sd3")
+    assert family_of_denoiser_class("FluxTransformer2DModel") is family_named("flux")
+    assert REGISTERED[0].name == "flux"
+
+
+def test_sd15_facts_against_diffusers():
+    import inspect
+
+    import diffusers
+
+    family = family_named("sd15")
+    call = inspect.signature(diffusers.StableDiffusionPipeline.__call__).parameters
+    assert (call["num_inference_steps"].default, call["guidance_scale"].default) == (family.default_steps,
+                                                                                     family.default_guidance)
+    assert family.lora_text_encoders == ("text_encoder",) and family.denoiser == "unet"
+    assert "prompt_2" not in call and family.prompt_argument_of == {"text_encoder": "prompt"}
+    assert family.cfg == "batch" and family.default_size == (512, 512)
+
+
+def test_sd3_facts_against_diffusers():
+    import inspect
+
+    import diffusers
+
+    family = family_named("sd3")
+    pipeline = diffusers.StableDiffusion3Pipeline
+    call = inspect.signature(pipeline.__call__).parameters
+    assert call["num_inference_steps"].default == family.default_steps
+    assert {"negative_prompt_2", "negative_prompt_3", "prompt_3"} <= set(call)
+    init = inspect.signature(pipeline.__init__).parameters
+    for encoder, tokenizer in family.tokenizer_of.items():
+        assert encoder in init and tokenizer in init
+    assert set(family.prompt_argument_of.values()) <= set(call)
+    assert family.lora_text_encoders == ("text_encoder", "text_encoder_2")  # not T5
+    # The transformer declares no _repeated_blocks: the family names the class its blocks are.
+    assert not getattr(diffusers.SD3Transformer2DModel, "_repeated_blocks", None)
+    from diffusers.models.transformers import transformer_sd3
+
+    for block in family.repeated_blocks:
+        assert isinstance(getattr(transformer_sd3, block), type)
+    assert inspect.signature(diffusers.SD3Transformer2DModel.__init__).parameters["patch_size"].default == \
+        family.latent_multiple
+
+
+def test_a_mixed_batch_derives_every_encoders_prompt_as_the_pipeline_does():
+    """A row that lacks ``prompt_2`` / ``prompt_3`` (SD3's T5) takes ``prompt``, as the pipelines'
+    ``encode_prompt`` does; the negative prompts likewise."""
+    from hotlora.engine.prompts import columns
+
+    rows = [{"prompt": "a", "prompt_3": "c", "negative_prompt": "n"}, {"prompt": "b", "prompt_2": "x", "negative_prompt_3": "m"}]
+    assert columns(rows) == {"prompt": ["a", "b"], "prompt_2": ["a", "x"], "prompt_3": ["c", "b"],
+                             "negative_prompt": ["n", ""], "negative_prompt_3": ["n", "m"]}

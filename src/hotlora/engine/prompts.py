@@ -48,11 +48,15 @@ def batch_prompts(text, pipeline, family: ModelFamily, requests: Sequence, cfg: 
 
 def columns(rows: list[dict]) -> dict:
     """Per-image prompt arguments -> per-argument lists. An argument a row lacks takes what the
-    pipeline would derive: ``prompt_2`` is ``prompt``, ``negative_prompt_2`` the negative prompt.
+    pipeline would derive: ``prompt_2`` (and SD3's ``prompt_3``) is ``prompt``, ``negative_prompt_2`` the
+    negative prompt.
     A missing negative prompt beside given ones becomes "" (one list per argument): only without
     CFG, where no negative is encoded; under CFG ``batch_prompts`` never mixes the two kinds, as
     a missing one may be zeros, not ""."""
     names = {name for row in rows for name in row}
-    defaults = {"prompt_2": lambda row: row["prompt"], "negative_prompt_2": lambda row: row.get("negative_prompt")}
-    return {name: [row.get(name) or (defaults[name](row) if name in defaults else None) or "" for row in rows]
-            for name in sorted(names)}
+
+    def default(name: str, row: dict):
+        base = name.rstrip("0123456789").removesuffix("_")  # prompt_2, prompt_3 -> prompt
+        return row.get(base) if base != name and base in ("prompt", "negative_prompt") else None
+
+    return {name: [row.get(name) or default(name, row) or "" for row in rows] for name in sorted(names)}

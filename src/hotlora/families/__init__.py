@@ -15,9 +15,11 @@ from typing import Mapping
 from hotlora.errors import HotloraError
 from hotlora.families.base import CfgStyle, ModelFamily
 from hotlora.families.flux import Flux
+from hotlora.families.sd3 import StableDiffusion3
+from hotlora.families.sd15 import StableDiffusion15
 from hotlora.families.sdxl import StableDiffusionXL
 
-REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL())
+REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL(), StableDiffusion15(), StableDiffusion3())
 FAMILIES: dict[str, ModelFamily] = {family.name: family for family in REGISTERED}
 DEFAULT_FAMILY = REGISTERED[0].name  # the built-in tiny model of `hotlora serve` with no --model
 
@@ -80,8 +82,11 @@ def family_of_model_index(index: Mapping | str | Path) -> ModelFamily:
 
 
 def family_of_denoiser_class(class_name: str) -> ModelFamily | None:
-    """The family whose denoiser is this diffusers class, if one is registered."""
-    return next((family for family in REGISTERED if family.denoiser_class == class_name), None)
+    """The family whose denoiser is this diffusers class, if exactly one is registered: None too
+    when families share it (SD1.5 and SDXL both denoise with UNet2DConditionModel; their pipeline
+    class tells them apart)."""
+    found = [family for family in REGISTERED if family.denoiser_class == class_name]
+    return found[0] if len(found) == 1 else None
 
 
 def full_size_model(name: str) -> tuple[ModelFamily, str] | None:

@@ -52,15 +52,7 @@ class StableDiffusionXL(ModelFamily):
         return {} if denoiser_config is None else {"unet_config": denoiser_config}
 
     def check_raw_lora(self, raw: Mapping[str, Any], label: str) -> None:
-        """diffusers maps kohya SDXL keys in SGM block numbering (``lora_unet_input_blocks_4_1_...``)
-        by scanning every key once per distinct block number: quadratic, minutes for a few thousand
-        made-up block numbers. SDXL has a dozen per kind; a file with more is not an SDXL LoRA."""
-        # The block number as _maybe_map_sgm_blocks_to_diffusers reads it: the 5th "_"-separated part.
-        blocks = {key.split("_")[:5][-1] for key in raw if any(kind in key for kind in SGM_BLOCKS)}
-        if len(blocks) > MAX_SGM_BLOCKS:
-            raise AdapterFormatError(
-                f"{label}: {len(blocks)} distinct SGM U-Net block numbers; SDXL has fewer than {MAX_SGM_BLOCKS}"
-            )
+        check_sgm_blocks(raw, label, "SDXL")
 
     def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
         return latent_pixels, configs["unet"]["block_out_channels"][0]
@@ -107,8 +99,21 @@ class StableDiffusionXL(ModelFamily):
         return {"style-kohya": path}
 
 
+def check_sgm_blocks(raw: Mapping[str, Any], label: str, model: str) -> None:
+    """diffusers maps kohya U-Net keys in SGM block numbering (``lora_unet_input_blocks_4_1_...``)
+    by scanning every key once per distinct block number: quadratic, minutes for a few thousand
+    made-up block numbers. SD1.5 and SDXL have a dozen per kind; a file with more is no LoRA of theirs."""
+    # The block number as _maybe_map_sgm_blocks_to_diffusers reads it: the 5th "_"-separated part.
+    blocks = {key.split("_")[:5][-1] for key in raw if any(kind in key for kind in SGM_BLOCKS)}
+    if len(blocks) > MAX_SGM_BLOCKS:
+        raise AdapterFormatError(
+            f"{label}: {len(blocks)} distinct SGM U-Net block numbers; {model} has fewer than {MAX_SGM_BLOCKS}"
+        )
+
+
 def save_kohya_lora(path: Path, sd: Mapping[str, Any], alpha: float) -> Path:
-    """kohya (sd-scripts) layout for SDXL, written by diffusers' own ``convert_state_dict_to_kohya``."""
+    """kohya (sd-scripts) layout in diffusers' module names (what SD1.x files hold; SDXL files as
+    diffusers' converter writes them), written by diffusers' own ``convert_state_dict_to_kohya``."""
     import torch
     from diffusers.utils.state_dict_utils import convert_state_dict_to_kohya
     from safetensors.torch import save_file

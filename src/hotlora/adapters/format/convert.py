@@ -295,13 +295,16 @@ def _diffusers_state_dict(raw, metadata, family: ModelFamily, label, denoiser_co
     family.check_raw_lora(raw, label)
     kwargs = {"return_lora_metadata": True, **family.lora_state_dict_kwargs(denoiser_config)}
     try:
-        state_dict, network_alphas, file_meta = family.pipeline_type.lora_state_dict(raw, **kwargs)
+        out = family.pipeline_type.lora_state_dict(raw, **kwargs)
     except Exception as exc:  # converters raise ValueError, KeyError, AssertionError, ...
         message = str(exc).strip()
         if len(message) > 600:  # converters list every incompatible key: the first ones say enough
             message = message[:600] + " ..."
         raise AdapterFormatError(f"{label}: diffusers cannot convert this LoRA for the {family.name} family "
                                  f"({type(exc).__name__}: {message})" + foreign_note(family, sorted(raw), metadata)) from exc
+    # Mixins that read no kohya alphas (SD3's, Flux.2's, the transformer-only ones) return
+    # (state_dict, metadata), the others (state_dict, alphas, metadata).
+    state_dict, network_alphas, file_meta = out if len(out) == 3 else (out[0], None, out[1])
     return state_dict, network_alphas, metadata if metadata is not None else file_meta
 
 

@@ -208,7 +208,7 @@ class TextEncodersWriter:
             argument = self.family.prompt_argument_of[encoder]
             rows = self.rows.get(encoder)
             for name, text in texts.items():
-                key = name if argument == "prompt" else f"{name}_2"
+                key = name + argument.removeprefix("prompt")  # prompt_2 -> negative_prompt_2, prompt_3 -> ...
                 out[key] = _rewritten(text, mappings.get(encoder) or {}, rows is not None and rows.ignore_case)
         return out
 

@@ -1,0 +1,90 @@
+"""Stable Diffusion 1.x (StableDiffusionPipeline): a U-Net with classifier-free guidance as one
+doubled batch and one CLIP-L text encoder, which takes LoRA in diffusers. It shares its denoiser
+class (UNet2DConditionModel) and kohya converter with SDXL; the pipeline class tells them apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from hotlora.families.base import ModelFamily
+from hotlora.families.sdxl import check_sgm_blocks
+
+
+class StableDiffusion15(ModelFamily):
+    name = "sd15"
+    pipeline_class = "StableDiffusionPipeline"
+    denoiser_class = "UNet2DConditionModel"
+    # StableDiffusionPipeline.__call__'s defaults, which the SD1.5 model card uses; 512 px published.
+    default_steps, default_guidance = 50, 7.5
+    default_size = (512, 512)
+    cfg = "batch"
+    # encode_prompt encodes "" for a missing negative prompt (SD1.5 has no force_zeros_for_empty_prompt).
+    negative_prompts = True
+    latent_multiple = 2  # one U-Net downsampling step at least: an odd latent side takes the upsample-size path
+    # diffusers' train_dreambooth_lora_sd15_advanced.py saves the pivotal vectors under clip_l.
+    embedding_keys = (("clip_l", "text_encoder"),)
+    tokenizer_of = {"text_encoder": "tokenizer"}
+    prompt_argument_of = {"text_encoder": "prompt"}
+    tiny_size = 32
+
+    def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
+        embeds, negative = pipeline.encode_prompt(
+            prompt=prompts["prompt"], device=pipeline.device, num_images_per_prompt=1,
+            do_classifier_free_guidance=cfg, negative_prompt=prompts.get("negative_prompt"))
+        return {"prompt_embeds": embeds, **({"negative_prompt_embeds": negative} if cfg else {})}
+
+    def converter_config(self, denoiser) -> Mapping | None:
+        return denoiser.config  # what load_lora_weights passes lora_state_dict (SGM-numbered kohya files)
+
+    def lora_state_dict_kwargs(self, denoiser_config: Mapping | None) -> dict:
+        return {} if denoiser_config is None else {"unet_config": denoiser_config}
+
+    def check_raw_lora(self, raw: Mapping[str, Any], label: str) -> None:
+        check_sgm_blocks(raw, label, "SD1.5")  # the same quadratic SGM mapping as SDXL's
+
+    def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
+        return latent_pixels, configs["unet"]["block_out_channels"][0]
+
+    def build_tiny(self, seed: int = 0):
+        import torch
+        from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+        from transformers import CLIPTextModel
+
+        from hotlora.families._tiny import clip_config, clip_tokenizer
+
+        torch.manual_seed(seed)
+        unet = UNet2DConditionModel(
+            block_out_channels=(8, 16), layers_per_block=1, sample_size=16, in_channels=4, out_channels=4,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            attention_head_dim=(2, 2), cross_attention_dim=32, norm_num_groups=1,
+        )
+        vae = AutoencoderKL(
+            block_out_channels=[8, 16], in_channels=3, out_channels=3,
+            down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
+            latent_channels=4, sample_size=32, norm_num_groups=1,
+        )
+        # SD1.5's published scheduler (PLMS without the Runge-Kutta warm-up).
+        scheduler = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", skip_prk_steps=True,
+                                  steps_offset=1, set_alpha_to_one=False)
+        return StableDiffusionPipeline(
+            vae=vae, text_encoder=CLIPTextModel(clip_config()), tokenizer=clip_tokenizer(), unet=unet,
+            scheduler=scheduler, safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+        )
+
+    def trainer_lora(self, path: Path, linears, sd, rank: int, seed: int) -> Path:
+        """kohya sd-scripts' SD1.x layout (``train_network.py`` with ``networks.lora``): its U-Net
+        (library/original_unet.py) keeps diffusers' module names, flattened to ``lora_unet_down_blocks_1_
+        attentions_0_..._attn1_to_q`` with ``lora_down`` / ``lora_up`` and a scalar alpha each. Attention
+        layers only, as for SDXL: diffusers maps them back faithfully. Alpha rank / 2."""
+        from hotlora.families.sdxl import save_kohya_lora
+
+        return save_kohya_lora(path, {key: v for key, v in sd.items() if ".attn" in key}, alpha=rank / 2)
+
+    def write_trainer_samples(self, pipeline, linears, out: Path, rank: int, attention_only) -> dict:
+        from hotlora.families._tiny import random_lora
+        from hotlora.families.sdxl import save_kohya_lora
+
+        path = save_kohya_lora(out / "style-kohya.safetensors",
+                               random_lora(linears, rank, seed=4, modules=attention_only), alpha=rank / 2)
+        return {"style-kohya": path}
