@@ -14,7 +14,8 @@ from hotlora.families import (
 )
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "hotlora"
-BRANCH_ON_NAME = re.compile(r'"(flux|sdxl)"|== *"sdxl"|family\.name ==', re.IGNORECASE)
+BRANCH_ON_NAME = re.compile(r'"(flux|sdxl|flux2|flux2-klein|flux2-klein-base|chroma)"|== *"sdxl"|family\.name ==',
+                            re.IGNORECASE)
 
 
 @pytest.mark.parametrize("family", REGISTERED, ids=lambda f: f.name)
@@ -44,13 +45,15 @@ def test_every_lookup_finds_the_same_family(family, tmp_path):
     import diffusers
 
     assert family_named(family.name) is family
-    assert family_of_class(family.pipeline_type) is family
-    index = {"_class_name": family.pipeline_class, family.denoiser: ["diffusers", family.denoiser_class]}
+    assert family_of_class(family.pipeline_type, config=family.pipeline_config) is family
+    index = {"_class_name": family.pipeline_class, family.denoiser: ["diffusers", family.denoiser_class],
+             **family.pipeline_config}
     (tmp_path / "model_index.json").write_text(json.dumps(index))
     assert family_of_model_index(tmp_path) is family
     assert family_of_model_index(index) is family
     # A subclass (a user's own pipeline) is still the family's.
-    assert family_of_class(type("MyPipeline", (getattr(diffusers, family.pipeline_class),), {})) is family
+    subclass = type("MyPipeline", (getattr(diffusers, family.pipeline_class),), {})
+    assert family_of_class(subclass, config=family.pipeline_config) is family
     for name in family.full_size_models:
         assert full_size_model(name)[0] is family and name in full_size_names()
 
@@ -58,6 +61,7 @@ def test_every_lookup_finds_the_same_family(family, tmp_path):
 @pytest.mark.parametrize("variant, expected", [
     ("FluxImg2ImgPipeline", "flux"), ("FluxInpaintPipeline", "flux"),
     ("StableDiffusionXLImg2ImgPipeline", "sdxl"), ("StableDiffusionXLInpaintPipeline", "sdxl"),
+    ("ChromaImg2ImgPipeline", "chroma"), ("ChromaInpaintPipeline", "chroma"),
 ])
 def test_task_variants_resolve_to_their_base_family(variant, expected):
     import diffusers
@@ -65,18 +69,67 @@ def test_task_variants_resolve_to_their_base_family(variant, expected):
     assert family_of_class(getattr(diffusers, variant)).name == expected
 
 
-def test_a_pipeline_sharing_a_mixin_but_not_the_denoiser_is_not_served():
-    """Chroma loads LoRA through Flux's mixin but is another model: refused, not served as Flux."""
+def test_a_pipeline_sharing_a_mixin_is_told_apart_by_its_denoiser():
+    """Chroma loads LoRA through Flux's mixin but is another model: served as chroma, never as Flux."""
     import diffusers
 
-    with pytest.raises(ValueError, match="ChromaPipeline is not a pipeline hotlora serves"):
-        family_of_class(diffusers.ChromaPipeline)
+    assert family_of_class(diffusers.ChromaPipeline).name == "chroma"
+    assert family_of_class(diffusers.FluxPipeline).name == "flux"
+    assert family_of_model_index({"_class_name": "ChromaPipeline",
+                                  "transformer": ["diffusers", "ChromaTransformer2DModel"]}).name == "chroma"
+    # A Flux-mixin pipeline over a denoiser no family serves is still refused.
+    mine = type("MyFluxMixinPipeline", (diffusers.DiffusionPipeline, diffusers.loaders.FluxLoraLoaderMixin), {})
     with pytest.raises(ValueError, match="not a pipeline hotlora serves"):
-        family_of_model_index({"_class_name": "ChromaPipeline", "transformer": ["diffusers", "ChromaTransformer2DModel"]})
+        family_of_class(mine, "MyTransformer")
     with pytest.raises(ValueError, match="unknown model family 'nope'"):
         family_named("nope")
     with pytest.raises(ValueError, match="not a diffusers pipeline"):
         family_of_model_index({"_class_name": "NoSuchPipeline"})
+
+
+def test_klein_is_two_families_told_apart_by_is_distilled():
+    """One pipeline class, two guidance regimes: the model's ``is_distilled`` (model_index.json)
+    picks the family; without it the pipeline's default (False: base) applies."""
+    import diffusers
+
+    index = {"_class_name": "Flux2KleinPipeline", "transformer": ["diffusers", "Flux2Transformer2DModel"]}
+    assert family_of_model_index({**index, "is_distilled": True}).name == "flux2-klein"
+    assert family_of_model_index({**index, "is_distilled": False}).name == "flux2-klein-base"
+    assert family_of_model_index(index).name == "flux2-klein-base"
+    assert family_of_class(diffusers.Flux2KleinPipeline).name == "flux2-klein-base"
+
+
+def test_flux2_and_chroma_facts_agree_with_their_pipelines():
+    """What the families declare, read against diffusers' code: guidance regimes, negative prompts,
+    which text encoder takes LoRA."""
+    import inspect
+
+    import diffusers
+
+    klein, base = family_named("flux2-klein"), family_named("flux2-klein-base")
+    call = inspect.signature(diffusers.Flux2KleinPipeline.__call__).parameters
+    assert "negative_prompt" not in call and not klein.negative_prompts and not base.negative_prompts
+    # do_classifier_free_guidance: guidance > 1 and not is_distilled (a second pass on "").
+    cfg = diffusers.Flux2KleinPipeline.do_classifier_free_guidance.fget
+
+    def fake(distilled):
+        return type("P", (), {"_guidance_scale": 4.0, "config": type("C", (), {"is_distilled": distilled})})
+
+    assert not cfg(fake(True)) and cfg(fake(False))
+    assert klein.cfg == "none" and not klein.takes_guidance and "guidance_scale" not in klein.request_options()
+    assert base.cfg == "true" and base.takes_guidance and not base.doubles_batch(4.0)
+    flux2 = family_named("flux2")
+    assert "negative_prompt" not in inspect.signature(diffusers.Flux2Pipeline.__call__).parameters
+    assert flux2.cfg == "none" and flux2.takes_guidance and flux2.lora_text_encoders == ()
+    assert inspect.signature(diffusers.Flux2Pipeline.__call__).parameters["guidance_scale"].default == flux2.default_guidance
+    chroma = family_named("chroma")
+    parameters = inspect.signature(diffusers.ChromaPipeline.__init__).parameters
+    assert chroma.lora_text_encoders == ("text_encoder",)
+    assert parameters["text_encoder"].annotation.__name__ == "T5EncoderModel"
+    assert chroma.embedding_keys == () and chroma.cfg == "true" and chroma.negative_prompts
+    call = inspect.signature(diffusers.ChromaPipeline.__call__).parameters
+    assert (call["num_inference_steps"].default, call["guidance_scale"].default) == (chroma.default_steps,
+                                                                                     chroma.default_guidance)
 
 
 def test_guidance_styles():

@@ -14,11 +14,12 @@ from typing import Mapping
 
 from hotlora.errors import HotloraError
 from hotlora.families.base import CfgStyle, ModelFamily
+from hotlora.families.chroma import Chroma
 from hotlora.families.flux import Flux
 from hotlora.families.flux2 import Flux2, Flux2Klein, Flux2KleinBase
 from hotlora.families.sdxl import StableDiffusionXL
 
-REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL(), Flux2(), Flux2Klein(), Flux2KleinBase())
+REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL(), Flux2(), Flux2Klein(), Flux2KleinBase(), Chroma())
 FAMILIES: dict[str, ModelFamily] = {family.name: family for family in REGISTERED}
 DEFAULT_FAMILY = REGISTERED[0].name  # the built-in tiny model of `hotlora serve` with no --model
 
