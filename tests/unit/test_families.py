@@ -159,3 +159,18 @@ def test_the_check_sees_a_branch(tmp_path):
     assert BRANCH_ON_NAME.search('if engine.family.name == "sdxl":')
     assert BRANCH_ON_NAME.search('DEFAULTS = {"flux": 28}')
     assert not BRANCH_ON_NAME.search('model = "flux-dev"')
+
+
+@pytest.mark.parametrize("name", ["flux2", "flux2-klein", "flux2-klein-base", "chroma"])
+def test_prompt_length_never_reaches_the_denoiser_as_a_shape(name):
+    """These pipelines pad every prompt to max_sequence_length before the text encoder, so one
+    compiled graph serves every prompt: a one-word and a long prompt encode to the same shapes,
+    and a group's embeddings come one row per prompt."""
+    family = family_named(name)
+    pipeline = family.build_tiny()
+    short = family.encode_prompts(pipeline, {"prompt": ["a"]}, cfg=False)
+    long = family.encode_prompts(pipeline, {"prompt": ["a long prompt " * 20, "b"]}, cfg=False)
+    assert set(short) == set(long)
+    for key in short:
+        assert short[key].shape[1:] == long[key].shape[1:] and long[key].shape[0] == 2, key
+    assert short["prompt_embeds"].shape[1] == 512

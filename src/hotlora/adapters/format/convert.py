@@ -288,9 +288,12 @@ def _diffusers_state_dict(raw, metadata, family: ModelFamily, label, denoiser_co
     family.check_raw_lora(raw, label)
     kwargs = {"return_lora_metadata": True, **family.lora_state_dict_kwargs(denoiser_config)}
     try:
-        state_dict, network_alphas, file_meta = family.pipeline_type.lora_state_dict(raw, **kwargs)
+        converted = family.pipeline_type.lora_state_dict(raw, **kwargs)
     except Exception as exc:  # converters raise ValueError, KeyError, AssertionError, ...
         raise AdapterFormatError(f"{label}: diffusers cannot convert this LoRA ({type(exc).__name__}: {exc})") from exc
+    # (state_dict, network_alphas, metadata), or (state_dict, metadata) from mixins that return no
+    # alphas (Flux.2's: its converters fold alpha into the weights).
+    state_dict, network_alphas, file_meta = converted if len(converted) == 3 else (converted[0], None, converted[1])
     return state_dict, network_alphas, metadata if metadata is not None else file_meta
 
 
