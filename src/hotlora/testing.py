@@ -49,13 +49,10 @@ def random_conv_lora(convs: Mapping[str, tuple[int, int, int, int]], rank: int, 
 
 def text_encoder_linears(pipeline, encoder: str) -> dict[str, tuple[int, int]]:
     """The attention and MLP Linear layers of a text encoder, the ones diffusers' training scripts
-    put LoRA on (CLIP's ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``, ``fc1``, ``fc2``; T5's
-    attention ``q``, ``k``, ``v``, ``o``: Chroma's LoRA-loadable text encoder is a T5)."""
+    put LoRA on (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``, ``fc1``, ``fc2``)."""
     module = getattr(pipeline, encoder)
     return {name: (m.in_features, m.out_features) for name, m in module.named_modules()
-            if isinstance(m, torch.nn.Linear) and name.endswith(("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2",
-                                                                 "SelfAttention.q", "SelfAttention.k",
-                                                                 "SelfAttention.v", "SelfAttention.o"))}
+            if isinstance(m, torch.nn.Linear) and name.endswith(("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"))}
 
 
 def random_embeddings(pipeline, family: str, tokens: int, seed: int) -> dict[str, torch.Tensor]:

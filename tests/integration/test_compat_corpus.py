@@ -154,7 +154,9 @@ def test_per_module_ranks_and_alphas_from_rank_and_alpha_patterns(pipelines, tmp
 @pytest.mark.parametrize("family", family_params())
 def test_text_encoder_layers_saved_beside_the_denoiser(pipelines, tmp_path, family):
     """``save_lora_weights(..., text_encoder_lora_layers=...)`` with each part's metadata: every
-    part equals what diffusers loads into the denoiser and the text encoders; nothing is skipped."""
+    part equals what diffusers loads into the denoiser and the text encoders; nothing is skipped.
+    Where diffusers cannot load the text-encoder part (Chroma's T5: its key conversion knows CLIP's
+    layer names only), hotlora refuses the file too, rather than serving it without that part."""
     from peft import LoraConfig
 
 
@@ -162,9 +164,7 @@ def test_text_encoder_layers_saved_beside_the_denoiser(pipelines, tmp_path, fami
     fam = family_named(family)
     linears = denoiser_linears(pipeline)
     sd = random_lora(linears, 4, seed=6, modules=some_modules(linears, family))
-    encoders = {"text_encoder": pipeline.text_encoder}
-    if family == "sdxl":
-        encoders["text_encoder_2"] = pipeline.text_encoder_2
+    encoders = {name: getattr(pipeline, name) for name in fam.lora_text_encoders}
     kwargs = {f"{fam.denoiser}_lora_layers": sd,
               f"{fam.denoiser}_lora_adapter_metadata": LoraConfig(r=4, lora_alpha=2, target_modules=targets(sd)).to_dict()}
     for name, encoder in encoders.items():  # with their metadata, as the training scripts save them
@@ -174,6 +174,12 @@ def test_text_encoder_layers_saved_beside_the_denoiser(pipelines, tmp_path, fami
     fam.pipeline_type.save_lora_weights(str(tmp_path), **kwargs)
     path = tmp_path / "pytorch_lora_weights.safetensors"
 
+    try:
+        fresh_pipeline(pipeline.config._name_or_path).load_lora_weights(str(path))
+    except ValueError:
+        with pytest.raises(AdapterFormatError, match="diffusers cannot convert the text_encoder LoRA"):
+            hotlora_adapter(pipeline, family, path)
+        return
     adapter = hotlora_adapter(pipeline, family, path)
     assert adapter.skipped_keys == []
     assert {te: len(mods) for te, mods in adapter.text_modules.items()} == {
