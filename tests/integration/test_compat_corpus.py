@@ -155,7 +155,9 @@ def test_per_module_ranks_and_alphas_from_rank_and_alpha_patterns(pipelines, tmp
 @pytest.mark.parametrize("family", family_params())
 def test_text_encoder_layers_saved_beside_the_denoiser(pipelines, tmp_path, family):
     """``save_lora_weights(..., text_encoder_lora_layers=...)`` with each part's metadata: every
-    part equals what diffusers loads into the denoiser and the text encoders; nothing is skipped."""
+    part equals what diffusers loads into the denoiser and the text encoders; nothing is skipped.
+    Where diffusers cannot load the text-encoder part (Chroma's T5: its key conversion knows CLIP's
+    layer names only), hotlora refuses the file too, rather than serving it without that part."""
     from peft import LoraConfig
 
 
@@ -173,6 +175,12 @@ def test_text_encoder_layers_saved_beside_the_denoiser(pipelines, tmp_path, fami
     fam.pipeline_type.save_lora_weights(str(tmp_path), **kwargs)
     path = tmp_path / "pytorch_lora_weights.safetensors"
 
+    try:
+        fresh_pipeline(pipeline.config._name_or_path).load_lora_weights(str(path))
+    except ValueError:
+        with pytest.raises(AdapterFormatError, match="diffusers cannot convert the text_encoder LoRA"):
+            hotlora_adapter(pipeline, family, path)
+        return
     adapter = hotlora_adapter(pipeline, family, path)
     assert adapter.skipped_keys == []
     assert {te: len(mods) for te, mods in adapter.text_modules.items()} == {

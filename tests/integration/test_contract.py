@@ -235,3 +235,25 @@ def test_the_recompile_guard_is_live(warm):
         engine.pipeline(prompt=PROMPT, height=engine.height * 2, width=engine.width, num_inference_steps=1,
                         output_type="latent")
     assert graph_count() == graphs  # refused before compiling: nothing was added
+
+
+def test_every_guidance_mode_is_warm_and_exact(warm):
+    """CFG off (guidance 1) and on (the default) both run warm and equal plain diffusers: under
+    true CFG the two take different paths through the pipeline (one pass or two) at the same
+    denoiser shapes. A family whose pipeline ignores guidance refuses a request that sets it."""
+    from hotlora.testing import plain_diffusers_reference
+
+    family, model_dir, engine = warm
+    fam = family_named(family)
+    adapters = {"identity": (model_dir / "adapters" / "identity-diffusers", 0.9)}
+    if not fam.takes_guidance:
+        with pytest.raises(InvalidRequest, match="guidance_scale"):
+            engine.generate(PROMPT, adapters=adapters, guidance_scale=2.0)
+        return
+    for guidance in sorted({1.0, fam.default_guidance}):
+        ours = engine.generate(PROMPT, adapters=adapters, num_images=2, num_inference_steps=STEPS, seed=3,
+                               guidance_scale=guidance, output_type="latent").images
+        theirs = plain_diffusers_reference(model_dir, adapters, prompt=PROMPT, num_images=2, num_inference_steps=STEPS,
+                                           guidance_scale=guidance, height=engine.height, width=engine.width, seed=3)
+        torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
+    assert engine.recompiles == 0

@@ -14,7 +14,9 @@ from hotlora.families import (
 )
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "hotlora"
-BRANCH_ON_NAME = re.compile(r'"(flux|sdxl|sd15|sd3)"|== *"sd(xl|15|3)"|family\.name ==', re.IGNORECASE)
+# A family's name as a string literal, or a comparison with one: every registered name.
+BRANCH_ON_NAME = re.compile(r'"(' + "|".join(re.escape(name) for name in sorted(FAMILIES, key=len, reverse=True))
+                            + r')"|family\.name ==', re.IGNORECASE)
 
 
 @pytest.mark.parametrize("family", REGISTERED, ids=lambda f: f.name)
@@ -44,13 +46,15 @@ def test_every_lookup_finds_the_same_family(family, tmp_path):
     import diffusers
 
     assert family_named(family.name) is family
-    assert family_of_class(family.pipeline_type) is family
-    index = {"_class_name": family.pipeline_class, family.denoiser: ["diffusers", family.denoiser_class]}
+    assert family_of_class(family.pipeline_type, config=family.pipeline_config) is family
+    index = {"_class_name": family.pipeline_class, family.denoiser: ["diffusers", family.denoiser_class],
+             **family.pipeline_config}
     (tmp_path / "model_index.json").write_text(json.dumps(index))
     assert family_of_model_index(tmp_path) is family
     assert family_of_model_index(index) is family
     # A subclass (a user's own pipeline) is still the family's.
-    assert family_of_class(type("MyPipeline", (getattr(diffusers, family.pipeline_class),), {})) is family
+    subclass = type("MyPipeline", (getattr(diffusers, family.pipeline_class),), {})
+    assert family_of_class(subclass, config=family.pipeline_config) is family
     for name in family.full_size_models:
         assert full_size_model(name)[0] is family and name in full_size_names()
 
@@ -60,6 +64,7 @@ def test_every_lookup_finds_the_same_family(family, tmp_path):
     ("StableDiffusionXLImg2ImgPipeline", "sdxl"), ("StableDiffusionXLInpaintPipeline", "sdxl"),
     ("StableDiffusionImg2ImgPipeline", "sd15"), ("StableDiffusionInpaintPipeline", "sd15"),
     ("StableDiffusion3Img2ImgPipeline", "sd3"), ("StableDiffusion3InpaintPipeline", "sd3"),
+    ("ChromaImg2ImgPipeline", "chroma"), ("ChromaInpaintPipeline", "chroma"),
 ])
 def test_task_variants_resolve_to_their_base_family(variant, expected):
     import diffusers
@@ -67,18 +72,67 @@ def test_task_variants_resolve_to_their_base_family(variant, expected):
     assert family_of_class(getattr(diffusers, variant)).name == expected
 
 
-def test_a_pipeline_sharing_a_mixin_but_not_the_denoiser_is_not_served():
-    """Chroma loads LoRA through Flux's mixin but is another model: refused, not served as Flux."""
+def test_a_pipeline_sharing_a_mixin_is_told_apart_by_its_denoiser():
+    """Chroma loads LoRA through Flux's mixin but is another model: served as chroma, never as Flux."""
     import diffusers
 
-    with pytest.raises(ValueError, match="ChromaPipeline is not a pipeline hotlora serves"):
-        family_of_class(diffusers.ChromaPipeline)
+    assert family_of_class(diffusers.ChromaPipeline).name == "chroma"
+    assert family_of_class(diffusers.FluxPipeline).name == "flux"
+    assert family_of_model_index({"_class_name": "ChromaPipeline",
+                                  "transformer": ["diffusers", "ChromaTransformer2DModel"]}).name == "chroma"
+    # A Flux-mixin pipeline over a denoiser no family serves is still refused.
+    mine = type("MyFluxMixinPipeline", (diffusers.DiffusionPipeline, diffusers.loaders.FluxLoraLoaderMixin), {})
     with pytest.raises(ValueError, match="not a pipeline hotlora serves"):
-        family_of_model_index({"_class_name": "ChromaPipeline", "transformer": ["diffusers", "ChromaTransformer2DModel"]})
+        family_of_class(mine, "MyTransformer")
     with pytest.raises(ValueError, match="unknown model family 'nope'"):
         family_named("nope")
     with pytest.raises(ValueError, match="not a diffusers pipeline"):
         family_of_model_index({"_class_name": "NoSuchPipeline"})
+
+
+def test_klein_is_two_families_told_apart_by_is_distilled():
+    """One pipeline class, two guidance regimes: the model's ``is_distilled`` (model_index.json)
+    picks the family; without it the pipeline's default (False: base) applies."""
+    import diffusers
+
+    index = {"_class_name": "Flux2KleinPipeline", "transformer": ["diffusers", "Flux2Transformer2DModel"]}
+    assert family_of_model_index({**index, "is_distilled": True}).name == "flux2-klein"
+    assert family_of_model_index({**index, "is_distilled": False}).name == "flux2-klein-base"
+    assert family_of_model_index(index).name == "flux2-klein-base"
+    assert family_of_class(diffusers.Flux2KleinPipeline).name == "flux2-klein-base"
+
+
+def test_flux2_and_chroma_facts_agree_with_their_pipelines():
+    """What the families declare, read against diffusers' code: guidance regimes, negative prompts,
+    which text encoder takes LoRA."""
+    import inspect
+
+    import diffusers
+
+    klein, base = family_named("flux2-klein"), family_named("flux2-klein-base")
+    call = inspect.signature(diffusers.Flux2KleinPipeline.__call__).parameters
+    assert "negative_prompt" not in call and not klein.negative_prompts and not base.negative_prompts
+    # do_classifier_free_guidance: guidance > 1 and not is_distilled (a second pass on "").
+    cfg = diffusers.Flux2KleinPipeline.do_classifier_free_guidance.fget
+
+    def fake(distilled):
+        return type("P", (), {"_guidance_scale": 4.0, "config": type("C", (), {"is_distilled": distilled})})
+
+    assert not cfg(fake(True)) and cfg(fake(False))
+    assert klein.cfg == "none" and not klein.takes_guidance and "guidance_scale" not in klein.request_options()
+    assert base.cfg == "true" and base.takes_guidance and not base.doubles_batch(4.0)
+    flux2 = family_named("flux2")
+    assert "negative_prompt" not in inspect.signature(diffusers.Flux2Pipeline.__call__).parameters
+    assert flux2.cfg == "none" and flux2.takes_guidance and flux2.lora_text_encoders == ()
+    assert inspect.signature(diffusers.Flux2Pipeline.__call__).parameters["guidance_scale"].default == flux2.default_guidance
+    chroma = family_named("chroma")
+    parameters = inspect.signature(diffusers.ChromaPipeline.__init__).parameters
+    assert chroma.lora_text_encoders == ("text_encoder",)
+    assert parameters["text_encoder"].annotation.__name__ == "T5EncoderModel"
+    assert chroma.embedding_keys == () and chroma.cfg == "true" and chroma.negative_prompts
+    call = inspect.signature(diffusers.ChromaPipeline.__call__).parameters
+    assert (call["num_inference_steps"].default, call["guidance_scale"].default) == (chroma.default_steps,
+                                                                                     chroma.default_guidance)
 
 
 def test_guidance_styles():
@@ -171,3 +225,16 @@ def test_a_mixed_batch_derives_every_encoders_prompt_as_the_pipeline_does():
     rows = [{"prompt": "a", "prompt_3": "c", "negative_prompt": "n"}, {"prompt": "b", "prompt_2": "x", "negative_prompt_3": "m"}]
     assert columns(rows) == {"prompt": ["a", "b"], "prompt_2": ["a", "x"], "prompt_3": ["c", "b"],
                              "negative_prompt": ["n", ""], "negative_prompt_3": ["n", "m"]}
+@pytest.mark.parametrize("name", ["flux2", "flux2-klein", "flux2-klein-base", "chroma"])
+def test_prompt_length_never_reaches_the_denoiser_as_a_shape(name):
+    """These pipelines pad every prompt to max_sequence_length before the text encoder, so one
+    compiled graph serves every prompt: a one-word and a long prompt encode to the same shapes,
+    and a group's embeddings come one row per prompt."""
+    family = family_named(name)
+    pipeline = family.build_tiny()
+    short = family.encode_prompts(pipeline, {"prompt": ["a"]}, cfg=False)
+    long = family.encode_prompts(pipeline, {"prompt": ["a long prompt " * 20, "b"]}, cfg=False)
+    assert set(short) == set(long)
+    for key in short:
+        assert short[key].shape[1:] == long[key].shape[1:] and long[key].shape[0] == 2, key
+    assert short["prompt_embeds"].shape[1] == 512

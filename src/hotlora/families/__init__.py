@@ -14,12 +14,15 @@ from typing import Mapping
 
 from hotlora.errors import HotloraError
 from hotlora.families.base import CfgStyle, ModelFamily
+from hotlora.families.chroma import Chroma
 from hotlora.families.flux import Flux
+from hotlora.families.flux2 import Flux2, Flux2Klein, Flux2KleinBase
 from hotlora.families.sd3 import StableDiffusion3
 from hotlora.families.sd15 import StableDiffusion15
 from hotlora.families.sdxl import StableDiffusionXL
 
-REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL(), StableDiffusion15(), StableDiffusion3())
+REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL(), StableDiffusion15(), StableDiffusion3(), Flux2(),
+                                       Flux2Klein(), Flux2KleinBase(), Chroma())
 FAMILIES: dict[str, ModelFamily] = {family.name: family for family in REGISTERED}
 DEFAULT_FAMILY = REGISTERED[0].name  # the built-in tiny model of `hotlora serve` with no --model
 
@@ -48,11 +51,13 @@ def family_named(name: str) -> ModelFamily:
         raise ValueError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}") from None
 
 
-def family_of_class(pipeline_type: type, denoiser_class: str | None = None) -> ModelFamily:
+def family_of_class(pipeline_type: type, denoiser_class: str | None = None,
+                    config: Mapping | None = None) -> ModelFamily:
     """The family of a pipeline class: the one it subclasses, else the one whose LoRA mixin and
-    denoiser class it shares (variants such as FluxImg2ImgPipeline)."""
-    ranked = sorted(((family.matches(pipeline_type, denoiser_class), i) for i, family in enumerate(REGISTERED)),
-                    reverse=True)
+    denoiser class it shares (variants such as FluxImg2ImgPipeline). ``config`` (the pipeline's
+    config or model_index.json) tells apart families of one pipeline class (``fits_config``)."""
+    ranked = sorted(((family.matches(pipeline_type, denoiser_class) * family.fits_config(config), i)
+                     for i, family in enumerate(REGISTERED)), reverse=True)
     best, index = ranked[0]
     if best == 0:
         raise UnservedModel(f"{pipeline_type.__name__} is not a pipeline hotlora serves: {why_unserved(pipeline_type)} "
@@ -61,7 +66,7 @@ def family_of_class(pipeline_type: type, denoiser_class: str | None = None) -> M
 
 
 def family_of_pipeline(pipeline) -> ModelFamily:
-    return family_of_class(type(pipeline))
+    return family_of_class(type(pipeline), config=dict(getattr(pipeline, "config", None) or {}))
 
 
 def family_of_model_index(index: Mapping | str | Path) -> ModelFamily:
@@ -78,7 +83,7 @@ def family_of_model_index(index: Mapping | str | Path) -> ModelFamily:
                          f"hotlora serves ({', '.join(FAMILIES)})")
     denoisers = [entry[1] for key, entry in index.items()
                  if key in ("transformer", "unet") and isinstance(entry, list) and len(entry) == 2]
-    return family_of_class(pipeline_type, denoisers[0] if denoisers else None)
+    return family_of_class(pipeline_type, denoisers[0] if denoisers else None, config=index)
 
 
 def family_of_denoiser_class(class_name: str) -> ModelFamily | None:

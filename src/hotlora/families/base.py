@@ -61,6 +61,9 @@ class ModelFamily:
     # Built-in plan names -> the module of ``hotlora.fullsize`` holding the published configuration.
     full_size_models: ClassVar[Mapping[str, str]] = {}
     tiny_size: ClassVar[int]  # image side in pixels the tiny offline model is built for
+    # Pipeline config values (``register_to_config`` arguments, saved in model_index.json) that
+    # tell this family from another on the same pipeline class: Flux.2 klein's ``is_distilled``.
+    pipeline_config: ClassVar[Mapping[str, Any]] = {}
 
     def __repr__(self) -> str:
         return f"<ModelFamily {self.name}>"
@@ -115,6 +118,15 @@ class ModelFamily:
             annotation = inspect.signature(pipeline_type.__init__).parameters.get(self.denoiser)
             denoiser_class = getattr(getattr(annotation, "annotation", None), "__name__", None)
         return int(denoiser_class == self.denoiser_class)
+
+    def fits_config(self, config: Mapping[str, Any] | None) -> bool:
+        """Whether a pipeline with this config (its model_index.json; None: unknown, the pipeline's
+        defaults) is this family's: every ``pipeline_config`` value matches, a missing one taking
+        the pipeline constructor's default."""
+        parameters = inspect.signature(self.pipeline_type.__init__).parameters
+        config = config or {}
+        return all(config.get(key, getattr(parameters.get(key), "default", None)) == value
+                   for key, value in self.pipeline_config.items())
 
     def describe(self) -> dict[str, Any]:
         return {"family": self.name, "pipeline": self.pipeline_class, "denoiser": f"{self.denoiser} ({self.denoiser_class})",
