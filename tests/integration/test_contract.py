@@ -235,3 +235,26 @@ def test_the_recompile_guard_is_live(warm):
         engine.pipeline(prompt=PROMPT, height=engine.height * 2, width=engine.width, num_inference_steps=1,
                         output_type="latent")
     assert graph_count() == graphs  # refused before compiling: nothing was added
+
+
+LENGTHS = ["", "a", "one two three", "a red house on a hill under a violet sky, oil", " ".join(["astronaut"] * 30)]
+
+
+def test_prompts_of_every_length_equal_plain_diffusers(warm):
+    """Prompt lengths the warm-up never ran (Z-Image and Qwen-Image hand each prompt's own length
+    to the denoiser; "one two three" is a caption of exactly 32 tokens on the tiny Z-Image), at
+    every guidance whose shapes differ: served without compiling and equal to plain diffusers."""
+    from hotlora.testing import plain_diffusers_reference
+
+    family, model_dir, engine = warm
+    adapters = {"identity": (model_dir / "adapters" / "identity-diffusers", 0.9)}
+    for guidance in engine.warm.family.warmup_guidance_scales(engine.defaults["guidance_scale"]):
+        for prompt in LENGTHS:
+            ours = engine.generate(prompt, adapters=adapters, num_images=2, num_inference_steps=2,
+                                   guidance_scale=guidance, output_type="latent").images
+            theirs = plain_diffusers_reference(model_dir, adapters, prompt=prompt, num_images=2, num_inference_steps=2,
+                                               guidance_scale=guidance, height=engine.height, width=engine.width,
+                                               seed=0)
+            diff = (ours - theirs).abs().max().item()
+            assert diff <= TOLERANCE, f"guidance {guidance}, prompt of {len(prompt)} characters: {diff}"
+    assert engine.recompiles == 0

@@ -15,9 +15,11 @@ from typing import Mapping
 from hotlora.errors import HotloraError
 from hotlora.families.base import CfgStyle, ModelFamily
 from hotlora.families.flux import Flux
+from hotlora.families.qwenimage import QwenImage
 from hotlora.families.sdxl import StableDiffusionXL
+from hotlora.families.zimage import ZImage
 
-REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL())
+REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL(), ZImage(), QwenImage())
 FAMILIES: dict[str, ModelFamily] = {family.name: family for family in REGISTERED}
 DEFAULT_FAMILY = REGISTERED[0].name  # the built-in tiny model of `hotlora serve` with no --model
 
