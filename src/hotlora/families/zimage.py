@@ -125,11 +125,11 @@ class ZImage(ModelFamily):
     def write_trainer_samples(self, pipeline, linears, out: Path, rank: int, attention_only) -> dict:
         from hotlora.families._tiny import random_lora, save_kohya_layout, save_prefixed_layout
 
-        musubi = save_kohya_layout(out / "style-musubi.safetensors", random_lora(linears, rank, seed=4),
+        musubi = save_kohya_layout(out / "style-kohya.safetensors", random_lora(linears, rank, seed=4),
                                    alpha=rank / 2, keep=musubi_targets)
-        toolkit = save_prefixed_layout(out / "style-ai-toolkit.safetensors",
+        toolkit = save_prefixed_layout(out / "style-comfy.safetensors",
                                        random_lora(linears, rank, seed=5, modules=attention_only))
-        return {"style-musubi": musubi, "style-ai-toolkit": toolkit}
+        return {"style-kohya": musubi, "style-comfy": toolkit}
 
 
 def musubi_targets(module: str) -> bool:
