@@ -231,6 +231,14 @@ def test_the_recompile_guard_is_live(warm):
     tests/integration/test_robustness.py; here the pipeline is called directly.)"""
     family, model_dir, engine = warm
     graphs = graph_count()
+    if family_named(family).compile_dynamic:
+        # Every dimension is dynamic from the first compile (the prompt's length reaches these
+        # denoisers): an unseen size is served by the same graphs, which is what this asserts.
+        assert torch._dynamo.config.error_on_recompile
+        engine.pipeline(prompt=PROMPT, height=engine.height * 2, width=engine.width, num_inference_steps=1,
+                        output_type="latent")
+        assert graph_count() == graphs
+        return
     with pytest.raises(Exception, match="(?i)recompil"):
         engine.pipeline(prompt=PROMPT, height=engine.height * 2, width=engine.width, num_inference_steps=1,
                         output_type="latent")
@@ -256,4 +264,24 @@ def test_every_guidance_mode_is_warm_and_exact(warm):
         theirs = plain_diffusers_reference(model_dir, adapters, prompt=PROMPT, num_images=2, num_inference_steps=STEPS,
                                            guidance_scale=guidance, height=engine.height, width=engine.width, seed=3)
         torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
+LENGTHS = ["", "a", "one two three", "a red house on a hill under a violet sky, oil", " ".join(["astronaut"] * 30)]
+
+
+def test_prompts_of_every_length_equal_plain_diffusers(warm):
+    """Prompt lengths the warm-up never ran (Z-Image and Qwen-Image hand each prompt's own length
+    to the denoiser; "one two three" is a caption of exactly 32 tokens on the tiny Z-Image), at
+    every guidance whose shapes differ: served without compiling and equal to plain diffusers."""
+    from hotlora.testing import plain_diffusers_reference
+
+    family, model_dir, engine = warm
+    adapters = {"identity": (model_dir / "adapters" / "identity-diffusers", 0.9)}
+    for guidance in engine.warm.family.warmup_guidance_scales(engine.defaults["guidance_scale"]):
+        for prompt in LENGTHS:
+            ours = engine.generate(prompt, adapters=adapters, num_images=2, num_inference_steps=2,
+                                   guidance_scale=guidance, output_type="latent").images
+            theirs = plain_diffusers_reference(model_dir, adapters, prompt=prompt, num_images=2, num_inference_steps=2,
+                                               guidance_scale=guidance, height=engine.height, width=engine.width,
+                                               seed=0)
+            diff = (ours - theirs).abs().max().item()
+            assert diff <= TOLERANCE, f"guidance {guidance}, prompt of {len(prompt)} characters: {diff}"
     assert engine.recompiles == 0

@@ -103,3 +103,23 @@ def test_what_the_batch_cannot_mix_is_refused(mixed):
     if family == "sdxl":
         assert engine.prepare("a cat", negative_prompt="dark", num_inference_steps=STEPS,
                               output_type="latent").batch_key() == first.batch_key()
+
+
+@pytest.mark.parametrize("mixed", ["zimage", "qwenimage"], indirect=True)
+def test_prompts_of_unequal_lengths_in_one_batch(mixed):
+    """Z-Image and Qwen-Image hand each prompt's own length to the denoiser (masked to the
+    longest in a batch): a request merged with longer or shorter ones gets what it gets alone, at
+    every guidance whose shapes differ, negative prompts given or not (encoded group by group under
+    batch CFG: ``join_encoded``)."""
+    family, model_dir, engine, pool = mixed
+    fam = family_named(family)
+    batches = [
+        [PackRequest("a cat", seed=1), PackRequest("a red house on a hill under a violet sky, oil on canvas", seed=2)],
+        [PackRequest("one two three", {"identity": (pool[0], 0.8)}, seed=3),
+         PackRequest("x", {"style": (pool[1], 1.1)}, seed=4, negative_prompt="blurry, dark, low quality"),
+         PackRequest(" ".join(["astronaut"] * 12), seed=5)],
+    ]
+    for guidance in fam.warmup_guidance_scales(engine.defaults["guidance_scale"]):
+        diffs = [_differences(engine, requests, guidance_scale=guidance) for requests in batches]
+        assert all(d <= TOLERANCE for batch in diffs for d in batch), (guidance, diffs)
+    assert engine.recompiles == 0

@@ -136,14 +136,16 @@ def test_flux2_and_chroma_facts_agree_with_their_pipelines():
 
 
 def test_guidance_styles():
+    """Under batch CFG warm-up runs both batch shapes (guided and not); other styles never double."""
     for family in REGISTERED:
+        scales = family.warmup_guidance_scales(family.default_guidance)
+        assert scales[0] == family.default_guidance
         if family.cfg == "batch":
-            assert family.doubles_batch(family.default_guidance) and not family.doubles_batch(1.0)
-            assert family.warmup_guidance_scales(family.default_guidance) == [family.default_guidance, 1.0]
+            assert {family.doubles_batch(g) for g in scales} == {True, False}
         else:
-            assert not family.doubles_batch(family.default_guidance)
-            assert family.warmup_guidance_scales(family.default_guidance) == [family.default_guidance]
-        assert family.batch_factor(family.default_guidance) == (2 if family.cfg == "batch" else 1)
+            assert not any(family.doubles_batch(g) for g in (*scales, family.default_guidance))
+        for g in scales:
+            assert family.batch_factor(g) == (2 if family.doubles_batch(g) else 1)
     assert DEFAULT_FAMILY in FAMILIES
 
 
@@ -179,6 +181,29 @@ def test_sd15_and_sdxl_share_a_denoiser_class_and_resolve_apart():
 
 
 def test_sd15_facts_against_diffusers():
+@pytest.mark.parametrize("variant, expected", [
+    ("ZImageImg2ImgPipeline", "zimage"), ("ZImageInpaintPipeline", "zimage"),
+    ("QwenImageImg2ImgPipeline", "qwenimage"), ("QwenImageInpaintPipeline", "qwenimage"),
+])
+def test_zimage_and_qwenimage_variants_resolve(variant, expected):
+    import diffusers
+
+    assert family_of_class(getattr(diffusers, variant)).name == expected
+
+
+def test_qwenimage_21_shares_the_mixin_but_not_the_denoiser():
+    """Qwen-Image 2.1 is a modular pipeline over QwenImage21Transformer2DModel: not Qwen-Image."""
+    import diffusers
+
+    assert family_named("qwenimage").matches(diffusers.QwenImage21ModularPipeline, "QwenImage21Transformer2DModel") == 0
+    with pytest.raises(ValueError, match="not a pipeline hotlora serves"):
+        family_of_model_index({"_class_name": "QwenImageEditPipeline",
+                               "transformer": ["diffusers", "QwenImage21Transformer2DModel"]})
+
+
+def test_zimage_guidance_facts_agree_with_its_pipeline():
+    """Z-Image guides for guidance_scale > 0, as one doubled (list) batch; cfg_normalization and
+    cfg_truncation fixed at the pipeline's own defaults."""
     import inspect
 
     import diffusers
@@ -193,6 +218,24 @@ def test_sd15_facts_against_diffusers():
 
 
 def test_sd3_facts_against_diffusers():
+    family = family_named("zimage")
+    pipeline = diffusers.ZImagePipeline
+    assert pipeline.do_classifier_free_guidance.fget(type("P", (), {"_guidance_scale": 0.0})()) is False
+    assert pipeline.do_classifier_free_guidance.fget(type("P", (), {"_guidance_scale": 0.5})()) is True
+    assert not family.doubles_batch(0.0) and family.doubles_batch(0.5) and family.batch_factor(1.0) == 2
+    assert family.warmup_guidance_scales(0.0) == [0.0, 1.0] and family.warmup_guidance_scales(4.0) == [4.0, 0.0]
+    parameters = inspect.signature(pipeline.__call__).parameters
+    for name, value in family.call_arguments(2.0).items():
+        assert name in parameters
+        if name != "guidance_scale":
+            assert parameters[name].default == value
+    assert family.default_negative_prompt(3.0) is None
+    assert (family.default_steps, family.default_guidance) == (9, 0.0)
+    assert "latent_multiple" not in vars(pipeline) and family.size_multiple(8) == 16  # vae factor x 2 (its __call__)
+
+
+def test_qwenimage_guidance_facts_agree_with_its_pipeline():
+    """Qwen-Image: hotlora's guidance is ``true_cfg_scale``, true CFG needs a negative prompt."""
     import inspect
 
     import diffusers
@@ -238,3 +281,34 @@ def test_prompt_length_never_reaches_the_denoiser_as_a_shape(name):
     for key in short:
         assert short[key].shape[1:] == long[key].shape[1:] and long[key].shape[0] == 2, key
     assert short["prompt_embeds"].shape[1] == 512
+    family = family_named("qwenimage")
+    parameters = inspect.signature(diffusers.QwenImagePipeline.__call__).parameters
+    assert set(family.call_arguments(4.0)) == {"true_cfg_scale"} and "true_cfg_scale" in parameters
+    assert family.cfg == "true" and not family.doubles_batch(4.0) and family.batch_factor(4.0) == 1
+    assert family.default_negative_prompt(4.0) == " " and family.default_negative_prompt(1.0) is None
+    assert sorted(family.warmup_guidance_scales(4.0)) == [1.0, 4.0]
+    assert (family.default_steps, family.default_guidance) == (50, 4.0)
+
+
+def test_qwenimage_joins_groups_as_its_pipeline_pads_a_batch():
+    import torch
+
+    family = family_named("qwenimage")
+    a = {"prompt_embeds": torch.ones(1, 3, 2), "prompt_embeds_mask": torch.ones(1, 3, dtype=torch.long)}
+    b = {"prompt_embeds": torch.ones(1, 5, 2) * 2, "prompt_embeds_mask": torch.ones(1, 5, dtype=torch.long)}
+    joined = family.join_encoded([a, b])
+    assert joined["prompt_embeds"].shape == (2, 5, 2) and joined["prompt_embeds"][0, 3:].abs().sum() == 0
+    assert joined["prompt_embeds_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    assert family.join_encoded([b, b])["prompt_embeds_mask"] is None  # all valid: None, as encode_prompt gives
+
+
+def test_qwen_tokenizer_keeps_more_than_qwenimage_drops():
+    from hotlora.families._tiny import qwen_tokenizer
+
+    tokenizer = qwen_tokenizer()
+    template = "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, " \
+               "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n"
+    assert len(tokenizer(template).input_ids) > 34
+    thinking = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
+                                             add_generation_prompt=True, enable_thinking=False)
+    assert thinking.endswith("<think>\n\n</think>\n\n")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
 
 from hotlora.families import ModelFamily
 
@@ -43,7 +42,7 @@ def batch_prompts(text, pipeline, family: ModelFamily, requests: Sequence, cfg: 
         encoded = family.encode_prompts(pipeline, columns([texts[owners[i]] for i in images]), cfg)
         for row, image in enumerate(images):
             parts[image] = {name: tensor[row:row + 1] for name, tensor in encoded.items()}
-    return {name: torch.cat([parts[i][name] for i in range(len(owners))]) for name in parts[0]}
+    return family.join_encoded([parts[i] for i in range(len(owners))])
 
 
 def columns(rows: list[dict]) -> dict:

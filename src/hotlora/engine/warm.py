@@ -38,7 +38,6 @@ from hotlora.families import ModelFamily
 
 log = logging.getLogger(__name__)
 
-RECOMPILES_PER_STATE = 8  # dynamo's default recompile limit covers the batch and CFG variants of one state
 _GRAPHS_ALLOTTED = [0]  # graphs the compiled engines of this process were allowed
 
 
@@ -98,7 +97,8 @@ class WarmModel:
         return tuple(sizes)
 
     def _pipeline_default_size(self) -> int:
-        return int(self.pipeline.default_sample_size * self.pipeline.vae_scale_factor)
+        sample = getattr(self.pipeline, "default_sample_size", None)  # ZImagePipeline has none: 1024 in __call__
+        return int(sample * self.pipeline.vae_scale_factor) if sample else self.family.default_size[0]
 
     def _make_warm(self) -> None:
         config, artifacts = self.config, None
@@ -114,7 +114,7 @@ class WarmModel:
         sizes = len(self.served_sizes)
         graph_sizes = min(sizes, 2) if self.dynamic_sizes else sizes
         # Every compiled engine of a process adds graphs to the blocks' shared code objects: cover them all.
-        needed = _GRAPHS_ALLOTTED[0] = _GRAPHS_ALLOTTED[0] + RECOMPILES_PER_STATE * states * graph_sizes
+        needed = _GRAPHS_ALLOTTED[0] = _GRAPHS_ALLOTTED[0] + self.family.graphs_per_state * states * graph_sizes
         if config.compile and torch._dynamo.config.recompile_limit < needed:
             log.info("%d writer states x %d sizes: dynamo recompile_limit raised to %d", states, sizes, needed)
             torch._dynamo.config.recompile_limit = needed
@@ -123,7 +123,7 @@ class WarmModel:
         if config.compile:
             fullgraph = self.step_cache.fullgraph if self.step_cache else True
             self.compile_mode = compile_denoiser(self.denoiser, self.family, fullgraph=fullgraph,
-                                                 dynamic=False if self.dynamic_sizes is False else None)
+                                                 dynamic=False if self.dynamic_sizes is False else self.family.compile_dynamic)
         warm_up(self)
         if config.batch_size == "auto":  # the chunk size per size and CFG mode, measured (warmup.py)
             self.chunks = measured_chunks(self, fingerprint)

@@ -74,6 +74,7 @@ def warm_up(warm) -> None:
     duck = torch.fx.experimental._config.patch(use_duck_shape=False) if warm.dynamic_sizes else nullcontext()
     # Eager, no state compiles anything: one state pages the model in (the rest would only cost time).
     states = warm.writer.warmup_states() if warm.compile_mode else warm.writer.warmup_states()[:1]
+    prompts = warm.family.warmup_prompts(warm.pipeline)
     with duck:
         for state in states:
             warm.writer.enter(state)
@@ -82,18 +83,24 @@ def warm_up(warm) -> None:
                     for batch in batches:
                         log.info("warm-up: %s, batch %d, guidance %.1f, writer state %s (%s)",
                                  format_size(height, width), batch, scale, state, warm.compile_mode or "eager")
-                        for prompt in warm.family.warmup_prompts():
+                        for prompt in prompts:
                             _run(warm, batch, height, width, scale, prompt)
     warm.warmup_s = time.perf_counter() - began
     log.info("warm: %.1fs, %d graphs compiled, %s", warm.warmup_s, graph_count(), warm.compile_mode or "eager")
 
 
-def _run(warm, batch: int, height: int, width: int, scale: float, prompt: str = "warm-up") -> None:
+def _run(warm, batch: int, height: int, width: int, scale: float, prompt: str | tuple = "warm-up") -> None:
+    """One warm-up call; a tuple ``prompt`` is one prompt per image (cycled), as a mixed batch runs."""
     family = warm.family
     negative = family.default_negative_prompt(scale)
-    warm.pipeline(prompt=prompt, num_images_per_prompt=batch, num_inference_steps=TIMED_STEPS, height=height,
-                  width=width, generator=[torch.Generator().manual_seed(i) for i in range(batch)], output_type="latent",
-                  **({} if negative is None else {"negative_prompt": negative}), **family.call_arguments(scale))
+    per_image = isinstance(prompt, tuple)
+    if per_image:
+        prompt = [prompt[i % len(prompt)] for i in range(batch)]
+        negative = None if negative is None else [negative] * batch
+    warm.pipeline(prompt=prompt, num_images_per_prompt=1 if per_image else batch, num_inference_steps=TIMED_STEPS,
+                  height=height, width=width, generator=[torch.Generator().manual_seed(i) for i in range(batch)],
+                  output_type="latent", **({} if negative is None else {"negative_prompt": negative}),
+                  **family.call_arguments(scale))
 
 
 def chunk_key(height: int, width: int, cfg: bool) -> str:

@@ -17,12 +17,14 @@ from hotlora.families.base import CfgStyle, ModelFamily
 from hotlora.families.chroma import Chroma
 from hotlora.families.flux import Flux
 from hotlora.families.flux2 import Flux2, Flux2Klein, Flux2KleinBase
+from hotlora.families.qwenimage import QwenImage
 from hotlora.families.sd3 import StableDiffusion3
 from hotlora.families.sd15 import StableDiffusion15
 from hotlora.families.sdxl import StableDiffusionXL
+from hotlora.families.zimage import ZImage
 
-REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL(), StableDiffusion15(), StableDiffusion3(), Flux2(),
-                                       Flux2Klein(), Flux2KleinBase(), Chroma())
+REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL(), StableDiffusion15(), StableDiffusion3(), ZImage(),
+                                       QwenImage(), Flux2(), Flux2Klein(), Flux2KleinBase(), Chroma())
 FAMILIES: dict[str, ModelFamily] = {family.name: family for family in REGISTERED}
 DEFAULT_FAMILY = REGISTERED[0].name  # the built-in tiny model of `hotlora serve` with no --model
 

@@ -57,3 +57,58 @@ def random_lora(linears: Mapping[str, tuple[int, int]], rank: int, seed: int, mo
         sd[f"{name}.lora_A.weight"] = torch.randn(rank, in_f, generator=g) / in_f**0.5
         sd[f"{name}.lora_B.weight"] = torch.randn(out_f, rank, generator=g) * strength / rank**0.5
     return sd
+
+
+# A Qwen chat template reduced to what the pipelines render: messages in ChatML, the assistant's
+# turn opened by ``add_generation_prompt``, and Qwen3's empty thinking block when
+# ``enable_thinking`` is false (Z-Image passes it true).
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def qwen_tokenizer():
+    """A byte-level BPE tokenizer of the Qwen kind (Qwen2Tokenizer) with no merges: every byte is one
+    token, so Qwen-Image's prompt template is far more than the 34 tokens its pipeline drops.
+    ChatML special tokens after the bytes; the chat template handles ``enable_thinking``."""
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {char: i for i, char in enumerate(bytes_to_unicode().values())}
+    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"):
+        vocab[special] = len(vocab)
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=131072)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
+    return tokenizer
+
+
+def save_kohya_layout(path, sd: Mapping, alpha: float, keep=lambda module: True):
+    """``sd`` (PEFT form) as kohya-style trainers write it: ``lora_unet_`` + the module path with
+    dots flattened to underscores, ``lora_down`` / ``lora_up`` and an ``alpha`` per module (musubi-tuner's
+    LoRANetwork: ``networks/lora.py``, prefix ``lora_unet``). ``keep``: the modules the trainer targets."""
+    import torch
+    from safetensors.torch import save_file
+
+    out = {}
+    for key, value in sd.items():
+        module, part = key.split(".lora_")
+        if not keep(module):
+            continue
+        name = "lora_unet_" + module.replace(".", "_")
+        out[f"{name}.lora_{'down' if part.startswith('A') else 'up'}.weight"] = value.contiguous()
+        out[f"{name}.alpha"] = torch.tensor(float(alpha))
+    save_file(out, str(path), metadata={"ss_network_module": "networks.lora", "ss_network_alpha": str(alpha)})
+    return path
+
+
+def save_prefixed_layout(path, sd: Mapping, prefix: str = "diffusion_model."):
+    """``sd`` (PEFT form) under ComfyUI's ``diffusion_model.`` prefix, ``lora_A`` / ``lora_B`` and no alpha,
+    as ai-toolkit saves Z-Image and Qwen-Image LoRAs (its own Z-Image assistant adapter is read as
+    ``diffusion_model.layers.0.attention.to_k.lora_A.weight``)."""
+    from safetensors.torch import save_file
+
+    save_file({prefix + key: value.contiguous() for key, value in sd.items()}, str(path))
+    return path

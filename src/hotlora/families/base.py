@@ -53,6 +53,12 @@ class ModelFamily:
     # metadata: both only word the refusal of another family's LoRA (``families.recognize``).
     lora_key_pattern: ClassVar[str] = ""
     base_model_markers: ClassVar[tuple[str, ...]] = ()
+    # True: every dimension dynamic from the first compile (torch.compile's dynamic=True), for
+    # denoisers that see each prompt's own length: one graph per code path instead of static ones
+    # first. None: dims turn dynamic when they first change (dynamo's automatic dynamic shapes).
+    compile_dynamic: ClassVar[bool | None] = None
+    # Graphs one writer state may compile (dynamo's recompile limit is raised to cover them all).
+    graphs_per_state: ClassVar[int] = 8
     # Pivotal-tuning embedding file keys -> the text encoder they extend.
     embedding_keys: ClassVar[tuple[tuple[str, str], ...]] = ()
     # Each text encoder's tokenizer and the pipeline argument its prompt comes in.
@@ -169,9 +175,10 @@ class ModelFamily:
         Qwen-Image runs true CFG only when it is given one."""
         return None
 
-    def warmup_prompts(self) -> tuple[str, ...]:
+    def warmup_prompts(self, pipeline=None) -> tuple[str | tuple[str, ...], ...]:
         """Prompts warm-up runs, so that every text-shape steady state sees is compiled: one for a
-        pipeline that pads its prompts to a fixed length, more where lengths reach the denoiser."""
+        pipeline that pads its prompts to a fixed length, more where lengths reach the denoiser.
+        A tuple is one prompt per image of the batch, cycled (a mixed batch's unequal prompts)."""
         return ("warm-up",)
 
     def request_options(self) -> tuple[str, ...]:
@@ -184,6 +191,15 @@ class ModelFamily:
         """The pipeline's own ``encode_prompt`` on one group of prompts (one text-encoder state):
         the embedding arguments its ``__call__`` takes instead of prompts."""
         raise NotImplementedError(f"{self.name}: encoding prompts per group is not declared")
+
+    def join_encoded(self, rows: list[Mapping[str, Any]]) -> dict:
+        """One batch's prompt arguments from rows ``encode_prompts`` made for groups encoded apart
+        (each row one image's slice): tensors concatenated, lists (per-prompt tensors) joined. A
+        pipeline padding a batch to its longest prompt pads here too (Qwen-Image)."""
+        import torch
+
+        return {name: ([item for row in rows for item in row[name]] if isinstance(rows[0][name], list)
+                       else torch.cat([row[name] for row in rows])) for name in rows[0]}
 
     # ------------------------------------------------------------------ declared: adapters
 

@@ -1,0 +1,167 @@
+"""Qwen-Image (QwenImagePipeline): a double-stream MMDiT over packed 2x2 latent patches, a
+Qwen2.5-VL text encoder (its last hidden state, the prompt template's first 34 tokens dropped);
+diffusers loads LoRA into the transformer only.
+
+Guidance, read from ``QwenImagePipeline.__call__``: "true" CFG, a second forward pass on the
+negative prompt's embeddings, and only when ``true_cfg_scale > 1`` AND a negative prompt is given
+(even " "); the combined prediction is rescaled to the conditional one's norm. ``guidance_scale``
+goes to a guidance embedding the published models do not have (ignored, with a warning). So
+hotlora's one guidance value is the pipeline's ``true_cfg_scale``, and a request without a
+negative prompt runs with " " when it guides (``default_negative_prompt``).
+
+Qwen-Image 2.1 is not this family: diffusers ships it as a modular pipeline only
+(``QwenImage21ModularPipeline``, a guider instead of ``__call__``'s CFG) with another denoiser
+class (``QwenImage21Transformer2DModel``), a Qwen3-VL text encoder and another VAE; it shares only
+the LoRA mixin, so ``matches`` tells it apart by the denoiser class and it is refused.
+
+Text lengths: the pipeline pads a batch of prompts to its longest with zeros and a mask (None
+when all are as long: one prompt per pack, and the negative pass on its own), so every prompt
+length is a new shape and a batch of unequal ones takes the masked path. Text positions get RoPE
+from 0 whatever the padding, and the mask hides padded keys, so padding further changes nothing
+(what a mixed batch's groups rely on: ``join_encoded``). Warm-up runs prompts of two lengths,
+alone and mixed (``warmup_prompts``), every dimension dynamic from the first compile.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from hotlora.families.base import ModelFamily
+
+TEXT_TOKENS = 1024  # QwenImagePipeline's tokenizer_max_length (beyond the dropped template)
+WARMUP_WORDS = "a watercolor portrait of an astronaut floating above a quiet city at dusk, soft light, "
+
+
+class QwenImage(ModelFamily):
+    name = "qwenimage"
+    pipeline_class = "QwenImagePipeline"
+    denoiser_class = "QwenImageTransformer2DModel"
+    # Qwen-Image's model card: 50 steps, true_cfg_scale 4.0, 1328 x 1328 for 1:1.
+    default_steps, default_guidance = 50, 4.0
+    default_size = (1328, 1328)
+    cfg = "true"
+    negative_prompts = True
+    latent_multiple = 2  # latents packed as 2x2 patches
+    tokenizer_of = {"text_encoder": "tokenizer"}
+    prompt_argument_of = {"text_encoder": "prompt"}
+    tiny_size = 32
+    compile_dynamic = True  # prompt lengths reach the blocks: one dynamic graph per code path
+
+    def call_arguments(self, guidance_scale: float) -> dict[str, Any]:
+        return {"true_cfg_scale": guidance_scale}
+
+    def default_negative_prompt(self, guidance_scale: float) -> str | None:
+        return " " if guidance_scale > 1 else None
+
+    def warmup_guidance_scales(self, default: float) -> list[float]:
+        """True CFG keeps the batch shape, but only a guided run makes the negative pass (its own,
+        unmasked text length): both warmed so either is compiled whatever the default."""
+        return [default, *([1.0] if default > 1 else [4.0])]
+
+    def warmup_prompts(self, pipeline=None) -> tuple:
+        """Two lengths alone (no mask) and an unequal pair in one batch (a mixed batch: the
+        mask); with every dimension dynamic (``compile_dynamic``) no later length compiles."""
+        short, long = "warm-up", WARMUP_WORDS
+        return (short, long, (short, long))
+
+    def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
+        """``encode_prompt`` on the group, with masks made explicit (the pipeline drops an all-ones
+        mask to None); the negative prompts too when given (true CFG is decided by the call's
+        ``true_cfg_scale``: a pipeline not guiding ignores them)."""
+        import torch
+
+        def encoded(texts):
+            embeds, mask = pipeline.encode_prompt(prompt=list(texts), device=pipeline.device, num_images_per_prompt=1)
+            if mask is None:
+                mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+            return embeds, mask
+
+        out = dict(zip(("prompt_embeds", "prompt_embeds_mask"), encoded(prompts["prompt"])))
+        negative = prompts.get("negative_prompt")
+        if negative and any(negative):
+            out.update(zip(("negative_prompt_embeds", "negative_prompt_embeds_mask"), encoded(negative)))
+        return out
+
+    def join_encoded(self, rows: Sequence[Mapping[str, Any]]) -> dict:
+        """Rows of groups encoded apart, padded to the longest as the pipeline pads one batch
+        (zeros, mask 0); an all-ones mask becomes None, as ``encode_prompt`` makes it."""
+        import torch
+
+        out = {}
+        for embeds_name in [name for name in rows[0] if name.endswith("_embeds")]:
+            mask_name = embeds_name + "_mask"
+            longest = max(row[embeds_name].shape[1] for row in rows)
+            embeds, masks = [], []
+            for row in rows:
+                e, m = row[embeds_name], row[mask_name]
+                pad = longest - e.shape[1]
+                embeds.append(torch.cat([e, e.new_zeros(e.shape[0], pad, e.shape[2])], dim=1))
+                masks.append(torch.cat([m, m.new_zeros(m.shape[0], pad)], dim=1))
+            mask = torch.cat(masks)
+            out[embeds_name], out[mask_name] = torch.cat(embeds), (None if bool(mask.all()) else mask)
+        return out
+
+    def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
+        denoiser = configs["transformer"]
+        patch = denoiser.get("patch_size", 2)
+        return (latent_pixels // (patch * patch) + TEXT_TOKENS,
+                denoiser["num_attention_heads"] * denoiser["attention_head_dim"])
+
+    def build_tiny(self, seed: int = 0):
+        import torch
+        from diffusers import (
+            AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel,
+        )
+        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+        from hotlora.families._tiny import qwen_tokenizer
+
+        torch.manual_seed(seed)
+        transformer = QwenImageTransformer2DModel(
+            patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+            joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
+        )
+        z_dim = 4
+        vae = AutoencoderKLQwenImage(
+            base_dim=z_dim * 2, z_dim=z_dim, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
+            latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim,
+        )
+        tokenizer = qwen_tokenizer()
+        vocab = len(tokenizer) + 3  # the vision start / end / pad ids the config names, unused by text
+        config = Qwen2_5_VLConfig(
+            text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                         "num_key_value_heads": 2, "vocab_size": vocab, "max_position_embeddings": 2048,
+                         "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+                         "rope_theta": 1000000.0, "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id,
+                         "pad_token_id": tokenizer.pad_token_id},
+            vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2,
+                           "out_hidden_size": 16},
+            hidden_size=16, vocab_size=vocab, vision_start_token_id=vocab - 3, vision_end_token_id=vocab - 2,
+            vision_token_id=vocab - 1, image_token_id=vocab - 1, video_token_id=vocab - 1, bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        )
+        text_encoder = Qwen2_5_VLForConditionalGeneration(config)
+        return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+                                 tokenizer=tokenizer, transformer=transformer)
+
+    def trainer_lora(self, path: Path, linears, sd, rank: int, seed: int) -> Path:
+        """musubi-tuner's layout (``networks/lora_qwen_image.py``): kohya names over the
+        ``transformer_blocks`` (``img_mod`` / ``txt_mod`` excluded by default), alpha 1.5 x rank."""
+        from hotlora.families._tiny import save_kohya_layout
+
+        return save_kohya_layout(path, sd, alpha=rank * 1.5, keep=musubi_targets)
+
+    def write_trainer_samples(self, pipeline, linears, out: Path, rank: int, attention_only) -> dict:
+        from hotlora.families._tiny import random_lora, save_kohya_layout, save_prefixed_layout
+
+        musubi = save_kohya_layout(out / "style-kohya.safetensors", random_lora(linears, rank, seed=4),
+                                   alpha=rank / 2, keep=musubi_targets)
+        toolkit = save_prefixed_layout(out / "style-comfy.safetensors",
+                                       random_lora(linears, rank, seed=5, modules=attention_only))
+        return {"style-kohya": musubi, "style-comfy": toolkit}
+
+
+def musubi_targets(module: str) -> bool:
+    """The Linears musubi-tuner trains in Qwen-Image: QwenImageTransformerBlock's, less ``.*(_mod_).*``."""
+    return module.startswith("transformer_blocks.") and "_mod." not in module
