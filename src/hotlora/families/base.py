@@ -61,6 +61,9 @@ class ModelFamily:
     # Built-in plan names -> the module of ``hotlora.fullsize`` holding the published configuration.
     full_size_models: ClassVar[Mapping[str, str]] = {}
     tiny_size: ClassVar[int]  # image side in pixels the tiny offline model is built for
+    # Made from a pipeline's facts (``families.generic``) rather than a module of its own: found only
+    # when no explicit family matches.
+    generic: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         return f"<ModelFamily {self.name}>"
@@ -122,6 +125,14 @@ class ModelFamily:
                 "text_encoder_lora": list(self.lora_text_encoders), "embeddings": sorted({k for k, _ in self.embedding_keys}),
                 "defaults": {**self.defaults, "height": self.default_size[0], "width": self.default_size[1]},
                 "plans": list(self.full_size_models)}
+
+    def pipeline_default_size(self, pipeline) -> tuple[int, int]:
+        """(height, width) a loaded pipeline of this family generates when none is configured."""
+        side = int(pipeline.default_sample_size * pipeline.vae_scale_factor)
+        return side, side
+
+    def check_engine_config(self, config) -> None:
+        """Raise (UnservedModel) at start-up for an engine option this family cannot serve."""
 
     # ------------------------------------------------------------------ declared: requests and guidance
 
