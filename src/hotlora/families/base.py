@@ -64,6 +64,9 @@ class ModelFamily:
     # Made from a pipeline's facts (``families.generic``) rather than a module of its own: found only
     # when no explicit family matches.
     generic: ClassVar[bool] = False
+    # Whether the banks writer (``mixed=True``: several requests' adapters in one forward batch) can
+    # serve it: that needs the batch layout of its forward passes and ``encode_prompts``.
+    mixed_batches: ClassVar[bool] = True
 
     def __repr__(self) -> str:
         return f"<ModelFamily {self.name}>"
