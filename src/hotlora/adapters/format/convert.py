@@ -295,7 +295,10 @@ def _diffusers_state_dict(raw, metadata, family: ModelFamily, label, denoiser_co
     family.check_raw_lora(raw, label)
     kwargs = {"return_lora_metadata": True, **family.lora_state_dict_kwargs(denoiser_config)}
     try:
-        state_dict, network_alphas, file_meta = family.pipeline_type.lora_state_dict(raw, **kwargs)
+        out = family.pipeline_type.lora_state_dict(raw, **kwargs)
+        # (state_dict, alphas, metadata) from the U-Net mixins and Flux's; (state_dict, metadata)
+        # from the transformer-only mixins (AuraFlow, Sana, CogView4, ...), which read no alphas.
+        state_dict, network_alphas, file_meta = out if len(out) == 3 else (out[0], None, out[1])
     except Exception as exc:  # converters raise ValueError, KeyError, AssertionError, ...
         message = str(exc).strip()
         if len(message) > 600:  # converters list every incompatible key: the first ones say enough
