@@ -31,15 +31,15 @@ GENERATE_STEPS = 3  # denoising steps of an e2e ``generate`` request unless the 
 CORE_FAMILIES = ("flux", "sdxl")
 
 
-def family_params(every: bool = False) -> list:
+def family_params(every: bool = False, mixed: bool = False) -> list:
     """The registered families as pytest parameters; beyond CORE_FAMILIES marked ``families``
-    unless ``every``."""
+    unless ``every``. ``mixed``: only those that serve mixed batches (not the generic ones)."""
     import pytest
 
     from hotlora.families import FAMILIES
 
     return [pytest.param(name, id=name, marks=() if every or name in CORE_FAMILIES else pytest.mark.families)
-            for name in FAMILIES]
+            for name, family in FAMILIES.items() if family.mixed_batches or not mixed]
 
 
 def free_port() -> int:

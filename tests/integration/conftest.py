@@ -31,7 +31,7 @@ def s3_endpoint(monkeypatch):
     server.stop()
 
 
-@pytest.fixture(scope="session", params=family_params())
+@pytest.fixture(scope="session", params=family_params(mixed=True))
 def mixed(request, tiny_models, tmp_path_factory):
     """A compiled mixed-batch engine per family and a pool of adapters for it, shared by the test
     modules that serve through one (compiles are most of CI's time). Tests turn recompiles into

@@ -136,16 +136,14 @@ def test_flux2_and_chroma_facts_agree_with_their_pipelines():
 
 
 def test_guidance_styles():
-    """Under batch CFG warm-up runs both batch shapes (guided and not); other styles never double."""
     for family in REGISTERED:
-        scales = family.warmup_guidance_scales(family.default_guidance)
-        assert scales[0] == family.default_guidance
         if family.cfg == "batch":
-            assert {family.doubles_batch(g) for g in scales} == {True, False}
+            assert family.doubles_batch(family.default_guidance) and not family.doubles_batch(1.0)
+            assert family.warmup_guidance_scales(family.default_guidance) == [family.default_guidance, 1.0]
         else:
-            assert not any(family.doubles_batch(g) for g in (*scales, family.default_guidance))
-        for g in scales:
-            assert family.batch_factor(g) == (2 if family.doubles_batch(g) else 1)
+            assert not family.doubles_batch(family.default_guidance)
+            assert family.warmup_guidance_scales(family.default_guidance) == [family.default_guidance]
+        assert family.batch_factor(family.default_guidance) == (2 if family.cfg == "batch" else 1)
     assert DEFAULT_FAMILY in FAMILIES
 
 
@@ -181,29 +179,6 @@ def test_sd15_and_sdxl_share_a_denoiser_class_and_resolve_apart():
 
 
 def test_sd15_facts_against_diffusers():
-@pytest.mark.parametrize("variant, expected", [
-    ("ZImageImg2ImgPipeline", "zimage"), ("ZImageInpaintPipeline", "zimage"),
-    ("QwenImageImg2ImgPipeline", "qwenimage"), ("QwenImageInpaintPipeline", "qwenimage"),
-])
-def test_zimage_and_qwenimage_variants_resolve(variant, expected):
-    import diffusers
-
-    assert family_of_class(getattr(diffusers, variant)).name == expected
-
-
-def test_qwenimage_21_shares_the_mixin_but_not_the_denoiser():
-    """Qwen-Image 2.1 is a modular pipeline over QwenImage21Transformer2DModel: not Qwen-Image."""
-    import diffusers
-
-    assert family_named("qwenimage").matches(diffusers.QwenImage21ModularPipeline, "QwenImage21Transformer2DModel") == 0
-    with pytest.raises(ValueError, match="not a pipeline hotlora serves"):
-        family_of_model_index({"_class_name": "QwenImageEditPipeline",
-                               "transformer": ["diffusers", "QwenImage21Transformer2DModel"]})
-
-
-def test_zimage_guidance_facts_agree_with_its_pipeline():
-    """Z-Image guides for guidance_scale > 0, as one doubled (list) batch; cfg_normalization and
-    cfg_truncation fixed at the pipeline's own defaults."""
     import inspect
 
     import diffusers
@@ -218,24 +193,6 @@ def test_zimage_guidance_facts_agree_with_its_pipeline():
 
 
 def test_sd3_facts_against_diffusers():
-    family = family_named("zimage")
-    pipeline = diffusers.ZImagePipeline
-    assert pipeline.do_classifier_free_guidance.fget(type("P", (), {"_guidance_scale": 0.0})()) is False
-    assert pipeline.do_classifier_free_guidance.fget(type("P", (), {"_guidance_scale": 0.5})()) is True
-    assert not family.doubles_batch(0.0) and family.doubles_batch(0.5) and family.batch_factor(1.0) == 2
-    assert family.warmup_guidance_scales(0.0) == [0.0, 1.0] and family.warmup_guidance_scales(4.0) == [4.0, 0.0]
-    parameters = inspect.signature(pipeline.__call__).parameters
-    for name, value in family.call_arguments(2.0).items():
-        assert name in parameters
-        if name != "guidance_scale":
-            assert parameters[name].default == value
-    assert family.default_negative_prompt(3.0) is None
-    assert (family.default_steps, family.default_guidance) == (9, 0.0)
-    assert "latent_multiple" not in vars(pipeline) and family.size_multiple(8) == 16  # vae factor x 2 (its __call__)
-
-
-def test_qwenimage_guidance_facts_agree_with_its_pipeline():
-    """Qwen-Image: hotlora's guidance is ``true_cfg_scale``, true CFG needs a negative prompt."""
     import inspect
 
     import diffusers
@@ -281,6 +238,57 @@ def test_prompt_length_never_reaches_the_denoiser_as_a_shape(name):
     for key in short:
         assert short[key].shape[1:] == long[key].shape[1:] and long[key].shape[0] == 2, key
     assert short["prompt_embeds"].shape[1] == 512
+
+
+@pytest.mark.parametrize("variant, expected", [
+    ("ZImageImg2ImgPipeline", "zimage"), ("ZImageInpaintPipeline", "zimage"),
+    ("QwenImageImg2ImgPipeline", "qwenimage"), ("QwenImageInpaintPipeline", "qwenimage"),
+])
+def test_zimage_and_qwenimage_variants_resolve(variant, expected):
+    import diffusers
+
+    assert family_of_class(getattr(diffusers, variant)).name == expected
+
+
+def test_qwenimage_21_shares_the_mixin_but_not_the_denoiser():
+    """Qwen-Image 2.1 is a modular pipeline over QwenImage21Transformer2DModel: not Qwen-Image."""
+    import diffusers
+
+    assert family_named("qwenimage").matches(diffusers.QwenImage21ModularPipeline, "QwenImage21Transformer2DModel") == 0
+    with pytest.raises(ValueError, match="not a pipeline hotlora serves"):
+        family_of_model_index({"_class_name": "QwenImageEditPipeline",
+                               "transformer": ["diffusers", "QwenImage21Transformer2DModel"]})
+
+
+def test_zimage_guidance_facts_agree_with_its_pipeline():
+    """Z-Image guides for guidance_scale > 0, as one doubled (list) batch; cfg_normalization and
+    cfg_truncation fixed at the pipeline's own defaults."""
+    import inspect
+
+    import diffusers
+
+    family = family_named("zimage")
+    pipeline = diffusers.ZImagePipeline
+    assert pipeline.do_classifier_free_guidance.fget(type("P", (), {"_guidance_scale": 0.0})()) is False
+    assert pipeline.do_classifier_free_guidance.fget(type("P", (), {"_guidance_scale": 0.5})()) is True
+    assert not family.doubles_batch(0.0) and family.doubles_batch(0.5) and family.batch_factor(1.0) == 2
+    assert family.warmup_guidance_scales(0.0) == [0.0, 1.0] and family.warmup_guidance_scales(4.0) == [4.0, 0.0]
+    parameters = inspect.signature(pipeline.__call__).parameters
+    for name, value in family.call_arguments(2.0).items():
+        assert name in parameters
+        if name != "guidance_scale":
+            assert parameters[name].default == value
+    assert family.default_negative_prompt(3.0) is None
+    assert (family.default_steps, family.default_guidance) == (9, 0.0)
+    assert "latent_multiple" not in vars(pipeline) and family.size_multiple(8) == 16  # vae factor x 2 (its __call__)
+
+
+def test_qwenimage_guidance_facts_agree_with_its_pipeline():
+    """Qwen-Image: hotlora's guidance is ``true_cfg_scale``, true CFG needs a negative prompt."""
+    import inspect
+
+    import diffusers
+
     family = family_named("qwenimage")
     parameters = inspect.signature(diffusers.QwenImagePipeline.__call__).parameters
     assert set(family.call_arguments(4.0)) == {"true_cfg_scale"} and "true_cfg_scale" in parameters

@@ -57,6 +57,7 @@ class WarmModel:
     def __init__(self, pipeline, family: ModelFamily, config: EngineConfig, *, model: str | None = None,
                  defaults: Mapping | None = None):
         self.config, self.pipeline, self.family, self.model = config, pipeline, family, model
+        family.check_engine_config(config)  # before anything is installed or compiled
         self.batch_size = config.batch_limit  # compiled for batches up to this; packs chunk by ``chunk_for``
         self.chunks: dict[str, dict] = {}  # batch_size="auto": the measured choice per size and CFG mode
         self.denoiser = getattr(pipeline, family.denoiser)
@@ -82,8 +83,9 @@ class WarmModel:
 
     def _served_sizes(self, config: EngineConfig, multiple: int) -> tuple[tuple[int, int], ...]:
         """The (height, width) sizes served, the default first (see ``EngineConfig.sizes``)."""
-        default = (config.height or self.defaults.get("height") or self._pipeline_default_size(),
-                   config.width or self.defaults.get("width") or self._pipeline_default_size())
+        side = self.family.pipeline_default_size(self.pipeline)
+        default = (config.height or self.defaults.get("height") or side[0],
+                   config.width or self.defaults.get("width") or side[1])
         sizes = config.sizes or (default,)
         if config.sizes and (config.height or config.width):
             if default not in sizes:
@@ -95,10 +97,6 @@ class WarmModel:
             raise ValueError(f"sizes {', '.join(wrong)}: height and width must be multiples of {multiple} "
                              f"for this model (VAE factor x patch size)")
         return tuple(sizes)
-
-    def _pipeline_default_size(self) -> int:
-        sample = getattr(self.pipeline, "default_sample_size", None)  # ZImagePipeline has none: 1024 in __call__
-        return int(sample * self.pipeline.vae_scale_factor) if sample else self.family.default_size[0]
 
     def _make_warm(self) -> None:
         config, artifacts = self.config, None

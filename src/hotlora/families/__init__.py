@@ -17,6 +17,7 @@ from hotlora.families.base import CfgStyle, ModelFamily
 from hotlora.families.chroma import Chroma
 from hotlora.families.flux import Flux
 from hotlora.families.flux2 import Flux2, Flux2Klein, Flux2KleinBase
+from hotlora.families.generic import GENERIC_FAMILIES, convention_problems
 from hotlora.families.qwenimage import QwenImage
 from hotlora.families.sd3 import StableDiffusion3
 from hotlora.families.sd15 import StableDiffusion15
@@ -25,6 +26,9 @@ from hotlora.families.zimage import ZImage
 
 REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL(), StableDiffusion15(), StableDiffusion3(), ZImage(),
                                        QwenImage(), Flux2(), Flux2Klein(), Flux2KleinBase(), Chroma())
+# The generic families (families.generic: pipelines served from diffusers' facts) come last, and
+# family_of_class only looks at them when no explicit family matches.
+REGISTERED += GENERIC_FAMILIES
 FAMILIES: dict[str, ModelFamily] = {family.name: family for family in REGISTERED}
 DEFAULT_FAMILY = REGISTERED[0].name  # the built-in tiny model of `hotlora serve` with no --model
 
@@ -43,7 +47,13 @@ def why_unserved(pipeline_type: type) -> str:
     module = getattr(pipeline_type, "__module__", "")
     if any(part in module.lower() for part in ("video", "wan", "ltx", "hunyuan", "mochi", "cogvideo", "skyreels")):
         return f"it is a video pipeline ({mixins[0]}); video families are not served yet"
-    return f"no registered family uses its LoRA mixin {mixins[0]} with its denoiser"
+    problems = convention_problems(pipeline_type)
+    if problems:
+        return (f"no registered family uses its LoRA mixin {mixins[0]} with its denoiser, and the generic family "
+                f"cannot serve it: {'; '.join(problems)}")
+    return (f"no registered family uses its LoRA mixin {mixins[0]} with its denoiser; it follows the generic "
+            "family's conventions, but no tiny model of it is tested, so hotlora does not claim it "
+            "(hotlora.families.generic.GENERIC)")
 
 
 def family_named(name: str) -> ModelFamily:
@@ -56,15 +66,17 @@ def family_named(name: str) -> ModelFamily:
 def family_of_class(pipeline_type: type, denoiser_class: str | None = None,
                     config: Mapping | None = None) -> ModelFamily:
     """The family of a pipeline class: the one it subclasses, else the one whose LoRA mixin and
-    denoiser class it shares (variants such as FluxImg2ImgPipeline). ``config`` (the pipeline's
-    config or model_index.json) tells apart families of one pipeline class (``fits_config``)."""
-    ranked = sorted(((family.matches(pipeline_type, denoiser_class) * family.fits_config(config), i)
-                     for i, family in enumerate(REGISTERED)), reverse=True)
-    best, index = ranked[0]
-    if best == 0:
-        raise UnservedModel(f"{pipeline_type.__name__} is not a pipeline hotlora serves: {why_unserved(pipeline_type)} "
-                            f"(served families: {', '.join(FAMILIES)}; `hotlora families` lists them)")
-    return REGISTERED[index]
+    denoiser class it shares (variants such as FluxImg2ImgPipeline); the generic families only
+    when no explicit one matches. ``config`` (the pipeline's config or model_index.json) tells
+    apart families of one pipeline class (``fits_config``)."""
+    for generic in (False, True):
+        ranked = sorted(((family.matches(pipeline_type, denoiser_class) * family.fits_config(config), i)
+                         for i, family in enumerate(REGISTERED) if family.generic is generic), reverse=True)
+        best, index = ranked[0] if ranked else (0, None)
+        if best:
+            return REGISTERED[index]
+    raise UnservedModel(f"{pipeline_type.__name__} is not a pipeline hotlora serves: {why_unserved(pipeline_type)} "
+                        f"(served families: {', '.join(FAMILIES)}; `hotlora families` lists them)")
 
 
 def family_of_pipeline(pipeline) -> ModelFamily:

@@ -70,6 +70,12 @@ class ModelFamily:
     # Pipeline config values (``register_to_config`` arguments, saved in model_index.json) that
     # tell this family from another on the same pipeline class: Flux.2 klein's ``is_distilled``.
     pipeline_config: ClassVar[Mapping[str, Any]] = {}
+    # Made from a pipeline's facts (``families.generic``) rather than a module of its own: found only
+    # when no explicit family matches.
+    generic: ClassVar[bool] = False
+    # Whether the banks writer (``mixed=True``: several requests' adapters in one forward batch) can
+    # serve it: that needs the batch layout of its forward passes and ``encode_prompts``.
+    mixed_batches: ClassVar[bool] = True
 
     def __repr__(self) -> str:
         return f"<ModelFamily {self.name}>"
@@ -140,6 +146,17 @@ class ModelFamily:
                 "text_encoder_lora": list(self.lora_text_encoders), "embeddings": sorted({k for k, _ in self.embedding_keys}),
                 "defaults": {**self.defaults, "height": self.default_size[0], "width": self.default_size[1]},
                 "plans": list(self.full_size_models)}
+
+    def pipeline_default_size(self, pipeline) -> tuple[int, int]:
+        """(height, width) a loaded pipeline of this family generates when none is configured."""
+        sample = getattr(pipeline, "default_sample_size", None)  # ZImagePipeline has none: its __call__ says 1024
+        if not sample:
+            return self.default_size
+        side = int(sample * pipeline.vae_scale_factor)
+        return side, side
+
+    def check_engine_config(self, config) -> None:
+        """Raise (UnservedModel) at start-up for an engine option this family cannot serve."""
 
     # ------------------------------------------------------------------ declared: requests and guidance
 

@@ -1,0 +1,124 @@
+"""The generic family (hotlora.families.generic): what it claims follows its conventions and
+behaves as declared on its tiny model (the CFG style is measured, not assumed); what it does not
+claim is refused at start-up naming the pipeline and what it misses; explicit families win."""
+
+import pytest
+
+from hotlora.families import FAMILIES, REGISTERED, UnservedModel, family_of_class, family_of_model_index
+from hotlora.families.generic import GENERIC, GENERIC_FAMILIES, Claim, GenericFamily, convention_problems
+
+CLAIMED = [pytest.param(family, id=family.name) for family in GENERIC_FAMILIES]
+
+
+def test_every_claim_is_registered_after_the_explicit_families():
+    names = [family.name for family in REGISTERED]
+    assert [claim.name for claim in GENERIC] == names[len(names) - len(GENERIC):]
+    assert all(not family.generic for family in REGISTERED[:len(names) - len(GENERIC)])
+
+
+@pytest.mark.parametrize("family", CLAIMED)
+def test_a_claimed_pipeline_follows_the_conventions(family):
+    import diffusers
+
+    pipeline = getattr(diffusers, family.pipeline_class)
+    assert convention_problems(pipeline) == []
+    assert family_of_class(pipeline) is family and FAMILIES[family.name] is family
+    assert family_of_model_index({"_class_name": family.pipeline_class,
+                                  "transformer": ["diffusers", family.denoiser_class]}) is family
+    assert family.denoiser == "transformer" and family.lora_text_encoders == ()
+    assert not family.mixed_batches and family.describe()["generic"] is True
+    for name, value in family.call_arguments(1.0).items():  # every fixed argument is one __call__ takes
+        assert name == "guidance_scale" or name in family._call_defaults, name
+
+
+@pytest.mark.parametrize("family", CLAIMED)
+def test_the_declared_cfg_style_is_what_the_tiny_pipeline_does(family, tmp_path):
+    """The denoiser's calls per step and their batch, counted at the default guidance and at 1:
+    "batch" doubles the batch above 1, "true" runs a second pass, "none" neither. The tiny model
+    round-trips save_pretrained / from_pretrained offline and its denoiser is small."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    family.build_tiny(0).save_pretrained(str(tmp_path))
+    pipeline = DiffusionPipeline.from_pretrained(str(tmp_path), local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    denoiser = getattr(pipeline, family.denoiser)
+    assert sum(p.numel() for p in denoiser.parameters()) < 200_000
+    batches = []
+    denoiser.register_forward_pre_hook(
+        lambda m, args, kwargs: batches.append((args[0] if args else kwargs["hidden_states"]).shape[0]),
+        with_kwargs=True)
+    steps, images = 2, 2
+    for guidance in (family.default_guidance, 1.0):
+        batches.clear()
+        out = pipeline(prompt="a cat", num_images_per_prompt=images, num_inference_steps=steps,
+                       height=family.tiny_size, width=family.tiny_size, output_type="latent",
+                       generator=[torch.Generator().manual_seed(i) for i in range(images)],
+                       **family.call_arguments(guidance)).images
+        assert out.shape[0] == images
+        doubled = family.doubles_batch(guidance)
+        passes = 2 if family.cfg == "true" and guidance > 1 else 1
+        assert batches == [images * (2 if doubled else 1)] * (steps * passes), (guidance, batches)
+        assert family.batch_factor(guidance) == (2 if doubled else 1)
+
+
+@pytest.mark.parametrize("pipeline, missing", [
+    ("Lumina2Pipeline", "data-dependent caption lengths"),
+    ("HiDreamImagePipeline", "MoE routing"),
+    ("Ideogram4Pipeline", "second denoiser (unconditional_transformer)"),
+    ("PRXPipeline", "loads into unet, text_encoder"),
+    ("BriaFiboPipeline", "no text-encoder LoRA: text_encoder"),
+    ("SanaSprintPipeline", "no tiny model of it is tested"),
+    ("Krea2Pipeline", "no tiny model of it is tested"),
+    ("WanPipeline", "video families are not served yet"),
+])
+def test_an_unclaimed_pipeline_is_refused_naming_what_it_misses(pipeline, missing):
+    import diffusers
+
+    with pytest.raises(UnservedModel, match=f"{pipeline} is not a pipeline hotlora serves") as info:
+        family_of_class(getattr(diffusers, pipeline))
+    assert missing in str(info.value)
+
+
+def test_an_explicit_family_wins_over_a_generic_claim(monkeypatch):
+    """A generic claim of a pipeline an explicit family serves never shadows it."""
+    import diffusers
+
+    import hotlora.families as families
+
+    shadow = GenericFamily(Claim(name="shadow", pipeline_class="FluxPipeline", cfg="none", latent_multiple=2,
+                                 build_tiny=lambda seed: None))
+    monkeypatch.setattr(families, "REGISTERED", (*families.REGISTERED, shadow))
+    assert family_of_class(diffusers.FluxPipeline).name == "flux"
+
+
+def test_variants_sharing_a_claimed_mixin_are_not_served_as_it():
+    """SanaSprint shares Sana's mixin and denoiser but not its __call__: the generic family claims
+    the pipeline it was tested on (and subclasses), never variants."""
+    import diffusers
+
+    sana = FAMILIES["sana"]
+    assert sana.matches(diffusers.SanaSprintPipeline) == 0
+    assert sana.matches(type("MySana", (diffusers.SanaPipeline,), {})) == 2
+
+
+def test_mixed_batches_are_refused_at_start_up(tmp_path):
+    from hotlora import Engine
+    from hotlora.tiny import save_tiny_model
+
+    family = GENERIC_FAMILIES[0]
+    model = save_tiny_model(tmp_path / family.name, family.name)
+    with pytest.raises(UnservedModel, match=f"{family.pipeline_class} .* does not serve mixed batches"):
+        Engine.from_pretrained(model, compile=False, mixed=True)
+
+
+def test_the_default_size_comes_from_call_or_the_model():
+    """AuraFlow's __call__ says 1024; CogView4's says None: its transformer's sample_size times the VAE factor."""
+    by_name = {family.pipeline_class: family for family in GENERIC_FAMILIES}
+    if "AuraFlowPipeline" in by_name:
+        assert by_name["AuraFlowPipeline"].pipeline_default_size(None) == (1024, 1024)
+    if "CogView4Pipeline" in by_name:
+        family = by_name["CogView4Pipeline"]
+        pipeline = family.build_tiny(0)
+        side = pipeline.transformer.config.sample_size * pipeline.vae_scale_factor
+        assert family.pipeline_default_size(pipeline) == (side, side)
