@@ -75,3 +75,18 @@ def test_another_familys_lora_is_named():
     assert "its metadata names that base model" in foreign_note(flux, ["a.lora_A.weight"],
                                                               {"ss_base_model_version": "sdxl_base_v1-0"})
     assert foreign_note(flux, ["something.else.lora_A.weight"]) == ""
+
+
+@pytest.mark.parametrize("name", [name for name, family in FAMILIES.items() if family.lora_key_pattern])
+def test_each_familys_own_lora_keys_are_recognised_as_its_own(name):
+    """A LoRA over every Linear of the family's tiny denoiser, keyed as diffusers saves it, is
+    recognised as that family's (perhaps beside a family sharing its names: SD1.5 and SDXL's
+    U-Net, Flux's and Chroma's blocks, Flux.2 and klein), so a wrong-family refusal names it."""
+    import torch
+
+    family = family_named(name)
+    denoiser = getattr(family.build_tiny(), family.denoiser)
+    keys = [f"{family.denoiser}.{module}.lora_A.weight" for module, layer in denoiser.named_modules()
+            if isinstance(layer, torch.nn.Linear)]
+    found = families_of_keys(keys)
+    assert family in found and len(found) <= 3, [f.name for f in found]  # Flux.2 dev and klein: one denoiser class

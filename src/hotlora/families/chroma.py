@@ -21,6 +21,8 @@ from hotlora.families.flux import Flux, kohya_lora
 
 class Chroma(Flux):
     name = "chroma"
+    lora_key_pattern = Flux.lora_key_pattern + r"|distilled_guidance_layer"
+    base_model_markers = ("chroma",)
     pipeline_class = "ChromaPipeline"
     denoiser_class = "ChromaTransformer2DModel"
     default_steps, default_guidance = 35, 5.0  # ChromaPipeline.__call__'s defaults (the model card: 26-40 steps)

@@ -39,8 +39,8 @@ class Flux(ModelFamily):
     # diffusers' advanced training script writes clip_l and, with --enable_t5_ti, t5.
     embedding_keys = (("clip_l", "text_encoder"), ("t5", "text_encoder_2"))
     full_size_models = {"flux-dev": "flux"}
-    lora_key_pattern = (r"(^|transformer\.)(single_)?transformer_blocks\.\d+|(double|single)[._]blocks[._]\d+"
-                        r"|^transformer\.(context_embedder|x_embedder|time_text_embed)")
+    lora_key_pattern = (r"single_transformer_blocks\.\d+\.(proj_mlp|proj_out|norm\.linear)|(double|single)[._]blocks[._]\d+"
+                        r"|guidance_embedder")
     base_model_markers = ("flux.1", "flux-1", "flux1", "flux-dev", "flux_dev", "flux-schnell")
     tiny_size = 32
 

@@ -72,6 +72,7 @@ class _Flux2Base(ModelFamily):
     tokenizer_of = {"text_encoder": "tokenizer"}
     prompt_argument_of = {"text_encoder": "prompt"}
     tiny_size = 32
+    lora_key_pattern = r"to_qkv_mlp_proj|(ff|ff_context)[._]linear_(in|out)|stream_modulation"
     text_encoder_layers: int  # the deepest hidden state the pipeline taps, i.e. the encoder's layers
 
     def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
@@ -127,6 +128,8 @@ class _Flux2Base(ModelFamily):
 
 class Flux2(_Flux2Base):
     name = "flux2"
+    base_model_markers = ("flux.2-dev", "flux2-dev", "flux2_dev", "flux.2 dev")
+    full_size_models = {"flux2-dev": "flux2_dev"}
     pipeline_class = "Flux2Pipeline"
     default_steps, default_guidance = 50, 4.0  # the FLUX.2-dev model card; 4.0 is the pipeline's default too
     cfg = "none"  # guidance goes in through the guidance embedding
@@ -164,6 +167,8 @@ class Flux2Klein(_Flux2Base):
     """Step-distilled klein (FLUX.2-klein 4B / 9B): 4 steps, ``guidance_scale`` ignored."""
 
     name = "flux2-klein"
+    base_model_markers = ("klein",)
+    full_size_models = {"flux2-klein-4b": "flux2_klein_4b", "flux2-klein-9b": "flux2_klein_9b"}
     pipeline_class = "Flux2KleinPipeline"
     default_steps, default_guidance = 4, 1.0  # the klein model cards
     cfg = "none"
@@ -206,6 +211,8 @@ class Flux2KleinBase(Flux2Klein):
     """klein base (undistilled): true CFG, a second pass on the embedding of "" for guidance > 1."""
 
     name = "flux2-klein-base"
+    base_model_markers = ("klein-base", "klein_base")
+    full_size_models = {}  # the plans of klein's published (distilled) models belong to flux2-klein
     default_steps, default_guidance = 50, 4.0  # the klein base model cards
     cfg = "true"
     takes_guidance = True

@@ -35,6 +35,9 @@ WARMUP_WORDS = "a watercolor portrait of an astronaut floating above a quiet cit
 
 class QwenImage(ModelFamily):
     name = "qwenimage"
+    lora_key_pattern = r"transformer_blocks[._]\d+[._](img_mlp|txt_mlp|img_mod|txt_mod)"
+    base_model_markers = ("qwen-image", "qwen_image", "qwenimage")
+    full_size_models = {"qwen-image": "qwen_image"}
     pipeline_class = "QwenImagePipeline"
     denoiser_class = "QwenImageTransformer2DModel"
     # Qwen-Image's model card: 50 steps, true_cfg_scale 4.0, 1328 x 1328 for 1:1.

@@ -29,19 +29,18 @@ def _pattern(family: ModelFamily) -> re.Pattern | None:
 
 
 def families_of_keys(keys: Iterable[str]) -> list[ModelFamily]:
-    """The registered families whose denoiser module names most of ``keys`` match, best first."""
+    """The registered families whose distinctive module names the most of ``keys`` match (several
+    when they tie), if that is at least a tenth of them."""
     sample = [key for _, key in zip(range(SAMPLED_KEYS), keys)]
-    if not sample:
-        return []
-    scored = []
+    scores = {}
     for family in REGISTERED:
         pattern = _pattern(family)
-        if pattern is None:
-            continue
-        hits = sum(1 for key in sample if pattern.search(key))
-        if hits * 2 > len(sample):
-            scored.append((hits, family))
-    return [family for _, family in sorted(scored, key=lambda pair: -pair[0])]
+        if pattern is not None:
+            scores[family] = sum(1 for key in sample if pattern.search(key))
+    best = max(scores.values(), default=0)
+    if not sample or best * 10 < len(sample) or best == 0:
+        return []
+    return [family for family, hits in scores.items() if hits == best]
 
 
 def families_of_metadata(metadata: Mapping | None, declared: str | None = None) -> list[ModelFamily]:

@@ -13,6 +13,9 @@ from hotlora.families.sdxl import check_sgm_blocks
 
 class StableDiffusion15(ModelFamily):
     name = "sd15"
+    lora_key_pattern = r"(down_blocks|up_blocks|mid_block|input_blocks|output_blocks|middle_block)[._]"
+    base_model_markers = ("stable-diffusion-v1", "sd_v1", "sd1.5", "sd-v1", "sd15", "v1-5")
+    full_size_models = {"sd15": "sd15"}
     pipeline_class = "StableDiffusionPipeline"
     denoiser_class = "UNet2DConditionModel"
     # StableDiffusionPipeline.__call__'s defaults, which the SD1.5 model card uses; 512 px published.

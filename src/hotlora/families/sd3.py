@@ -14,6 +14,9 @@ TEXT_TOKENS = 77 + 256  # CLIP's 77 then T5's max_sequence_length (256 by defaul
 
 class StableDiffusion3(ModelFamily):
     name = "sd3"
+    lora_key_pattern = r"joint_blocks[._]\d+|transformer_blocks\.\d+\.attn2\.|context_block|x_block"
+    base_model_markers = ("sd3", "stable-diffusion-3")
+    full_size_models = {"sd3.5-large": "sd35_large", "sd3.5-medium": "sd35_medium"}
     pipeline_class = "StableDiffusion3Pipeline"
     denoiser_class = "SD3Transformer2DModel"
     # SD3.5 large's model card (28 steps, guidance 3.5, 1024 px); the pipeline's own default guidance

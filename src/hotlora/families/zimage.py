@@ -32,6 +32,9 @@ SEQ_MULTI_OF = 32  # diffusers' transformer_z_image pads captions and images to 
 
 class ZImage(ModelFamily):
     name = "zimage"
+    lora_key_pattern = r"(layers|noise_refiner|context_refiner)[._]\d+[._](attention|feed_forward|adaLN)"
+    base_model_markers = ("z-image", "z_image", "zimage")
+    full_size_models = {"zimage-turbo": "zimage_turbo"}
     pipeline_class = "ZImagePipeline"
     denoiser_class = "ZImageTransformer2DModel"
     # Z-Image-Turbo's model card: 9 steps (8 forward passes of the DiT), guidance 0, 1024 x 1024.
