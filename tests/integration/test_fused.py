@@ -316,6 +316,11 @@ def test_kohya_locon_conv_lora_on_sdxl_equals_plain_diffusers(fused, tmp_path):
     if family == "flux":
         assert convs == {}  # the Flux transformer has no Conv2d: nothing to merge into
         return
+    if family != "sdxl":
+        # sd-scripts numbers U-Net blocks the SGM way for SDXL only (its SD1.x files keep diffusers'
+        # names, and diffusers' SGM mapping fails on the tiny SD1.5 U-Net); SD3's one conv (the patch
+        # embedding) has no kohya LoCon layout.
+        return
     linears = dict(engine.ceiling.modules)
     locon, count = kohya_locon_sdxl(engine.denoiser, convs, linears, tmp_path / "locon.safetensors")
     adapter = engine.load_adapter(str(locon))
