@@ -49,7 +49,8 @@ CONVERTER_VERSION = 4
 PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
-MODULE_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+# "-" too: Z-Image names its patch embedder and final layer by patch sizes ("all_x_embedder.2-1").
+MODULE_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 # T5 LoRA keys (sd-scripts' ``lora_te3_``, ComfyUI's ``text_encoders.t5xxl.``) that diffusers' Flux
 # converters drop without a trace; listed with the skipped keys so the caller learns they are not served.
 DROPPED_T5 = ("lora_te3_", "text_encoders.t5xxl.")
@@ -288,7 +289,10 @@ def _diffusers_state_dict(raw, metadata, family: ModelFamily, label, denoiser_co
     family.check_raw_lora(raw, label)
     kwargs = {"return_lora_metadata": True, **family.lora_state_dict_kwargs(denoiser_config)}
     try:
-        state_dict, network_alphas, file_meta = family.pipeline_type.lora_state_dict(raw, **kwargs)
+        out = family.pipeline_type.lora_state_dict(raw, **kwargs)
+        # Mixins without kohya-style alphas (Z-Image's, Qwen-Image's: their converters fold alpha into
+        # the weights) return (state dict, metadata) only.
+        state_dict, network_alphas, file_meta = out if len(out) == 3 else (out[0], None, out[1])
     except Exception as exc:  # converters raise ValueError, KeyError, AssertionError, ...
         raise AdapterFormatError(f"{label}: diffusers cannot convert this LoRA ({type(exc).__name__}: {exc})") from exc
     return state_dict, network_alphas, metadata if metadata is not None else file_meta
