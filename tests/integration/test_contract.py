@@ -245,7 +245,7 @@ def test_the_recompile_guard_is_live(warm):
     assert graph_count() == graphs  # refused before compiling: nothing was added
 
 
-LENGTHS = ["", "a", "one two three", "a red house on a hill under a violet sky, oil", " ".join(["astronaut"] * 30)]
+LENGTHS = ["a", "x y", "one two three", "a red house on a hill under a violet sky, oil", " ".join(["astronaut"] * 30)]
 
 
 def test_prompts_of_every_length_equal_plain_diffusers(warm):
