@@ -264,7 +264,9 @@ def test_every_guidance_mode_is_warm_and_exact(warm):
         theirs = plain_diffusers_reference(model_dir, adapters, prompt=PROMPT, num_images=2, num_inference_steps=STEPS,
                                            guidance_scale=guidance, height=engine.height, width=engine.width, seed=3)
         torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
-LENGTHS = ["", "a", "one two three", "a red house on a hill under a violet sky, oil", " ".join(["astronaut"] * 30)]
+
+
+LENGTHS = ["a", "x y", "one two three", "a red house on a hill under a violet sky, oil", " ".join(["astronaut"] * 30)]
 
 
 def test_prompts_of_every_length_equal_plain_diffusers(warm):
@@ -274,14 +276,21 @@ def test_prompts_of_every_length_equal_plain_diffusers(warm):
     from hotlora.testing import plain_diffusers_reference
 
     family, model_dir, engine = warm
+    fam = family_named(family)
     adapters = {"identity": (model_dir / "adapters" / "identity-diffusers", 0.9)}
-    for guidance in engine.warm.family.warmup_guidance_scales(engine.defaults["guidance_scale"]):
-        for prompt in LENGTHS:
-            ours = engine.generate(prompt, adapters=adapters, num_images=2, num_inference_steps=2,
-                                   guidance_scale=guidance, output_type="latent").images
+    # A pipeline that pads every prompt to one length (one warm-up prompt) is checked at the two
+    # extremes and its default guidance; one that hands lengths on, at every length and guidance.
+    lengths_reach_the_denoiser = len(fam.warmup_prompts(engine.pipeline)) > 1
+    prompts = LENGTHS if lengths_reach_the_denoiser else [LENGTHS[0], LENGTHS[-1]]
+    scales = fam.warmup_guidance_scales(engine.defaults["guidance_scale"]) if lengths_reach_the_denoiser else [None]
+    for guidance in scales:
+        given = {} if guidance is None else {"guidance_scale": guidance}
+        for prompt in prompts:
+            ours = engine.generate(prompt, adapters=adapters, num_images=2, num_inference_steps=2, output_type="latent",
+                                   **given).images
             theirs = plain_diffusers_reference(model_dir, adapters, prompt=prompt, num_images=2, num_inference_steps=2,
-                                               guidance_scale=guidance, height=engine.height, width=engine.width,
-                                               seed=0)
+                                               guidance_scale=engine.defaults["guidance_scale"] if guidance is None
+                                               else guidance, height=engine.height, width=engine.width, seed=0)
             diff = (ours - theirs).abs().max().item()
             assert diff <= TOLERANCE, f"guidance {guidance}, prompt of {len(prompt)} characters: {diff}"
     assert engine.recompiles == 0

@@ -49,6 +49,16 @@ def test_layout_matches_load_lora_weights(tiny_models, family, sample):
             raw[f"{key}.lora_up.weight"] @ raw[f"{key}.lora_down.weight"]
         )
         torch.testing.assert_close(canonical_deltas(adapter)["transformer_blocks.0.attn.to_out.0"], expected)
+    elif sample == "style-kohya" and family in ("zimage", "qwenimage"):
+        # Their converters fold alpha / rank into the weights too (scaling 1.0): the delta keeps alpha.
+        from safetensors.torch import load_file
+
+        raw = load_file(str(path))
+        key = sorted(k for k in raw if k.endswith(".alpha"))[0].removesuffix(".alpha")
+        down, up = raw[f"{key}.lora_down.weight"], raw[f"{key}.lora_up.weight"]
+        module = next(m for m in adapter.modules if m.replace(".", "_") == key.removeprefix("lora_unet_"))
+        torch.testing.assert_close(canonical_deltas(adapter)[module], raw[f"{key}.alpha"] / down.shape[0] * (up @ down))
+        assert float(raw[f"{key}.alpha"]) != down.shape[0]
     elif sample not in NO_ALPHAS:
         assert {round(w.scaling, 6) for w in adapter.modules.values()} != {1.0}
 

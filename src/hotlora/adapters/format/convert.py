@@ -51,7 +51,8 @@ CONVERTER_VERSION = 4
 PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
-MODULE_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+# "-" too: Z-Image names its patch embedder and final layer by patch sizes ("all_x_embedder.2-1").
+MODULE_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 # T5 LoRA keys (sd-scripts' ``lora_te3_``, ComfyUI's ``text_encoders.t5xxl.``) that diffusers' Flux
 # converters drop without a trace; listed with the skipped keys so the caller learns they are not served.
 DROPPED_T5 = ("lora_te3_", "text_encoders.t5xxl.")
