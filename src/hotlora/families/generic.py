@@ -168,7 +168,7 @@ class GenericFamily(ModelFamily):
     def call_arguments(self, guidance_scale: float) -> dict[str, Any]:
         return {"guidance_scale": guidance_scale, **self.claim.fixed}
 
-    def warmup_prompts(self) -> tuple[str, ...]:
+    def warmup_prompts(self, pipeline=None) -> tuple[str, ...]:
         return self.claim.warmup_prompts
 
     def build_tiny(self, seed: int = 0):
