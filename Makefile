@@ -41,10 +41,10 @@ lint: install
 test: lint $(BROWSER) $(PROMTOOL)
 	$(PY) -m pytest -q -ra --durations=25
 
-# The per-family modules (fused, auto, int8, bf16, formats, mixed batches, Ray) for every family beyond
+# The per-family modules (fused, auto, int8, bf16, formats, mixed batches, the three APIs, Ray) for every family beyond
 # flux and sdxl; `make test` runs the correctness contract for all of them. Not part of `make test`.
 test-families: install
-	$(PY) -m pytest -q -ra -m families tests/integration tests/ray
+	$(PY) -m pytest -q -ra -m families tests/integration tests/e2e tests/ray
 
 # The real SDXL architecture served end to end (~15 GB peak in one process, ~40 min on 2 cores; the model is
 # built once into .cache/fullsize). Not part of `make test`.

@@ -66,7 +66,7 @@ def quarter_adapter(engine, rank: int) -> dict:
     """A random diffusers-layout state dict of ``rank`` on every Linear of the engine's ceiling."""
     from hotlora.tiny import random_lora
 
-    prefix = "transformer" if engine.family.name == "flux" else "unet"
+    prefix = engine.family.denoiser
     sd = random_lora(dict(engine.ceiling.modules), rank, seed=1)
     dtype = engine.denoiser.dtype
     return {k if k.startswith(prefix) else f"{prefix}.{k}": v.to(dtype) for k, v in sd.items()}
@@ -87,13 +87,18 @@ def build(name, root, args, options):
 
 
 def plain_diffusers(name, root, args, adapter):
-    from hotlora.families import family_of_pipeline
     from hotlora.engine.pipeline import compile_denoiser
+    from hotlora.families import family_of_pipeline
+    from hotlora.settings import read_model_defaults
 
     pipeline, size = pipeline_of(name, root, args.target_rank)
     pipeline.load_lora_weights(adapter, adapter_name="quarter")
     family = family_of_pipeline(pipeline)
     compile_denoiser(getattr(pipeline, family.denoiser), family)
+    # Guidance the family's way at the engine's default, as the engine calls the pipeline.
+    guidance = {**family.defaults, **read_model_defaults(pipeline.name_or_path)}["guidance_scale"]
+    negative = family.default_negative_prompt(guidance)
+    size = {**size, **family.call_arguments(guidance), **({} if negative is None else {"negative_prompt": negative})}
     return pipeline, size
 
 

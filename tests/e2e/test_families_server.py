@@ -2,7 +2,8 @@
 JSON API with an adapter pair, OpenAI images, the Hugging Face inference API with its own client),
 the JSON API's pixels equal to plain diffusers' with the same adapters, and the options a family
 does not take refused with what it takes. Eager engines: the compiled contract per family is
-tests/integration/test_contract.py."""
+tests/integration/test_contract.py. The families beyond flux and sdxl run here in
+`make test-families` (a server per family is CI time; the serving path is the same code)."""
 
 import base64
 import io
@@ -28,7 +29,7 @@ def hf_client(monkeypatch):
     return InferenceClient
 
 
-@pytest.mark.parametrize("family", family_params(every=True))
+@pytest.mark.parametrize("family", family_params())
 def test_each_family_is_served_over_the_three_apis(family, tiny_models, tmp_path, start_server, hf_client):
     from hotlora.testing import plain_diffusers_reference
 

@@ -4,9 +4,6 @@ orchestrator shows a failed container instead of one whose /readyz stays false f
 import json
 import subprocess
 import sys
-import time
-
-import httpx
 
 from ..helpers import free_port
 
@@ -32,7 +29,7 @@ def test_a_model_no_family_serves_exits_before_listening(tmp_path):
 
 def test_an_engine_that_fails_to_start_ends_the_server_with_exit_1(tiny_models, tmp_path):
     """The model's files are read once the server listens (so /healthz answers during a long
-    warm-up); a failure there ends the process, /healthz answering until then."""
+    warm-up); a failure there ends the process."""
     import shutil
 
     model = tmp_path / "broken"
@@ -42,17 +39,10 @@ def test_an_engine_that_fails_to_start_ends_the_server_with_exit_1(tiny_models, 
     port = free_port()
     process = serve(model, port)
     try:
-        answered, deadline = False, time.monotonic() + EXIT_TIMEOUT_S
-        while process.poll() is None and time.monotonic() < deadline:
-            try:
-                answered = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200 or answered
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
         output = process.communicate(timeout=EXIT_TIMEOUT_S)[0]
     finally:
         if process.poll() is None:
             process.kill()
     assert process.returncode == 1, output
-    assert answered, "the server never listened: the failure came before the model was read"
+    assert "listening on http://" in output  # it failed after it listened: the engine's start, not a check before
     assert "error: start-up failed: ModelLoadError" in output and "broken" in output

@@ -515,7 +515,7 @@ def tiny_models_dir(pipeline):
     ("sdxl", rank_declared_wrong, r"metadata declares rank 8 for .*, its weights have rank 4"),
     ("flux", rank_declared_wrong, r"metadata declares rank 8 for .*, its weights have rank 4"),
     ("sdxl", kohya_alphas_and_metadata, "carries both kohya-style alphas and lora_adapter_metadata"),
-    ("flux", kohya_flux_unknown_block, r"diffusers cannot convert this LoRA \(ValueError: Incompatible keys detected"),
+    ("flux", kohya_flux_unknown_block, r"diffusers cannot convert this LoRA for the flux family \(ValueError: Incompatible keys detected"),
 ])
 def test_files_diffusers_refuses_are_refused_with_the_reason(tiny_models, tmp_path, family, make, reason):
     pipeline = fresh_pipeline(tiny_models[family])

@@ -105,7 +105,7 @@ def test_what_the_batch_cannot_mix_is_refused(mixed):
                               output_type="latent").batch_key() == first.batch_key()
 
 
-@pytest.mark.parametrize("mixed", ["zimage", "qwenimage"], indirect=True)
+@pytest.mark.parametrize("mixed", [pytest.param("qwenimage", marks=pytest.mark.families)], indirect=True)
 def test_prompts_of_unequal_lengths_in_one_batch(mixed):
     """Z-Image and Qwen-Image hand each prompt's own length to the denoiser (masked to the
     longest in a batch): a request merged with longer or shorter ones gets what it gets alone, at
@@ -123,3 +123,13 @@ def test_prompts_of_unequal_lengths_in_one_batch(mixed):
         diffs = [_differences(engine, requests, guidance_scale=guidance) for requests in batches]
         assert all(d <= TOLERANCE for batch in diffs for d in batch), (guidance, diffs)
     assert engine.recompiles == 0
+
+
+def test_a_family_that_cannot_mix_refuses_mixed_batches_at_start_up(tiny_models):
+    """Z-Image packs every image's tokens into one sequence before its Linear layers: per-sample
+    adapters cannot be bound there, so ``mixed=True`` is refused before anything is installed."""
+    from hotlora import Engine
+    from hotlora.families import UnservedModel
+
+    with pytest.raises(UnservedModel, match="zimage family does not serve mixed batches"):
+        Engine.from_pretrained(tiny_models["zimage"], target_rank=8, compile=False, mixed=True)

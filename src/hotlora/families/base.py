@@ -157,6 +157,14 @@ class ModelFamily:
 
     def check_engine_config(self, config) -> None:
         """Raise (UnservedModel) at start-up for an engine option this family cannot serve."""
+        if config.mixed and not self.mixed_batches:
+            from hotlora.families import UnservedModel
+
+            raise UnservedModel(f"the {self.name} family does not serve mixed batches (mixed=True): "
+                                f"{self.mixed_batches_refused}")
+
+    # Why mixed batches are not served, where ``mixed_batches`` is False.
+    mixed_batches_refused: ClassVar[str] = ""
 
     # ------------------------------------------------------------------ declared: requests and guidance
 

@@ -32,6 +32,11 @@ SEQ_MULTI_OF = 32  # diffusers' transformer_z_image pads captions and images to 
 
 class ZImage(ModelFamily):
     name = "zimage"
+    # Its transformer packs every image's tokens into one sequence before its Linear layers, so the
+    # banks writer's per-sample entries (indexed by the batch dimension) cannot be bound.
+    mixed_batches = False
+    mixed_batches_refused = ("its transformer packs the images' tokens into one sequence, so per-sample adapters "
+                             "cannot be told apart in a Linear layer; serve it with mixed=False")
     lora_key_pattern = r"(layers|noise_refiner|context_refiner)[._]\d+[._](attention|feed_forward|adaLN)"
     base_model_markers = ("z-image", "z_image", "zimage")
     full_size_models = {"zimage-turbo": "zimage_turbo"}

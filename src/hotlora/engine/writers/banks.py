@@ -53,6 +53,15 @@ class BankedLinear(nn.Module):
     def out_features(self) -> int:
         return self.base.out_features
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The base layer's: denoisers read a Linear's ``weight.dtype`` (Z-Image's timestep embedder)."""
+        return self.base.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
         index = self.selector.index[:, : x.shape[0]]
