@@ -31,7 +31,7 @@ class Chroma(Flux):
     embedding_keys = ()  # no trainer writes pivotal-tuning vectors for Chroma
     tokenizer_of = {"text_encoder": "tokenizer"}
     prompt_argument_of = {"text_encoder": "prompt"}
-    full_size_models = {}
+    full_size_models = {"chroma1-hd": "chroma1_hd"}
     tiny_size = 32
 
     def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
