@@ -122,3 +122,17 @@ def test_the_default_size_comes_from_call_or_the_model():
         pipeline = family.build_tiny(0)
         side = pipeline.transformer.config.sample_size * pipeline.vae_scale_factor
         assert family.pipeline_default_size(pipeline) == (side, side)
+
+
+def test_a_generic_familys_model_is_planned_by_its_weights(tmp_path):
+    """No activation workload is declared for a generic family: `hotlora plan` (and the server's
+    start-up check) plans its weights and buffers and says the activations are not modelled."""
+    from hotlora.engine.plan import plan_memory
+    from hotlora.settings import EngineConfig
+    from hotlora.tiny import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "auraflow", "auraflow")
+    plan = plan_memory(str(model), EngineConfig(target_rank=4), device="cpu", budget=2**34)
+    assert plan.family == "auraflow" and plan.peak_bytes > 0
+    assert all(size.activation_bytes is None for size in plan.sizes)
+    assert "not modelled" in plan.text()

@@ -197,7 +197,10 @@ def _size_plan(spec, table: dict, dtype: torch.dtype, writer: str, cfg: bool, st
     family = spec.family
 
     def peak(images: int) -> tuple[int | None, dict]:
-        work = activations.workload(family, spec.configs, height, width, images, cfg)
+        try:
+            work = activations.workload(family, spec.configs, height, width, images, cfg)
+        except NotImplementedError:  # a family declaring no workload (the generic ones): weights only
+            return None, {"denoiser": None, "vae_decode": None}
         predicted = activations.predict(table, family.name, work, dtype, writer)
         if predicted["denoiser"] is None:
             return None, predicted
