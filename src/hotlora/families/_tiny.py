@@ -112,3 +112,14 @@ def save_prefixed_layout(path, sd: Mapping, prefix: str = "diffusion_model."):
 
     save_file({prefix + key: value.contiguous() for key, value in sd.items()}, str(path))
     return path
+
+
+def musubi_and_comfy_samples(linears, out, rank: int, attention_only, keep) -> dict:
+    """The two trainers' layouts of the single-stream DiT families (Z-Image, Qwen-Image) as sample
+    adapters: musubi-tuner's kohya names over the Linears it trains (``keep``), alpha rank / 2, and
+    ai-toolkit's ComfyUI-prefixed diffusers names over the attention layers."""
+    musubi = save_kohya_layout(out / "style-kohya.safetensors", random_lora(linears, rank, seed=4), alpha=rank / 2,
+                               keep=keep)
+    toolkit = save_prefixed_layout(out / "style-comfy.safetensors", random_lora(linears, rank, seed=5,
+                                                                                modules=attention_only))
+    return {"style-kohya": musubi, "style-comfy": toolkit}

@@ -156,13 +156,9 @@ class QwenImage(ModelFamily):
         return save_kohya_layout(path, sd, alpha=rank * 1.5, keep=musubi_targets)
 
     def write_trainer_samples(self, pipeline, linears, out: Path, rank: int, attention_only) -> dict:
-        from hotlora.families._tiny import random_lora, save_kohya_layout, save_prefixed_layout
+        from hotlora.families._tiny import musubi_and_comfy_samples
 
-        musubi = save_kohya_layout(out / "style-kohya.safetensors", random_lora(linears, rank, seed=4),
-                                   alpha=rank / 2, keep=musubi_targets)
-        toolkit = save_prefixed_layout(out / "style-comfy.safetensors",
-                                       random_lora(linears, rank, seed=5, modules=attention_only))
-        return {"style-kohya": musubi, "style-comfy": toolkit}
+        return musubi_and_comfy_samples(linears, out, rank, attention_only, keep=musubi_targets)
 
 
 def musubi_targets(module: str) -> bool:
