@@ -91,6 +91,8 @@ def pairs(family, linears, tmp_path):
     # The family's trainer layout (kohya for Flux and the U-Nets, ai-toolkit for SD3), rank 4.
     kohya = family_named(family).trainer_lora(tmp_path / f"{family}-trainer.safetensors", linears,
                                               random_lora(linears, 4, 3), 4, seed=3)
+    if kohya is None:  # a family declaring no trainer layout (the generic ones): diffusers' own
+        kohya = save_diffusers_lora(tmp_path / f"{family}-trainer", family, random_lora(linears, 4, 3), rank=4, alpha=6)
     zero = save_diffusers_lora(tmp_path / f"{family}-zero", family, random_lora(linears, 2, 4), rank=2, alpha=2)
     out.append({"identity": (kohya, 1.1), "style": (zero, 0.0)})
     subset = save_diffusers_lora(tmp_path / f"{family}-subset", family,
