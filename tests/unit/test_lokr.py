@@ -61,3 +61,16 @@ def test_what_is_not_a_linear_lokr_is_refused():
         lokr_modules({"m.lokr_w1": torch.randn(2, 2), "m.lokr_w2_a": torch.randn(4, 3)}, None, "test")
     with pytest.raises(AdapterFormatError, match="not LoKr factors"):
         lokr_modules({"m.lokr_w1": torch.randn(2, 2), "m.hada_w1_a": torch.randn(4, 3)}, None, "test")
+
+
+def test_factors_that_would_expand_past_the_bound_are_refused_before_expanding(monkeypatch):
+    """Small full factors expand to layer-sized matrices: the total is bounded before any kron."""
+    import hotlora.adapters.format.lokr as lokr
+
+    monkeypatch.setattr(lokr, "MAX_LOKR_ELEMENTS", 10_000)
+    many = {f"m{i}.{part}": torch.randn(8, 8) for i in range(8) for part in ("lokr_w1", "lokr_w2")}
+    called = []
+    monkeypatch.setattr(torch, "kron", lambda *a: called.append(a))
+    with pytest.raises(AdapterFormatError, match="expand to"):
+        lokr.lokr_modules(many, None, "test")
+    assert not called

@@ -31,6 +31,10 @@ PARTS = ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b
 # diffusers' fused attention projections (``fuse_qkv_projections``) -> the ones a served model has.
 FUSED_PROJECTIONS = {"to_qkv": ("to_q", "to_k", "to_v"), "to_added_qkv": ("add_q_proj", "add_k_proj", "add_v_proj")}
 MAX_LOKR_RANK = 16384  # the exact low-rank form of a full-size LoKr (Flux.2 klein: 3072) stays below this
+# The expanded factors of one file, all modules together (float32 elements, 4 GiB): kB-sized factors
+# expand to matrices of the layers' size, and the modules a file names are checked against the
+# ceiling only after conversion, so the expansion is bounded before anything is materialised.
+MAX_LOKR_ELEMENTS = 2**30
 
 
 def is_lokr(state_dict: Mapping) -> bool:
@@ -67,13 +71,19 @@ def lokr_modules(ours: Mapping[str, torch.Tensor], metadata: Mapping | None, lab
             raise AdapterFormatError(f"{label}: {key} is {value.dtype}, not a floating-point tensor")
         modules.setdefault(module, {})[part] = value
     scalings = _scalings(metadata, list(modules), label)
-    out: dict[str, LoraWeights] = {}
-    for module, parts in modules.items():
-        u1, v1 = _factor(parts, "w1", module, label)
-        u2, v2 = _factor(parts, "w2", module, label)
+    factors = {module: (*_factor(parts, "w1", module, label), *_factor(parts, "w2", module, label))
+               for module, parts in modules.items()}
+    elements = 0
+    for module, (u1, v1, u2, v2) in factors.items():
         rank = v1.shape[0] * v2.shape[0]
         if rank > MAX_LOKR_RANK:
             raise AdapterFormatError(f"{label}: {module}: LoKr of exact rank {rank} (over {MAX_LOKR_RANK})")
+        elements += rank * (u1.shape[0] * u2.shape[0] + v1.shape[1] * v2.shape[1])
+    if elements > MAX_LOKR_ELEMENTS:
+        raise AdapterFormatError(f"{label}: the LoKr factors expand to {elements:,} elements "
+                                 f"(over {MAX_LOKR_ELEMENTS:,}); refused before expanding them")
+    out: dict[str, LoraWeights] = {}
+    for module, (u1, v1, u2, v2) in factors.items():
         up = torch.kron(u1.float(), u2.float())
         down = torch.kron(v1.float(), v2.float())
         leaf = module.rsplit(".", 1)[-1]
