@@ -44,8 +44,20 @@ class AdapterResolver:
         # What the folded update may reach: its square keeps activations (x @ delta^T, summed over
         # thousands of features) clear of the dtype's overflow. 1.8e19 for float32/bf16, 256 for fp16.
         self.max_update = torch.finfo(serving_dtype).max ** 0.5
+        self._memos()
+
+    def _memos(self) -> None:
         self._peaks: LRU[tuple, float] = LRU(max_entries=_MEMO)
         self._checked: LRU[tuple, list[str]] = LRU(max_entries=_MEMO)
+
+    def __getstate__(self) -> dict:
+        """Pickled (to validate in another process than the model's) without its store or memos:
+        the process that unpickles it is handed every adapter, and its memos are its own."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("store", "_peaks", "_checked")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, store=None)
+        self._memos()
 
     def load(self, source, name: str | None = None) -> Adapter:
         """An adapter from a reference (through the store, when the resolver has one), a path, a

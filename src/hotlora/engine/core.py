@@ -23,8 +23,9 @@ import torch
 from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.resolver import AdapterResolver
 from hotlora.settings import EngineConfig, StoreConfig, read_model_defaults
+from hotlora.engine.front import EngineFront
 from hotlora.engine.request import (
-    Bindings, CallParams, CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Timings,
+    Bindings, CallParams, CheckedRequest, GenerationRequest, PreparedRequest, RequestRules,
 )
 from hotlora.engine.results import GenerationResult
 from hotlora.engine.runner import Runner
@@ -46,11 +47,12 @@ class Engine:
         self.resolver = AdapterResolver(warm.writer.slot_names, warm.writer.ceiling, family, store,
                                         denoiser_config=family.converter_config(self.denoiser),
                                         max_scale=self.limits.max_scale, serving_dtype=self.denoiser.dtype,
-                                        text_problems=warm.text.problems)
+                                        text_problems=warm.text.checks.problems)
         # A compiled engine serves only the sizes it warmed up at; an eager one any multiple, or its sizes.
         self.rules = RequestRules(family, self.defaults, self.limits, warm.sizes, warm.size_multiple,
                                   sizes_only=config.compile or bool(config.sizes), size_policy=config.size_policy)
         self.runner = Runner(warm)
+        self.front = EngineFront(family, self.rules, self.resolver, warm.text.checks)
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, config: EngineConfig | None = None, *, store=None,
@@ -178,6 +180,10 @@ class Engine:
         """Read and convert an adapter for this engine's family (no validation against the writer)."""
         return self.resolver.load(source, name)
 
+    @property
+    def denoiser_config(self) -> Mapping | None:
+        return self.front.denoiser_config
+
     def resolve(self, adapters: Mapping[str, Any] | None) -> Bindings:
         """A request's ``{slot: spec}`` as checked adapters; raises before touching any weight."""
         return self.resolver.resolve(adapters)
@@ -190,8 +196,7 @@ class Engine:
         runs this before it fetches, so bad requests never wait for a download). ``default_scale``:
         a reference's default scale when its spec gives none (the serving store's catalog; None:
         the ``store`` this engine was given, if any)."""
-        return CheckedRequest(request=request, params=self.rules.check_request(request),
-                              specs=self.resolver.specs(request.adapters, default_scale))
+        return self.front.check(request, default_scale=default_scale)
 
     def prepare(self, request: str | GenerationRequest | CheckedRequest, *,
                 fetched: Mapping[str, Adapter] | None = None, **options) -> PreparedRequest:
@@ -201,25 +206,19 @@ class Engine:
         negative_prompt, progress), a GenerationRequest, or what ``check`` made of one.
         ``progress(done, total)`` is called after each denoising step. ``fetched``: slot -> the
         adapter already fetched for it (the server's service fetches every slot); other slots are
-        loaded here (through the engine's ``store`` if it was given one)."""
+        loaded here (through the engine's ``store`` if it was given one). Validated by the front,
+        then staged."""
+        prepared = self.front.prepare(request, fetched=fetched, **options)
         began = time.perf_counter()
-        if isinstance(request, str):
-            request = GenerationRequest(prompt=request, **{**options, "adapters": options.get("adapters") or {}})
-        elif options:
-            raise TypeError(f"options {', '.join(options)} go with a prompt, not with a request")
-        checked = request if isinstance(request, CheckedRequest) else self.check(request)
-        r = checked.request
-        with r.trace.span("validate", adapters=len(checked.specs)):
-            bindings = self.resolver.validate(checked.specs, fetched)
-            negative = r.negative_prompt
-            if negative is None:
-                negative = self.family.default_negative_prompt(checked.params.guidance_scale)
-            self.text.prepare(bindings, r.prompt, negative)  # checks first: raises before any planning
-            self.writer.prepare(bindings)
-        timings = Timings(resolve_ms=(time.perf_counter() - began) * 1000)
-        return PreparedRequest(prompt=r.prompt, params=checked.params, adapters=bindings, num_images=r.num_images,
-                               seed=r.seed, output_type=r.output_type, negative_prompt=negative,
-                               progress=r.progress, timings=timings, trace=r.trace)
+        self.stage(prepared)
+        prepared.timings.resolve_ms += (time.perf_counter() - began) * 1000
+        return prepared
+
+    def stage(self, prepared: PreparedRequest) -> None:
+        """The writers' per-request layout of a validated request (packed copies, text-encoder
+        factors on the device): work the swap should not pay. Nothing is checked here."""
+        self.text.stage(prepared.adapters)
+        self.writer.prepare(prepared.adapters)
 
     def run(self, work: PreparedRequest | Sequence[PreparedRequest]):
         """One prepared request (its pack in chunks of the compiled batch size) -> GenerationResult;
@@ -231,6 +230,13 @@ class Engine:
                 raise result
             return result
         return self.runner.run(list(work), mixed=True)
+
+    def corrupt_a_weight(self) -> None:
+        """Test hook (the server's ``/admin/fault``): one base weight of the denoiser set to NaN, as
+        after a memory fault; the next run finds it and is an engine fault."""
+        weight = next(p for n, p in self.denoiser.named_parameters() if "lora_" not in n and p.ndim == 2)
+        with torch.no_grad():
+            weight.fill_(float("nan"))
 
     def generate(self, prompt: str, **kwargs) -> GenerationResult:
         """``prepare`` then ``run``: one pack (see ``prepare`` for the arguments)."""

@@ -47,12 +47,13 @@ class OutputKind(Protocol):
 
 class Images:
     """A batch of images on dim 0. "pil" is asked of the pipeline as tensors (checked for NaN
-    before anything is encoded) and made PIL last."""
+    before anything is encoded) and made PIL last. "uint8" (what an engine process sends for
+    "pil"): the same pixels as one (B, H, W, C) uint8 tensor, made PIL on the other side."""
 
     name = "images"
 
     def pipeline_output_type(self, output_type: str) -> str:
-        return "pt" if output_type == "pil" else output_type
+        return "pt" if output_type in ("pil", "uint8") else output_type
 
     def join(self, pieces: Sequence) -> Any:
         if isinstance(pieces[0], torch.Tensor):
@@ -66,7 +67,20 @@ class Images:
     def finish(self, pipeline, output, output_type: str) -> Any:
         if output_type == "pil":
             output = pipeline.image_processor.numpy_to_pil(pipeline.image_processor.pt_to_numpy(output))
+        elif output_type == "uint8":
+            # numpy_to_pil's own rounding, stopped before PIL: ``pil_images`` finishes it elsewhere.
+            output = torch.from_numpy((pipeline.image_processor.pt_to_numpy(output) * 255).round().astype("uint8"))
         return output
+
+
+def pil_images(pixels) -> list:
+    """A (B, H, W, C) uint8 batch as PIL images, as diffusers' ``numpy_to_pil`` makes them."""
+    from PIL import Image
+
+    array = pixels.numpy() if isinstance(pixels, torch.Tensor) else pixels
+    if array.shape[-1] == 1:
+        return [Image.fromarray(image.squeeze(), mode="L") for image in array]
+    return [Image.fromarray(image) for image in array]
 
 
 IMAGES = Images()

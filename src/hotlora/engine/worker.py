@@ -23,11 +23,22 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hotlora.engine.core import Engine
+from hotlora.engine.process import EngineDied, exit_text
 from hotlora.engine.request import PreparedRequest
 from hotlora.engine.results import GenerationResult
 from hotlora.errors import ClientGone, DeadlineExceeded, EngineError, HotloraError, NotAccepting, Overloaded
 
 log = logging.getLogger(__name__)
+CRASH_LOOP_S = 60.0  # an engine that dies within this of its start is a crash loop: the next start waits
+
+
+class EngineRestarting(NotAccepting):
+    """The engine process died (or stalled) with this request in flight or queued; a new one is
+    starting. 503 with Retry-After: the request was not served and may be sent again."""
+
+    def __init__(self, message: str, retry_after_s: int = 5):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -72,12 +83,26 @@ class Worker:
         self.on_event = on_event or (lambda name, data: None)  # metrics hook; must not raise
         self._busy = threading.Event()
         self._fault_armed = False
+        self.restarts: dict[str, int] = {}  # engine-process restarts by cause: signal, exit, stall
+        self.last_exit: str | None = None  # how the last engine process ended, for /readyz and the logs
+        self._lost = None  # an engine process found dead while the worker was idle: rebuilt by the loop
+        self._born = time.monotonic()  # when the current engine was built (crash-loop detection)
+        self._crash_delay = 0.0
+        self._rebuilding_after: str | None = None  # why the engine is being replaced, while it is
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def ready(self) -> bool:
         return self._ready.is_set() and self._accepting
+
+    def why_not_ready(self) -> str:
+        """What a request turned away now is told (503)."""
+        if self.failed:
+            return f"the engine is down: {self.failed}"
+        if self._rebuilding_after:
+            return f"the engine is restarting ({self._rebuilding_after})"
+        return "the engine is not ready (starting, rebuilding or shutting down)"
 
     @property
     def depth(self) -> int:
@@ -86,7 +111,7 @@ class Worker:
     def start(self) -> None:
         """Build and warm the engine (blocking), then start the worker thread."""
         began = time.perf_counter()
-        self.engine = self._factory()
+        self.engine = self._built(self._factory())
         log.info("engine ready in %.1fs: %s", time.perf_counter() - began, self.engine.describe())
         self._accepting = True
         self._ready.set()
@@ -108,6 +133,9 @@ class Worker:
             self._cond.notify_all()
         if self._thread:
             self._thread.join(timeout=5)
+        close = getattr(self.engine, "close", None)  # an engine process is stopped with the server
+        if close is not None:
+            close()
         return drained
 
     # ------------------------------------------------------------------ submitting
@@ -131,10 +159,17 @@ class Worker:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._jobs and not self._stopping:
+                while not self._jobs and not self._stopping and self._lost is None:
                     self._cond.wait()
+                lost, self._lost = self._lost, None
+            if lost is not None and lost is self.engine:
+                self._rebuild(lost.cause)
+                continue
+            with self._cond:
                 if not self._jobs:
-                    return
+                    if self._stopping:
+                        return
+                    continue
                 first = self._jobs.popleft()
                 self._busy.set()
             jobs = [first]
@@ -199,6 +234,12 @@ class Worker:
             else:
                 self.batches += 1
                 results = self.engine.run([job.request for job in jobs])
+        except EngineDied as exc:
+            restarting = self._restarting(str(exc))
+            self._fail(jobs, restarting)
+            with self._cond:
+                self._answer_queued(restarting)
+            self._rebuild(exc)
         except EngineError as exc:
             self._fail(jobs, exc)
             self._rebuild(exc)
@@ -242,19 +283,62 @@ class Worker:
         self._accepting = False
         self._emit("rebuild_failed", {})
         with self._cond:
-            while self._jobs:
-                self._jobs.popleft().future.set_exception(NotAccepting(f"the engine is down: {reason}"))
+            self._answer_queued(NotAccepting(f"the engine is down: {reason}"))
 
     def inject_fault(self) -> None:
         """Test hook: the next job runs on a corrupted base weight (NaN), as after a memory fault."""
         self._fault_armed = True
 
     def _corrupt_a_weight(self) -> None:
-        import torch
+        self.engine.corrupt_a_weight()
 
-        weight = next(p for n, p in self.engine.denoiser.named_parameters() if "lora_" not in n and p.ndim == 2)
-        with torch.no_grad():
-            weight.fill_(float("nan"))
+    # ------------------------------------------------------------------ engine processes
+
+    def _built(self, engine):
+        """A new engine, watched when it is a process: its death while idle is found at once."""
+        self._born = time.monotonic()
+        if hasattr(engine, "on_exit"):
+            engine.on_exit = self._engine_exited
+        return engine
+
+    def _engine_exited(self, engine, cause: str) -> None:
+        """The watcher's call when an engine process ends unasked: not ready at once; every queued
+        request answered 503 (none waits for a restart of unknown length); the loop rebuilds."""
+        if engine is not self.engine:
+            return
+        self._ready.clear()
+        self._rebuilding_after = f"the engine process {engine.pid} {exit_text(engine.exit_code)}"
+        engine.cause = EngineDied(f"the engine process {engine.pid} {exit_text(engine.exit_code)}", cause=cause)
+        with self._cond:
+            self._answer_queued(self._restarting(str(engine.cause)))
+            self._lost = engine
+            self._cond.notify_all()
+
+    def _restarting(self, why: str) -> EngineRestarting:
+        engine = self.engine
+        seconds = getattr(engine, "started_s", None) or 5.0
+        return EngineRestarting(f"{why}; the request was not served: retry once the engine is ready again",
+                                retry_after_s=max(1, int(seconds + self._crash_delay + 0.999)))
+
+    def _answer_queued(self, exc: BaseException) -> None:
+        """Called with ``_cond`` held."""
+        while self._jobs:
+            self._jobs.popleft().future.set_exception(exc)
+
+    def _count_restart(self, cause: BaseException) -> None:
+        if not isinstance(cause, EngineDied):
+            return
+        self.restarts[cause.cause] = self.restarts.get(cause.cause, 0) + 1
+        self.last_exit = str(cause)
+        self._emit("engine_restart", {"cause": cause.cause})
+        lived = time.monotonic() - self._born
+        if lived < CRASH_LOOP_S:
+            self._crash_delay = min(max(2 * self._crash_delay, self.rebuild_backoff_s), self.max_rebuild_backoff_s)
+            log.error("engine crash loop: the last engine lived %.1fs; the next one starts in %.1fs",
+                      lived, self._crash_delay)
+            time.sleep(self._crash_delay)
+        else:
+            self._crash_delay = 0.0
 
     def _rebuild(self, cause: BaseException) -> None:
         """Throw the engine away and build a fresh one; the queue waits, readiness is false meanwhile.
@@ -265,16 +349,20 @@ class Worker:
         import torch
 
         self._ready.clear()
+        self._rebuilding_after = str(cause) if isinstance(cause, EngineDied) else "after an engine fault"
         log.error("engine fault (%s): rebuilding", cause)
         self._emit("rebuild_started", {})
         began = time.perf_counter()
-        self.retired_recompiles += self.engine.recompiles if self.engine is not None else 0
-        self.engine = None
+        old, self.engine = self.engine, None
+        self.retired_recompiles += old.recompiles if old is not None else 0
+        if getattr(old, "close", None) is not None:
+            old.close()  # a live engine process (a Python-level fault) holds the memory the next one needs
+        self._count_restart(cause)
         delay = self.rebuild_backoff_s
         for attempt in range(1, self.max_rebuild_attempts + 1):
             torch._dynamo.reset()  # drop graphs guarded on the old modules before compiling the new ones
             try:
-                self.engine = self._factory()
+                self.engine = self._built(self._factory())
                 break
             except Exception as exc:
                 if attempt == self.max_rebuild_attempts:
@@ -285,6 +373,7 @@ class Worker:
                 time.sleep(delay)
                 delay = min(2 * delay, self.max_rebuild_backoff_s)
         self.rebuilds += 1
+        self._rebuilding_after = None
         log.info("engine rebuilt in %.1fs", time.perf_counter() - began)
         self._emit("rebuilt", {"seconds": time.perf_counter() - began})
         self._ready.set()

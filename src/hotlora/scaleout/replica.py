@@ -64,7 +64,8 @@ class ModelReplica:
 
         self.spec = spec
         self.replica_id = serve.get_replica_context().replica_id.to_full_id_str()
-        self.serving = build_serving(spec.server, spec.store)
+        # A replica is a process of its own already (Ray restarts it when it dies): the engine runs here.
+        self.serving = build_serving(spec.server.replace(engine_process=False), spec.store)
         self.worker = self.serving.worker
         # Build and warm the engine, pre-cache the catalog: Serve routes nothing here until __init__
         # returns, so a replica is only ever offered traffic once it is warm.

@@ -109,6 +109,12 @@ class _Live:
                                     value=self.service.max_pending)
         yield CounterMetricFamily("hotlora_engine_rebuilds", "Engine rebuilds after engine faults",
                                   value=worker.rebuilds)
+        restarts = CounterMetricFamily("hotlora_engine_restarts", "Engine processes replaced after they died "
+                                       "(signal: killed or crashed; exit: exited; stall: silent past the deadline)",
+                                       labels=["cause"])
+        for cause in ("signal", "exit", "stall"):
+            restarts.add_metric([cause], getattr(worker, "restarts", {}).get(cause, 0))
+        yield restarts
         yield CounterMetricFamily("hotlora_mixed_batches", "Forward batches that carried several requests",
                                   value=worker.batches)
         yield CounterMetricFamily("hotlora_recompiles", "Dynamo graphs compiled by requests after warm-up, every "

@@ -47,8 +47,7 @@ class Serving:
         if self.store is None:
             from hotlora.adapters.store import AdapterStore
 
-            self.store = AdapterStore(self.config, engine.family,
-                                      denoiser_config=engine.family.converter_config(engine.denoiser))
+            self.store = AdapterStore(self.config, engine.family, denoiser_config=engine.denoiser_config)
             self.store.on_fetch = self.on_fetch
             if self.store.catalog:
                 log.info("pre-fetching %d catalog adapters", len(self.store.catalog))
@@ -97,10 +96,16 @@ def build_serving(config: ServerConfig, store_config: StoreConfig) -> Serving:
     engine_config = config.engine_config()
     serving = Serving(store_config)
 
-    def make_engine() -> Engine:
-        log.info("loading %s (slots %s, target rank %d, batch %s, compile %s, mixed batches %s)", config.model,
-                 ",".join(config.slots), config.target_rank, config.batch_size, config.compile, config.mixed)
-        engine = Engine.from_pretrained(config.model, engine_config)
+    def make_engine():
+        log.info("loading %s (slots %s, target rank %d, batch %s, compile %s, mixed batches %s, %s)", config.model,
+                 ",".join(config.slots), config.target_rank, config.batch_size, config.compile, config.mixed,
+                 "in an engine process" if config.engine_process else "in this process")
+        if config.engine_process:
+            from hotlora.engine.process import EngineProcess
+
+            engine = EngineProcess.start(config.model, engine_config, stall_timeout_s=config.engine_stall_timeout_s)
+        else:
+            engine = Engine.from_pretrained(config.model, engine_config)
         serving.open_store(engine)
         return engine
 

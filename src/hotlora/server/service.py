@@ -88,7 +88,7 @@ class Service:
 
     def admit(self) -> None:
         if not self.worker.ready:
-            raise NotAccepting("the engine is not ready (starting, rebuilding or shutting down)")
+            raise NotAccepting(self.worker.why_not_ready())
         with self._lock:
             if self._pending >= self.max_pending:
                 raise Overloaded(f"too many requests in flight ({self._pending})", retry_after_s=5)
@@ -124,10 +124,10 @@ class Service:
         with trace.span("admission"):
             self.check_sources(principal, [spec.ref for spec in job.adapters.values()])  # before any fetch
             if not self.worker.ready:
-                raise NotAccepting("the engine is not ready (starting, rebuilding or shutting down)")
+                raise NotAccepting(self.worker.why_not_ready())
             engine, store = self.worker.engine, self.store
             if engine is None or store is None:
-                raise NotAccepting("the engine is rebuilding")
+                raise NotAccepting(self.worker.why_not_ready())
             # Parameters and specs first: bad ones never wait for a download.
             checked = engine.check(job, default_scale=store.default_scale)
         fetch_began = time.monotonic()

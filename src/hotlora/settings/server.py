@@ -82,6 +82,11 @@ class ServerConfig(EngineSettings):
     max_fetching_per_client: int = setting(32, "requests one client may have waiting for their adapters' "
                                                "fetches (429 beyond)")
     max_rebuild_attempts: int = setting(5, "consecutive failed engine rebuilds before the worker gives up (503s)")
+    # engine/process.py: a crash below Python (segfault, abort, OOM kill) costs an engine restart,
+    # not the server; off: the engine runs on a thread of the server's process (Ray replicas do).
+    engine_process: bool = setting(True, "run the engine in its own process, restarted when it dies")
+    engine_stall_timeout_s: float = setting(600.0, "an engine process that finishes no denoising step (or decode) "
+                                                   "for this long is killed and restarted")
     lora_header_slot: str = setting("identity", "the slot the inference API's `lora` header fills")
     enable_fault_injection: bool = setting(False, "POST /admin/fault: for tests of the rebuild path only")
     # server/auth.py; off is logged loudly when not on loopback.

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 import torch
 
 from hotlora.adapters.binding import Bindings
 from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.format.validate import SlotCeiling
+
+if TYPE_CHECKING:
+    from hotlora.engine.writers.text import TextChecks
 
 
 @dataclass
@@ -83,13 +86,17 @@ class TextWriter(Protocol):
     through these, one method per phase."""
 
     lora_encoders: tuple[str, ...]  # text encoders whose LoRA is applied; others' is skipped
+    checks: "TextChecks"  # what ``problems`` and ``prepare``'s checks read, as plain data (it pickles)
 
     def problems(self, adapter: Adapter) -> list[str]:
         """Validation, with the rest of the adapter: what of its text parts cannot be served."""
 
     def prepare(self, bindings: Bindings, *texts: str | None) -> None:
         """On the request's thread: InvalidRequest for token names or prompts it cannot serve,
-        then any per-request planning ``apply`` should not pay."""
+        then ``stage``."""
+
+    def stage(self, bindings: Bindings) -> None:
+        """Any per-request planning ``apply`` should not pay (checked already)."""
 
     def signature(self, bindings: Bindings) -> tuple:
         """What the text encoders hold for ``bindings``: equal signatures encode prompts alike."""

@@ -33,7 +33,7 @@ import torch
 
 from hotlora.adapters.binding import Bindings
 from hotlora.adapters.format.convert import Adapter
-from hotlora.adapters.format.validate import problems_with
+from hotlora.adapters.format.validate import SlotCeiling, problems_with
 from hotlora.engine.writers.text_lora import UnfusedTextLora
 from hotlora.errors import InvalidRequest
 from hotlora.families import ModelFamily
@@ -43,6 +43,30 @@ RESERVED = re.compile(r"<hotlora-", re.IGNORECASE)  # CLIP's tokenizer lowercase
 
 def _reserved_name(slot_index: int, row: int) -> str:
     return f"<hotlora-{slot_index}-{row}>"
+
+
+@dataclasses.dataclass(frozen=True)
+class RowFacts:
+    """What embeddings must fit in one text encoder's reserved rows: their width, how many per slot,
+    and the tokenizer's own vocabulary (names a trainer token may not take). Plain data, so the
+    checks travel to the process that validates requests (``TextChecks``)."""
+
+    width: int
+    rows: int
+    vocabulary: frozenset
+
+    def problems(self, encoder: str, adapter: Adapter) -> list[str]:
+        tokens, vectors = adapter.embeddings.tokens, adapter.embeddings.vectors[encoder]
+        problems = []
+        if vectors.shape[1] != self.width:
+            problems.append(f"{encoder} embeddings are {vectors.shape[1]} wide, the text encoder's are {self.width}")
+        if len(tokens) > self.rows:
+            problems.append(f"{len(tokens)} embedding tokens; the engine reserves {self.rows} per slot "
+                            f"(embedding_rows)")
+        taken = [t for t in tokens if t in self.vocabulary]
+        if taken:  # diffusers' load_textual_inversion refuses these too
+            problems.append(f"embedding tokens already in the {encoder} tokenizer's vocabulary: {', '.join(taken[:8])}")
+        return problems
 
 
 class ReservedRows:
@@ -64,19 +88,7 @@ class ReservedRows:
         # CLIP's tokenizer matches added tokens after lower-casing the prompt ("<S0>" is "<s0>"); T5's
         # does not. Asked of the tokenizer itself, so prompts are rewritten the way it splits them.
         self.ignore_case = tokenizer.tokenize(flat[0].upper()) == tokenizer.tokenize(flat[0])
-
-    def problems(self, encoder: str, adapter: Adapter) -> list[str]:
-        tokens, vectors = adapter.embeddings.tokens, adapter.embeddings.vectors[encoder]
-        problems = []
-        if vectors.shape[1] != self.width:
-            problems.append(f"{encoder} embeddings are {vectors.shape[1]} wide, the text encoder's are {self.width}")
-        if len(tokens) > self.rows:
-            problems.append(f"{len(tokens)} embedding tokens; the engine reserves {self.rows} per slot "
-                            f"(embedding_rows)")
-        taken = [t for t in tokens if t in self.vocabulary]
-        if taken:  # diffusers' load_textual_inversion refuses these too
-            problems.append(f"embedding tokens already in the {encoder} tokenizer's vocabulary: {', '.join(taken[:8])}")
-        return problems
+        self.facts = RowFacts(self.width, rows, self.vocabulary)
 
     @torch.no_grad()
     def write(self, slot: str, vectors: torch.Tensor) -> None:
@@ -103,33 +115,24 @@ def _text_weights(encoder: str):
     return lambda adapter: adapter.text_modules.get(encoder, {})
 
 
-class TextEncodersWriter:
-    """Every text encoder's LoRA and reserved rows, applied per request before it is encoded (the
-    ``TextWriter``)."""
+class TextChecks:
+    """What a request's text parts must satisfy, as plain data (no encoder, no tokenizer): the
+    LoRA ceiling of each text encoder whose LoRA is applied and each encoder's reserved rows. It
+    pickles, so requests are validated in the server's process while the model lives in the
+    engine's (``engine/process.py``)."""
 
-    def __init__(self, pipeline, family: ModelFamily, slot_names: Sequence[str], *, lora: bool = True, rows: int = 4):
-        self.family = family
-        self.slot_names = tuple(slot_names)
-        present = {te: getattr(pipeline, te, None) for te in family.text_encoders}
-        present = {te: module for te, module in present.items() if module is not None}
-        self.lora = {te: UnfusedTextLora(_lora_root(present[te]), family.name, weights_of=_text_weights(te))
-                     for te in family.lora_text_encoders if lora and te in present}
-        self.rows = {te: ReservedRows(getattr(pipeline, self.family.tokenizer_of[te]), module, slot_names, rows)
-                     for te, module in present.items()
-                     if rows and self.slot_names and getattr(pipeline, self.family.tokenizer_of[te], None) is not None}
-        self._applied: tuple | None = ()
-
-    # ------------------------------------------------------------------ before anything is touched
+    def __init__(self, lora: Mapping[str, SlotCeiling], rows: Mapping[str, RowFacts]):
+        self.lora, self.rows = dict(lora), dict(rows)
 
     def problems(self, adapter: Adapter) -> list[str]:
         """What of ``adapter``'s text parts this engine cannot serve (validated with the rest)."""
         problems = []
         for encoder, modules in adapter.text_modules.items():
-            writer = self.lora.get(encoder)
-            if writer is None:
+            ceiling = self.lora.get(encoder)
+            if ceiling is None:
                 continue  # text-encoder LoRA switched off: skipped, and the response says so
             view = dataclasses.replace(adapter, modules=modules, text_modules={}, embeddings=None, base_model=None)
-            problems += [f"{encoder}: {p}" for p in problems_with(view, writer.ceiling)]
+            problems += [f"{encoder}: {p}" for p in problems_with(view, ceiling)]
         if adapter.embeddings is not None:
             if not self.rows:
                 problems.append("the adapter carries pivotal-tuning embeddings; this engine reserves no token rows "
@@ -145,14 +148,6 @@ class TextEncodersWriter:
                 problems.append(f"embedding token {reserved[0]!r:.80} uses the engine's reserved prefix <hotlora-")
         return problems
 
-    def prepare(self, bindings: Bindings, *texts: str | None) -> None:
-        """On the request's thread, once per request: its token names and prompts checked (below),
-        then each text encoder's LoRA factors stacked on its device, so that ``apply`` on the serving
-        thread only re-points the hooks."""
-        self.check(bindings, *texts)
-        for encoder, writer in self.lora.items():
-            writer.prepare(self._with_lora_for(encoder, bindings))
-
     def check(self, bindings: Bindings, *texts: str | None) -> None:
         """Per request: token names unique across its slots, and no reserved token in its prompts."""
         owner: dict[str, str] = {}
@@ -164,6 +159,46 @@ class TextEncodersWriter:
                 owner[token] = slot
         if any(isinstance(text, str) and RESERVED.search(text) for text in texts):
             raise InvalidRequest("the prompt names a token reserved by the engine (<hotlora-...>)")
+
+
+class TextEncodersWriter:
+    """Every text encoder's LoRA and reserved rows, applied per request before it is encoded (the
+    ``TextWriter``)."""
+
+    def __init__(self, pipeline, family: ModelFamily, slot_names: Sequence[str], *, lora: bool = True, rows: int = 4):
+        self.family = family
+        self.slot_names = tuple(slot_names)
+        present = {te: getattr(pipeline, te, None) for te in family.text_encoders}
+        present = {te: module for te, module in present.items() if module is not None}
+        self.lora = {te: UnfusedTextLora(_lora_root(present[te]), family.name, weights_of=_text_weights(te))
+                     for te in family.lora_text_encoders if lora and te in present}
+        self.rows = {te: ReservedRows(getattr(pipeline, self.family.tokenizer_of[te]), module, slot_names, rows)
+                     for te, module in present.items()
+                     if rows and self.slot_names and getattr(pipeline, self.family.tokenizer_of[te], None) is not None}
+        self.checks = TextChecks({te: w.ceiling for te, w in self.lora.items()},
+                                 {te: rows.facts for te, rows in self.rows.items()})
+        self._applied: tuple | None = ()
+
+    # ------------------------------------------------------------------ before anything is touched
+
+    def problems(self, adapter: Adapter) -> list[str]:
+        return self.checks.problems(adapter)
+
+    def check(self, bindings: Bindings, *texts: str | None) -> None:
+        self.checks.check(bindings, *texts)
+
+    def prepare(self, bindings: Bindings, *texts: str | None) -> None:
+        """On the request's thread, once per request: its token names and prompts checked
+        (``TextChecks.check``), then ``stage``."""
+        self.check(bindings, *texts)
+        self.stage(bindings)
+
+    def stage(self, bindings: Bindings) -> None:
+        """Each text encoder's LoRA factors stacked on its device, so that ``apply`` on the serving
+        thread only re-points the hooks. Where the model lives: in an engine process, after the
+        request was checked in the server's."""
+        for encoder, writer in self.lora.items():
+            writer.prepare(self._with_lora_for(encoder, bindings))
 
     # ------------------------------------------------------------------ applying and prompts
 

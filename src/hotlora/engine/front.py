@@ -1,0 +1,64 @@
+"""The engine's front: everything a request is checked and validated against, without the model.
+
+    EngineFront.check(r)     parameters, slots and scales, no I/O -> CheckedRequest
+    EngineFront.prepare(r)   adapters validated (fetched ones, or loaded through the resolver),
+                             token names and prompts checked -> PreparedRequest, not yet staged
+
+What it holds is plain data taken from a warm engine (its request rules, its resolver with the
+slot ceiling, its text encoders' checks), so it pickles: the engine process (``engine/process.py``)
+sends its front to the server once it is warm, and requests are refused there, before anything
+crosses to the model. ``Engine`` holds one too and adds ``stage`` (the writers' device-side layout
+of a validated request) in its own ``prepare``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping
+
+from hotlora.adapters.format.convert import Adapter
+from hotlora.adapters.resolver import AdapterResolver
+from hotlora.engine.request import CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Timings
+from hotlora.engine.writers.text import TextChecks
+from hotlora.families import ModelFamily
+
+
+class EngineFront:
+    def __init__(self, family: ModelFamily, rules: RequestRules, resolver: AdapterResolver, text: TextChecks):
+        self.family, self.rules, self.resolver, self.text = family, rules, resolver, text
+
+    @property
+    def denoiser_config(self) -> Mapping | None:
+        """What the family's converters need of the served denoiser (the store converts with it)."""
+        return self.resolver.denoiser_config
+
+    def check(self, request: GenerationRequest, *,
+              default_scale: Callable[[str], float | None] | None = None) -> CheckedRequest:
+        """Parameters, then slots, scales and token names, each checked once; no I/O (the server
+        runs this before it fetches, so bad requests never wait for a download). ``default_scale``:
+        a reference's default scale when its spec gives none (the serving store's catalog; None:
+        the resolver's store, if it has one)."""
+        return CheckedRequest(request=request, params=self.rules.check_request(request),
+                              specs=self.resolver.specs(request.adapters, default_scale))
+
+    def prepare(self, request: str | GenerationRequest | CheckedRequest, *,
+                fetched: Mapping[str, Adapter] | None = None, **options) -> PreparedRequest:
+        """Everything that can fail because of the request; nothing here touches the model (see
+        ``Engine.prepare`` for the arguments)."""
+        began = time.perf_counter()
+        if isinstance(request, str):
+            request = GenerationRequest(prompt=request, **{**options, "adapters": options.get("adapters") or {}})
+        elif options:
+            raise TypeError(f"options {', '.join(options)} go with a prompt, not with a request")
+        checked = request if isinstance(request, CheckedRequest) else self.check(request)
+        r = checked.request
+        with r.trace.span("validate", adapters=len(checked.specs)):
+            bindings = self.resolver.validate(checked.specs, fetched)
+            negative = r.negative_prompt
+            if negative is None:
+                negative = self.family.default_negative_prompt(checked.params.guidance_scale)
+            self.text.check(bindings, r.prompt, negative)
+        timings = Timings(resolve_ms=(time.perf_counter() - began) * 1000)
+        return PreparedRequest(prompt=r.prompt, params=checked.params, adapters=bindings, num_images=r.num_images,
+                               seed=r.seed, output_type=r.output_type, negative_prompt=negative,
+                               progress=r.progress, timings=timings, trace=r.trace)

@@ -1,0 +1,533 @@
+"""The engine in its own process: the warm model lives in a spawned child, the server keeps the rest.
+
+    EngineProcess.start(model, config)   spawn the child, wait until it is warm -> the proxy
+    proxy.check / proxy.prepare          in the server's process, by the front the child sent
+    proxy.run(p | [p])                   the request crosses to the child, its result comes back
+    proxy.close()                        stop the child (killed if it does not stop in time)
+
+Why a process: a fault below Python (a segfault in a kernel, an abort in a CUDA library, the OOM
+killer) then costs one engine restart, not the server and every client's connection; and every
+torch op of the engine runs on the child's one thread, away from the server's threads (measured on
+a CPU: torch work on one thread ran 20-25% slower once another live thread had run an OpenMP
+region, and the server built the engine on one thread, served on another, prepared on a third).
+
+What crosses (one ``multiprocessing`` pipe, pickled with torch's reductions, so tensors travel as
+shared memory, not as bytes):
+- at start, the child's ``EngineFront`` (request rules, slot ceiling, text checks) and its
+  ``describe()``: the server checks and validates requests itself, and nothing it refuses crosses;
+- per run, the prepared requests, with each adapter the child already holds replaced by its key
+  (``Held``: the child keeps the adapters it was sent, least recently used dropped beyond a byte
+  budget, and says which it dropped in every answer, so the server never sends one twice while
+  the child has it);
+- back: one message per denoising step (progress, and the heartbeat: a run that sends nothing for
+  ``stall_timeout_s`` is a stalled engine, killed and restarted), then the results, images as one
+  uint8 array per request, spans as records the server replays into the request's trace.
+
+Written by hand: no library serves a warm diffusers pipeline from a child process (vLLM's engine
+core does this for its own engine). The child dies with the server (``PR_SET_PDEATHSIG``) and ends
+when the pipe closes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import importlib
+import io
+import itertools
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+from hotlora.adapters.binding import Binding
+from hotlora.errors import EngineError, HotloraError, RequestError
+from hotlora.tracing import NO_TRACE, Trace
+
+log = logging.getLogger(__name__)
+
+STALL_TIMEOUT_S = 600.0  # default: longer than any one denoising step or decode of a served model
+HELD_BYTES = 2 * 1024**3  # adapters the child keeps, so a repeated adapter crosses once
+
+
+class EngineDied(EngineError):
+    """The engine process exited, was killed or stopped answering; a new one is being started."""
+
+    def __init__(self, message: str, cause: str = "exit"):
+        super().__init__(message)
+        self.cause = cause  # signal | exit | stall | fault: the restarts metric's label
+
+
+# ---------------------------------------------------------------------------- records that cross
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """An adapter the engine process already holds, by its key."""
+
+    key: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Packed:
+    """An adapter crossing for the first time: its record pickled with every tensor replaced by a
+    place in ONE shared-memory buffer. Why: torch's own reductions share each tensor's storage
+    separately, with a file descriptor (and a socket handshake) apiece; an adapter of 700 tensors
+    then took seconds to cross where one buffer takes one copy."""
+
+    key: tuple
+    record: bytes
+    buffer: Any  # a uint8 tensor in shared memory
+    places: tuple  # per tensor: (offset, bytes, dtype, shape)
+
+    @classmethod
+    def of(cls, adapter) -> "Packed":
+        import torch
+
+        tensors: dict[int, int] = {}  # id -> index: a tensor named twice (q, k, v's shared down) crosses once
+        ordered: list = []
+
+        class Pickler(pickle.Pickler):
+            def persistent_id(self, obj):
+                if isinstance(obj, torch.Tensor):
+                    if id(obj) not in tensors:
+                        tensors[id(obj)] = len(ordered)
+                        ordered.append(obj)
+                    return tensors[id(obj)]
+                return None
+
+        record = io.BytesIO()
+        Pickler(record, protocol=pickle.HIGHEST_PROTOCOL).dump(adapter)
+        buffer = torch.empty(sum(t.nbytes for t in ordered), dtype=torch.uint8).share_memory_()
+        places, offset = [], 0
+        for tensor in ordered:
+            flat = tensor.detach().contiguous()
+            buffer[offset:offset + flat.nbytes].view(flat.dtype).view(flat.shape).copy_(flat)
+            places.append((offset, flat.nbytes, flat.dtype, tuple(flat.shape)))
+            offset += flat.nbytes
+        return cls(adapter.key, record.getvalue(), buffer, tuple(places))
+
+    def unpack(self):
+        """The adapter, its tensors views into the buffer (kept alive while the adapter is)."""
+        buffer, places = self.buffer, self.places
+
+        class Unpickler(pickle.Unpickler):
+            def persistent_load(self, index):
+                offset, size, dtype, shape = places[index]
+                return buffer[offset:offset + size].view(dtype).view(shape)
+
+        adapter = Unpickler(io.BytesIO(self.record)).load()
+        adapter.__dict__["key"] = self.key  # the server's key (``hash`` of text differs between processes)
+        return adapter
+
+
+class RecordedTrace(Trace):
+    """In the child: spans and events kept as records, replayed into the request's own trace by
+    the server (OpenTelemetry spans do not cross processes; their timestamps do)."""
+
+    recording = True
+
+    def __init__(self):
+        self.records: list[tuple] = []
+
+    @contextmanager
+    def span(self, name: str, **attributes) -> Iterator[None]:
+        began = time.time_ns()
+        try:
+            yield None
+        finally:
+            self.records.append(("span", name, began, time.time_ns(), attributes))
+
+    def record(self, name: str, start_ns: int, end_ns: int, **attributes) -> None:
+        self.records.append(("span", name, start_ns, end_ns, attributes))
+
+    def event(self, name: str, **attributes) -> None:
+        self.records.append(("event", name, attributes))
+
+
+def replay(trace: Trace, records: Sequence[tuple]) -> None:
+    for record in records:
+        if record[0] == "span":
+            _, name, start, end, attributes = record
+            trace.record(name, start, end, **attributes)
+        else:
+            trace.event(record[1], **record[2])
+
+
+def error_record(exc: BaseException) -> tuple:
+    """An exception as (module, class, message, attributes): hotlora's errors take their own
+    arguments, which pickling an exception does not carry."""
+    attributes = {k: v for k, v in vars(exc).items() if _plain(v)}
+    return type(exc).__module__, type(exc).__qualname__, str(exc), attributes
+
+
+def error_of(record: tuple) -> BaseException:
+    module, name, message, attributes = record
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        if not (isinstance(cls, type) and issubclass(cls, HotloraError)):
+            raise TypeError(name)
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, message)
+        exc.__dict__.update(attributes)
+        return exc
+    except Exception:  # anything but one of ours is an engine fault, named by its class
+        return EngineError(f"{name}: {message}")
+
+
+def _plain(value) -> bool:
+    return isinstance(value, (str, int, float, bool, type(None), list, tuple, dict))
+
+
+# ---------------------------------------------------------------------------- the child
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildSpec:
+    model: str
+    config: Any  # EngineConfig
+    log_level: int
+    held_bytes: int = HELD_BYTES
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when the server's dies (even by SIGKILL)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass  # elsewhere the pipe's end-of-file ends it, once its current run is over
+
+
+def engine_main(conn, spec: ChildSpec) -> None:
+    """The child's whole life: build the engine, answer runs until the pipe closes or says stop."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle; it stops us
+    logging.basicConfig(level=spec.log_level,
+                        format="%(asctime)s %(levelname)s engine[%(process)d] %(name)s: %(message)s")
+    import faulthandler
+
+    faulthandler.enable()  # a crash below Python leaves its stack in the log
+    import torch.multiprocessing  # noqa: F401  (results' tensors cross as shared memory)
+    from hotlora.engine.core import Engine
+    from hotlora.lru import LRU
+
+    try:
+        engine = Engine.from_pretrained(spec.model, spec.config)
+    except BaseException as exc:
+        log.exception("the engine could not start")
+        conn.send(("failed", error_record(exc) if isinstance(exc, HotloraError) else
+                   ("builtins", type(exc).__name__, str(exc), {})))
+        return
+    conn.send(("ready", engine.front, engine.describe(), os.getpid()))
+    held = LRU(max_cost=spec.held_bytes, cost=lambda adapter: adapter.nbytes)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the server is gone: nobody to serve
+        kind = message[0]
+        if kind == "run":
+            _run(conn, engine, held, *message[1:])
+        elif kind == "corrupt":
+            engine.corrupt_a_weight()
+        elif kind == "stop":
+            return
+
+
+def _run(conn, engine, held, job: int, requests: list, mixed: bool) -> None:
+    """``requests``: (prepared request, whether it wants progress) pairs."""
+    dropped: list[tuple] = []
+    missing = []
+    staged = []
+    for index, (request, wants_progress) in enumerate(requests):
+        bindings = {}
+        for slot, binding in request.adapters.items():
+            adapter = binding.adapter
+            if isinstance(adapter, Held):
+                adapter = held.get(adapter.key)
+                if adapter is None:
+                    missing.append(binding.adapter.key)
+                    continue
+            else:
+                adapter = adapter.unpack()
+                dropped += [key for key, _ in held.put(adapter.key, adapter)]
+            bindings[slot] = Binding(adapter, binding.scale)
+        trace = RecordedTrace() if request.trace.recording else NO_TRACE
+        progress = _progress(conn, job, index) if wants_progress else None
+        staged.append(dataclasses.replace(request, adapters=bindings, progress=progress, trace=trace))
+    if missing:  # only after an answer went astray; the server sends them whole again
+        conn.send(("missing", job, missing, dropped))
+        return
+    try:
+        for request in staged:
+            engine.stage(request)
+        results = engine.run(staged) if mixed else [engine.run(staged[0])]
+    except RequestError as exc:
+        conn.send(("error", job, error_record(exc), dropped))
+        return
+    except BaseException as exc:  # an engine fault: the server replaces this process
+        log.exception("engine fault")
+        conn.send(("fault", job, error_record(exc), dropped))
+        return
+    answers = []
+    for request, result in zip(staged, results):
+        if isinstance(result, BaseException):
+            answers.append(("error", error_record(result), ()))
+        else:
+            answers.append(("done", result, request.trace.records if request.trace.recording else ()))
+    conn.send(("done", job, answers, dropped, _stats(engine)))
+
+
+def _progress(conn, job: int, index: int) -> Callable[[int, int], None]:
+    return lambda done, total: conn.send(("progress", job, index, done, total))
+
+
+def _stats(engine) -> dict:
+    return {"recompiles": engine.recompiles, "active_adapters": engine.active_adapters, "describe": engine.describe()}
+
+
+# ---------------------------------------------------------------------------- the server's side
+
+
+class EngineProcess:
+    """The server's handle on an engine process; to the worker and the service it is an engine
+    (``check``, ``prepare``, ``run``, ``describe``, ...). One run at a time (the worker's thread)."""
+
+    _jobs = itertools.count(1)
+
+    def __init__(self, process, conn, front, described: dict, pid: int, started_s: float,
+                 stall_timeout_s: float):
+        self.process, self._conn, self.front = process, conn, front
+        self.pid, self.started_s, self.stall_timeout_s = pid, started_s, stall_timeout_s
+        self.family, self.rules, self.resolver = front.family, front.rules, front.resolver
+        self._described = described
+        self.defaults = dict(self.rules.defaults)
+        self.batch_size = described["batch_size"]
+        self.recompiles, self.active_adapters = described["recompiles"], 0
+        self.warmup_s = described["warmup_s"]
+        self.model = described["model"]
+        self._held: set[tuple] = set()  # adapter keys the child holds
+        self.on_exit: Callable[["EngineProcess", str], None] | None = None
+        self._closing = False
+        self.exit_code: int | None = None
+        self._exited = threading.Event()  # set by the watcher, the one thread that reaps the child
+        threading.Thread(target=self._watch, name="hotlora-engine-watch", daemon=True).start()
+
+    @classmethod
+    def start(cls, model: str, config, *, stall_timeout_s: float = STALL_TIMEOUT_S,
+              held_bytes: int = HELD_BYTES) -> "EngineProcess":
+        """Spawn the child (never fork: the server's threads and torch's state do not survive a
+        fork) and wait until it is warm; EngineError when it cannot start, with its exit status."""
+        import torch.multiprocessing  # noqa: F401  (registers torch's reductions: tensors cross as shared memory)
+
+        began = time.perf_counter()
+        context = multiprocessing.get_context("spawn")
+        ours, theirs = context.Pipe()
+        spec = ChildSpec(model=str(model), config=config, log_level=logging.getLogger().getEffectiveLevel(),
+                         held_bytes=held_bytes)
+        process = context.Process(target=engine_main, args=(theirs, spec), name="hotlora-engine", daemon=True)
+        process.start()
+        theirs.close()
+        log.info("engine process %d started; waiting for it to be warm", process.pid)
+        try:
+            message = ours.recv()
+        except (EOFError, OSError):
+            process.join(timeout=10)
+            raise EngineDied(f"the engine process {process.pid} {exit_text(process.exitcode)} while starting",
+                             cause=exit_cause(process.exitcode)) from None
+        if message[0] == "failed":
+            process.join(timeout=30)
+            raise error_of(message[1])
+        _, front, described, pid = message
+        seconds = time.perf_counter() - began
+        log.info("engine process %d warm in %.1fs", pid, seconds)
+        return cls(process, ours, front, described, pid, seconds, stall_timeout_s)
+
+    # ------------------------------------------------------------------ what the server asks
+
+    @property
+    def denoiser_config(self):
+        return self.front.denoiser_config
+
+    @property
+    def writer(self):
+        return _WriterFacts(self._described["mixed"])
+
+    def describe(self) -> dict:
+        return {**self._described, "engine_pid": self.pid}
+
+    def check(self, request, *, default_scale=None):
+        return self.front.check(request, default_scale=default_scale)
+
+    def prepare(self, request, *, fetched=None, **options):
+        return self.front.prepare(request, fetched=fetched, **options)
+
+    def corrupt_a_weight(self) -> None:
+        self._send(("corrupt",))
+
+    # ------------------------------------------------------------------ running
+
+    def run(self, work):
+        """As ``Engine.run``: one prepared request -> its GenerationResult (its error raised), or a
+        list sharing one forward batch -> one result or error per request."""
+        single = not isinstance(work, (list, tuple))
+        requests = [work] if single else list(work)
+        answers = self._exchange(requests, mixed=not single)
+        outcomes = []
+        for request, (kind, payload, records) in zip(requests, answers):
+            if kind == "error":
+                outcomes.append(error_of(payload))
+                continue
+            replay(request.trace, records)
+            outcomes.append(_with_pil_images(payload, request.output_type))
+        if single and isinstance(outcomes[0], BaseException):
+            raise outcomes[0]
+        return outcomes[0] if single else outcomes
+
+    def _exchange(self, requests: list, mixed: bool) -> list:
+        job = next(self._jobs)
+        self._send(("run", job, [self._wire(r) for r in requests], mixed))
+        while True:
+            message = self._receive()
+            kind = message[0]
+            if kind == "progress":
+                _, _, index, done, total = message
+                requests[index].progress(done, total)
+                continue
+            self._held.difference_update(message[-1] if kind != "done" else message[3])
+            if kind == "missing":
+                self._held.difference_update(message[2])
+                self._send(("run", job, [self._wire(r) for r in requests], mixed))
+                continue
+            if kind == "error":
+                raise error_of(message[2])
+            if kind == "fault":
+                exc = error_of(message[2])
+                raise exc if isinstance(exc, EngineError) else EngineError(str(exc))
+            _, _, answers, _, stats = message
+            self.recompiles, self.active_adapters = stats["recompiles"], stats["active_adapters"]
+            self._described = stats["describe"]
+            return answers
+
+    def _wire(self, request):
+        """The request as it crosses, and whether it wants progress: adapters the child holds by key,
+    no callbacks, no spans (a trace that records is sent as an empty ``RecordedTrace``)."""
+        bindings = {}
+        for slot, binding in request.adapters.items():
+            adapter = binding.adapter
+            key = adapter.key
+            if key in self._held:
+                adapter = Held(key)
+            else:
+                adapter = Packed.of(adapter)
+                self._held.add(key)
+            bindings[slot] = Binding(adapter, binding.scale)
+        wire = dataclasses.replace(request, adapters=bindings, output_type=_wire_output(request.output_type),
+                                   progress=None, trace=RecordedTrace() if request.trace.recording else NO_TRACE)
+        return wire, request.progress is not None
+
+    def _send(self, message) -> None:
+        try:
+            self._conn.send(message)
+        except (BrokenPipeError, EOFError, OSError):
+            raise self._died() from None
+
+    def _receive(self):
+        if not self._conn.poll(self.stall_timeout_s):
+            self.kill()
+            raise EngineDied(f"the engine process {self.pid} sent nothing for {self.stall_timeout_s:.0f}s (no "
+                             "denoising step finished): killed, an engine restart follows", cause="stall")
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            raise self._died() from None
+
+    def _died(self) -> EngineDied:
+        self._exited.wait(timeout=10)
+        code = self.exit_code
+        return EngineDied(f"the engine process {self.pid} {exit_text(code)}; an engine restart follows",
+                          cause=exit_cause(code))
+
+    # ------------------------------------------------------------------ its life
+
+    def _watch(self) -> None:
+        """Wait for the child's end; tell the worker (``on_exit``) unless we ended it."""
+        from multiprocessing.connection import wait
+
+        wait([self.process.sentinel])
+        self.process.join(timeout=5)
+        self.exit_code = self.process.exitcode
+        self._exited.set()
+        if self._closing:
+            return
+        log.error("the engine process %d %s", self.pid, exit_text(self.exit_code))
+        if self.on_exit is not None:
+            self.on_exit(self, exit_cause(self.exit_code))
+
+    @property
+    def alive(self) -> bool:
+        return not self._exited.is_set()
+
+    def kill(self) -> None:
+        if not self._exited.is_set():
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._exited.wait(timeout=10)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the child: asked first, killed when it does not end within ``timeout_s``."""
+        self._closing = True
+        try:
+            self._conn.send(("stop",))
+        except (BrokenPipeError, EOFError, OSError):
+            pass
+        if not self._exited.wait(timeout=timeout_s):
+            log.warning("the engine process %d did not stop in %.0fs: killed", self.pid, timeout_s)
+            self.kill()
+        self._conn.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _WriterFacts:
+    mixes_requests: bool
+
+
+def exit_text(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def exit_cause(code: int | None) -> str:
+    return "signal" if code is not None and code < 0 else "exit"
+
+
+# ---------------------------------------------------------------------------- images across
+
+def _wire_output(output_type: str) -> str:
+    """PIL images are made in the server's process: the child sends their pixels as one uint8 array."""
+    return "uint8" if output_type == "pil" else output_type
+
+
+def _with_pil_images(result, output_type: str):
+    if output_type != "pil":
+        return result
+    from hotlora.engine.results import pil_images
+
+    return dataclasses.replace(result, images=pil_images(result.images))
+
+
+__all__ = ["EngineProcess", "EngineDied", "engine_main", "Held", "RecordedTrace", "replay", "error_record",
+           "error_of"]
