@@ -191,7 +191,8 @@ def _plain(value) -> bool:
 class ChildSpec:
     model: str
     config: Any  # EngineConfig
-    log_level: int
+    log_level: int  # the root logger's
+    hotlora_log_level: int  # hotlora's own loggers' (``hotlora serve`` shows them at INFO)
     held_bytes: int = HELD_BYTES
 
 
@@ -209,6 +210,7 @@ def engine_main(conn, spec: ChildSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle; it stops us
     logging.basicConfig(level=spec.log_level,
                         format="%(asctime)s %(levelname)s engine[%(process)d] %(name)s: %(message)s")
+    logging.getLogger("hotlora").setLevel(spec.hotlora_log_level)
     import faulthandler
 
     faulthandler.enable()  # a crash below Python leaves its stack in the log
@@ -329,7 +331,7 @@ class EngineProcess:
         context = multiprocessing.get_context("spawn")
         ours, theirs = context.Pipe()
         spec = ChildSpec(model=str(model), config=config, log_level=logging.getLogger().getEffectiveLevel(),
-                         held_bytes=held_bytes)
+                         hotlora_log_level=logging.getLogger("hotlora").getEffectiveLevel(), held_bytes=held_bytes)
         process = context.Process(target=engine_main, args=(theirs, spec), name="hotlora-engine", daemon=True)
         process.start()
         theirs.close()

@@ -308,7 +308,8 @@ class Worker:
             return
         self._ready.clear()
         self._rebuilding_after = f"the engine process {engine.pid} {exit_text(engine.exit_code)}"
-        engine.cause = EngineDied(f"the engine process {engine.pid} {exit_text(engine.exit_code)}", cause=cause)
+        engine.cause = EngineDied(f"the engine process {engine.pid} {exit_text(engine.exit_code)}; an engine "
+                                  "restart follows", cause=cause)
         with self._cond:
             self._answer_queued(self._restarting(str(engine.cause)))
             self._lost = engine
