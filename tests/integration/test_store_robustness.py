@@ -419,6 +419,19 @@ def test_a_leftover_with_our_pid_from_before_we_started_is_removed(tmp_path):
     assert not stale.exists() and fresh.exists()
 
 
+def test_a_checksum_left_without_its_data_is_removed_once_old(tmp_path):
+    """An eviction unlinks the data, then its checksum: a kill in between leaves the checksum."""
+    cache = DiskCache(tmp_path / "disk", 1 << 30)
+    for i in (1, 2):
+        cache.put(f"{i:064x}", tiny_adapter(i))
+        (cache.root / f"{i:064x}.safetensors").unlink()
+    old, young = cache.root / f"{1:064x}.sha256", cache.root / f"{2:064x}.sha256"
+    long_ago = time.time() - 3600
+    os.utime(old, (long_ago, long_ago))
+    DiskCache(tmp_path / "disk", 1 << 30)
+    assert not old.exists() and young.exists()  # a young one may be a put whose data the scan missed
+
+
 def test_replicas_sharing_a_cache_keep_each_others_temp_files(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()

@@ -130,3 +130,50 @@ def test_a_published_folder_arrives_whole_and_a_second_build_gives_way(tmp_path)
     assert durable.publish_dir(first, target) is True
     assert durable.publish_dir(second, target) is False
     assert (target / "a.json").read_text() == "first" and not second.exists() and not first.exists()
+
+
+# ----------------------------------------------------------------------------- the built-in tiny model
+
+
+@pytest.fixture
+def fake_builds(monkeypatch):
+    """``save_tiny_model`` replaced by one that writes a model index and an adapter folder, or,
+    for the first ``fail[0]`` calls, raises half-way."""
+    from hotlora import tiny
+
+    builds, fail = [], [0]
+
+    def build(directory, family):
+        (directory / "model_index.json").write_text("{}")
+        if fail[0]:
+            fail[0] -= 1
+            raise RuntimeError("the build broke half-way")
+        (directory / "adapters").mkdir()
+        (directory / "adapters" / "catalog.toml").write_text("")
+        builds.append(directory)
+
+    monkeypatch.setattr(tiny, "save_tiny_model", build)
+    return tiny, builds, fail
+
+
+def test_the_tiny_model_is_built_once_and_then_trusted(tmp_path, fake_builds):
+    tiny, builds, _ = fake_builds
+    target = tmp_path / "cache" / "tiny-flux"
+    assert tiny.ensure_tiny_model(target, "flux") == target
+    assert (target / tiny.BUILT).is_file() and (target / "adapters" / "catalog.toml").is_file()
+    tiny.ensure_tiny_model(target, "flux")
+    assert len(builds) == 1 and [p.name for p in target.parent.iterdir()] == ["tiny-flux"]
+
+
+def test_a_tiny_model_without_its_mark_is_rebuilt_and_a_failed_build_leaves_nothing(tmp_path, fake_builds, caplog):
+    tiny, builds, fail = fake_builds
+    target = tmp_path / "cache" / "tiny-flux"
+    target.mkdir(parents=True)
+    (target / "model_index.json").write_text("{}")  # what an older version's build, killed, left
+    fail[0] = 1
+    with caplog.at_level(logging.WARNING, logger="hotlora.tiny"), pytest.raises(RuntimeError):
+        tiny.ensure_tiny_model(target, "flux")
+    assert "build never finished" in caplog.text and str(target) in caplog.text
+    assert list(target.parent.iterdir()) == []  # the half-built folder removed, the failed build too
+    tiny.ensure_tiny_model(target, "flux")
+    assert len(builds) == 1 and (target / tiny.BUILT).is_file()

@@ -26,6 +26,7 @@ from hotlora.lru import LRU
 
 log = logging.getLogger(__name__)
 FORMAT = "hotlora-canonical-v1"
+_ORPHAN_SUM_AGE_S = 60.0  # a checksum without its data this old is a leftover, not a put in progress
 
 
 def serialize(adapter: Adapter) -> bytes:
@@ -122,19 +123,30 @@ class DiskCache:
     def _rescan(self) -> None:
         """Rebuild the index from the directory. The scan runs outside the lock (gets and puts go
         on meanwhile); the swap is atomic. On-disk mtimes order it, other replicas' hits included.
-        Temporary files of crashed writers (predecessors, replicas) are removed first."""
+        Temporary files of crashed writers (predecessors, replicas) are removed first, and
+        checksums whose data is gone (a kill between an eviction's two unlinks)."""
         self._scanned_at = time.monotonic()
         sweep_orphans(self.root, self.TMP)
-        found = []
+        found, sums = [], []
         for entry in os.scandir(self.root):
-            if entry.name.endswith(".safetensors") and not entry.name.startswith(self.TMP):
-                try:
-                    st = entry.stat()
-                except FileNotFoundError:  # evicted meanwhile
-                    continue
+            if entry.name.startswith(self.TMP):
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:  # evicted meanwhile
+                continue
+            if entry.name.endswith(".safetensors"):
                 found.append((st.st_mtime_ns, entry.name.removesuffix(".safetensors"), st.st_size))
+            elif entry.name.endswith(".sha256"):
+                sums.append((entry.name.removesuffix(".sha256"), st.st_mtime))
         self._index.replace_all((key, size) for _, key, size in sorted(found))
         self._count()
+        keys = {key for _, key, _ in found}
+        for key, written_at in sums:
+            # Old only: a put writes its data first, but a scan may pass the data's name before
+            # the rename and the checksum's after it.
+            if key not in keys and time.time() - written_at > _ORPHAN_SUM_AGE_S:
+                remove_quietly(self._paths(key)[1])
 
     def _paths(self, key: str) -> tuple[Path, Path]:
         return self.root / f"{key}.safetensors", self.root / f"{key}.sha256"
