@@ -97,8 +97,12 @@ class Writer:
         return self
 
     def __exit__(self, *exc):
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
+        self.process.stdin.close()  # its loop ends: it exits once its last writer is reaped
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a writer that was never killed (a failure above): end it all
+            self.process.kill()
+            self.process.wait()
         self.process.stdout.close()
         self._stderr.close()
 

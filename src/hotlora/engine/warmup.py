@@ -16,8 +16,9 @@ candidates, budget). All of it is the record's key; a record under any other key
 
 A record is JSON (never unpickled), but it still decides how every pack runs, so it is read under
 the compile artifacts' rules (``pipeline.read_private``: only this user or root could have written
-it, and only a whole file, its sha256 checked) and checked against what this engine can run: every key present, every choice a
-compiled candidate. Anything else is ignored with a log line and the measurement runs again.
+it, and only a whole file, its sha256 checked) and checked against what this engine can run: every
+key present, every choice a compiled candidate. Anything else is ignored with a log line and the
+measurement runs again.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 Entries are canonical safetensors files (``<key>.safetensors``) with a sidecar holding their
 sha256 (``<key>.sha256``), written and read through ``hotlora.durable``: each file goes to a
-temporary name, is fsynced and renamed into place, data first, so a kill mid-write leaves at most a
-``.tmp-<host>+<pid>+*`` file (swept at start-up once its process is gone) or data without a
-sidecar (discarded as corrupt), never an entry that reads as valid. Every read verifies the hash. Recency is the data file's mtime, touched on each hit, so the
-LRU order survives restarts. A disk that refuses writes (full, read-only) degrades the store to
-RAM-only instead of failing requests.
+temporary name, is fsynced and renamed into place, data first, so a kill mid-write leaves at most
+a ``.tmp-<host>+<pid>+*`` file (swept at start-up once its process is gone) or data without a
+sidecar (discarded as corrupt), never an entry that reads as valid. Every read verifies the hash.
+Recency is the data file's mtime, touched on each hit, so the LRU order survives restarts. A disk
+that refuses writes (full, read-only) degrades the store to RAM-only instead of failing requests.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pathlib import Path
 
 from hotlora.adapters.format.embeddings import Embeddings
 from hotlora.adapters.format.convert import Adapter, LoraWeights
-from hotlora.durable import TMP, discard, read_verified, remove_quietly, sweep_orphans, write_verified
+from hotlora import durable
+from hotlora.durable import discard, read_verified, remove_quietly, sweep_orphans, write_verified
 from hotlora.lru import LRU
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class DiskCache:
     Every file operation tolerates an entry that someone else removed meanwhile.
     """
 
-    TMP = TMP
+    TMP = durable.TMP
     RESCAN_EVERY_S = 300.0
 
     def __init__(self, root: Path, budget_bytes: int):
