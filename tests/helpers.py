@@ -8,8 +8,12 @@ environment variables.
 from __future__ import annotations
 
 import base64
+import hashlib
+import http.server
 import io
 import socket
+import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,10 +46,89 @@ def family_params(every: bool = False, mixed: bool = False) -> list:
             for name, family in FAMILIES.items() if family.mixed_batches or not mixed]
 
 
+def dead_pid() -> int:
+    """The pid of a process of this host that has exited (until the kernel hands it out again)."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=60)
+    return child.pid
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# --- a loopback HTTP source ----------------------------------------------------------------------
+
+
+class Files(http.server.BaseHTTPRequestHandler):
+    """GET and HEAD of in-memory files with an ETag; counts requests; ``fail_next[path]`` answers
+    503 that many times; ``delay`` seconds before a body; ``pace_s`` between its 64 KiB pieces (a
+    download that takes a while, for a kill to land in). Subclass it for state of your own."""
+
+    files: dict = {}
+    gets: dict = {}
+    heads: dict = {}
+    fail_next: dict = {}
+    delay = 0.0
+    pace_s = 0.0
+
+    def _serve(self, body: bool):
+        path = self.path.split("?")[0]
+        if self.fail_next.get(path, 0) > 0:
+            self.fail_next[path] -= 1
+            self.send_response(503)
+            self.end_headers()
+            return
+        if path not in self.files:
+            self.send_response(404)
+            self.end_headers()
+            return
+        data = self.files[path]
+        if not body:
+            self.heads[path] = self.heads.get(path, 0) + 1
+        if body:
+            self.gets[path] = self.gets.get(path, 0) + 1
+            time.sleep(self.delay)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("ETag", '"' + hashlib.md5(data).hexdigest() + '"')
+        self.end_headers()
+        if body:
+            step = 64 * 1024 if self.pace_s else len(data) or 1
+            try:
+                for start in range(0, len(data), step):
+                    self.wfile.write(data[start:start + step])
+                    time.sleep(self.pace_s)
+            except ConnectionError:  # the client went away mid-body (a test killed it): nothing to tell
+                pass
+
+    def do_GET(self):
+        self._serve(True)
+
+    def do_HEAD(self):
+        self._serve(False)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextmanager
+def serving(handler):
+    """``handler`` on 127.0.0.1 in a thread: yields its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # --- e2e: a running hotlora server ---------------------------------------------------------------

@@ -10,13 +10,18 @@ written in every layout the store understands. Tests use them through ``hotlora.
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from pathlib import Path
 from typing import Mapping
 
 import torch
 
+from hotlora.durable import TMP, publish_dir, sweep_orphans, temp_dir, write_atomic
 from hotlora.families import REGISTERED, family_named, family_of_pipeline
 from hotlora.families._tiny import random_lora
+
+log = logging.getLogger(__name__)
 
 TINY_SIZE = {family.name: family.tiny_size for family in REGISTERED}  # image side in pixels
 
@@ -107,4 +112,36 @@ def save_tiny_model(directory: Path, family: str, seed: int = 0, target_rank: in
     defaults = {"model_id": f"hotlora/tiny-{family}", "height": side, "width": side, "num_inference_steps": 4}
     (directory / "hotlora.json").write_text(json.dumps(defaults))
     write_sample_adapters(pipeline, family, directory / "adapters", target_rank=target_rank)
+    return directory
+
+
+BUILT = ".hotlora-built"  # written last: a tiny model folder without it is not one
+
+
+def ensure_tiny_model(directory: Path, family: str) -> Path:
+    """The tiny model at ``directory``, built the first time, whole or not at all: it is built in a
+    temporary folder beside it (``hotlora.durable.temp_dir``), marked built, fsynced and renamed into
+    place, so a start killed mid-build leaves only a leftover the next start removes, never a
+    half-written model that looks complete (its ``model_index.json`` is among the first files
+    ``save_pretrained`` writes). A folder without the mark (an older version's build, or one cut
+    short) is removed and built again. Replicas sharing the folder race harmlessly: the first rename
+    wins and the others drop their copy."""
+    directory = Path(directory)
+    if (directory / BUILT).is_file():
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    sweep_orphans(directory.parent, TMP)
+    if directory.exists() and not (directory / BUILT).is_file():
+        log.warning("removing %s: a tiny model whose build never finished", directory)
+        shutil.rmtree(directory, ignore_errors=True)
+    log.info("building the tiny offline %s model in %s", family, directory)
+    built = temp_dir(directory.parent, f"{directory.name}-")
+    try:
+        save_tiny_model(built, family)
+        write_atomic(built / BUILT, json.dumps({"family": family}).encode())
+        if not publish_dir(built, directory):
+            log.info("%s was built by another process meanwhile: using it", directory)
+    except BaseException:
+        shutil.rmtree(built, ignore_errors=True)
+        raise
     return directory

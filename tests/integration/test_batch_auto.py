@@ -84,26 +84,26 @@ def test_a_restart_reuses_the_saved_measurement_and_a_new_key_measures_again(tin
     assert set(changed.chunks) == set(first.chunks)
 
 
-@pytest.mark.parametrize("damage", ["garbage", "foreign choice", "writable by others"])
+@pytest.mark.parametrize("damage", ["cut short", "garbage", "foreign choice", "writable by others"])
 def test_a_corrupt_or_untrusted_measurement_is_ignored(tiny_models, counted_timer, tmp_path, damage):
     import json
+
+    from hotlora import durable
 
     cache = tmp_path / "compile"
     first = _auto(tiny_models["sdxl"], cache)
     (path,) = cache.glob("chunks-*.json")
-    if damage == "garbage":
-        path.write_text("{not json")
-    elif damage == "foreign choice":  # a size this engine never compiled for
-        saved = json.loads(path.read_text())
-        for entry in saved["chunks"].values():
-            entry["chosen"] = 64
-        path.write_text(json.dumps(saved))
+    saved = json.loads(path.read_text())
+    for entry in saved["chunks"].values():
+        entry["chosen"] = 64 if damage == "foreign choice" else 1  # 64: a size this engine never compiled for
+    if damage == "cut short":  # written in place and killed: the checksum no longer matches
+        path.write_text(json.dumps(saved)[:40])
+    elif damage == "garbage":  # whole, as its checksum says, but not a measurement
+        durable.write_verified(path, b"{not json")
     else:
-        saved = json.loads(path.read_text())
-        for entry in saved["chunks"].values():
-            entry["chosen"] = 1
-        path.write_text(json.dumps(saved))
-        path.chmod(0o666)
+        durable.write_verified(path, json.dumps(saved).encode())
+        if damage == "writable by others":
+            path.chmod(0o666)
     counted_timer["n"] = 0
     again = _auto(tiny_models["sdxl"], cache)
     assert counted_timer["n"] > 0  # measured again

@@ -2,7 +2,6 @@
 
 import asyncio
 import hashlib
-import http.server
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from hotlora.adapters.store.references import UnsafeReference
 from hotlora.adapters.store import AdapterStore
 from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound, SourceUnavailable
+
+from ..helpers import Files, serving
 
 FLUX = family_named("flux")
 
@@ -235,57 +236,12 @@ def test_size_cap(adapters, tmp_path):
 # ----------------------------------------------------------------------------- HTTPS
 
 
-class Files(http.server.BaseHTTPRequestHandler):
-    files: dict = {}
-    gets: dict = {}
-    heads: dict = {}
-    fail_next: dict = {}
-    delay = 0.0
-
-    def _serve(self, body: bool):
-        path = self.path.split("?")[0]
-        if self.fail_next.get(path, 0) > 0:
-            self.fail_next[path] -= 1
-            self.send_response(503)
-            self.end_headers()
-            return
-        if path not in self.files:
-            self.send_response(404)
-            self.end_headers()
-            return
-        data = self.files[path]
-        if not body:
-            self.heads[path] = self.heads.get(path, 0) + 1
-        if body:
-            self.gets[path] = self.gets.get(path, 0) + 1
-            time.sleep(self.delay)
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("ETag", '"' + hashlib.md5(data).hexdigest() + '"')
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
-
-    def do_GET(self):
-        self._serve(True)
-
-    def do_HEAD(self):
-        self._serve(False)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def http_files(adapters):
     Files.files = {"/style.safetensors": (adapters / "style-kohya.safetensors").read_bytes()}
     Files.gets, Files.heads, Files.fail_next, Files.delay = {}, {}, {}, 0.0
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+    with serving(Files) as url:
+        yield url
 
 
 def test_https_download_is_cached_by_etag(http_files, adapters, tmp_path):

@@ -9,8 +9,6 @@ import hashlib
 import http.server
 import logging
 import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hotlora.adapters.store import diskcache as diskcache_module
+from hotlora import durable
 from hotlora.adapters.format import convert as formats
 from hotlora.adapters.store import adapter_store as store_module
 from hotlora.adapters.store.diskcache import DiskCache
@@ -29,7 +27,7 @@ from hotlora.adapters.store.adapter_store import AdapterStore, RamCache
 from hotlora.settings import StoreConfig
 from hotlora.errors import SourceUnavailable
 
-from ..helpers import drip, write_lora
+from ..helpers import dead_pid, drip, write_lora
 
 FLUX = family_named("flux")
 
@@ -254,10 +252,10 @@ def test_replicas_sharing_a_directory_keep_its_budget_by_rescanning_now_and_then
 def test_a_full_disk_degrades_to_ram_only(root, tmp_path, monkeypatch, caplog):
     store = make_store(tmp_path, [root])
 
-    def full(self, path, data):
+    def full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(DiskCache, "_atomic_write", full)
+    monkeypatch.setattr(durable, "write_atomic", full)
     with caplog.at_level(logging.WARNING, logger="hotlora.adapters.store.diskcache"):
         one = store.get("one.safetensors")
         two = store.get("two.safetensors")
@@ -273,14 +271,14 @@ def test_a_full_disk_degrades_to_ram_only(root, tmp_path, monkeypatch, caplog):
 
 def test_a_failed_checksum_write_leaves_no_data_behind(tmp_path, monkeypatch):
     cache = DiskCache(tmp_path / "disk", 1 << 30)
-    real = DiskCache._atomic_write
+    real = durable.write_atomic
 
-    def sidecar_fails(self, path, data):
+    def sidecar_fails(path, data):
         if path.suffix == ".sha256":
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(self, path, data)
+        real(path, data)
 
-    monkeypatch.setattr(DiskCache, "_atomic_write", sidecar_fails)
+    monkeypatch.setattr(durable, "write_atomic", sidecar_fails)
     assert cache.put("k" * 64, tiny_adapter(1)) is False
     assert list((tmp_path / "disk").iterdir()) == [] and cache.stats.bytes == 0 and cache.stats.write_errors == 1
 
@@ -380,14 +378,8 @@ def test_two_caches_on_one_directory_evict_under_each_other(tmp_path):
 # ----------------------------------------------------------------------------- 7. orphans of crashed processes
 
 
-def dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait(timeout=60)
-    return child.pid
-
-
 def owner_tag():
-    return diskcache_module.owner_tag()
+    return durable.owner_tag()
 
 
 def test_start_up_removes_only_leftovers_of_dead_processes(tmp_path):
@@ -427,6 +419,19 @@ def test_a_leftover_with_our_pid_from_before_we_started_is_removed(tmp_path):
     assert not stale.exists() and fresh.exists()
 
 
+def test_a_checksum_left_without_its_data_is_removed_once_old(tmp_path):
+    """An eviction unlinks the data, then its checksum: a kill in between leaves the checksum."""
+    cache = DiskCache(tmp_path / "disk", 1 << 30)
+    for i in (1, 2):
+        cache.put(f"{i:064x}", tiny_adapter(i))
+        (cache.root / f"{i:064x}.safetensors").unlink()
+    old, young = cache.root / f"{1:064x}.sha256", cache.root / f"{2:064x}.sha256"
+    long_ago = time.time() - 3600
+    os.utime(old, (long_ago, long_ago))
+    DiskCache(tmp_path / "disk", 1 << 30)
+    assert not old.exists() and young.exists()  # a young one may be a put whose data the scan missed
+
+
 def test_replicas_sharing_a_cache_keep_each_others_temp_files(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -435,9 +440,9 @@ def test_replicas_sharing_a_cache_keep_each_others_temp_files(tmp_path):
     crashed = disk / f".tmp-{host}+{dead_pid()}+abcdefgh"
     for path in (theirs, crashed):
         path.write_bytes(b"x")
-    assert diskcache_module.sweep_orphans(disk, ".tmp-") == 1
+    assert durable.sweep_orphans(disk, ".tmp-") == 1
     assert theirs.exists() and not crashed.exists()
-    assert diskcache_module.ORPHAN_AGE_S >= 3600
+    assert durable.ORPHAN_AGE_S >= 3600
 
 
 # ----------------------------------------------------------------------------- 8. single flight per hub file

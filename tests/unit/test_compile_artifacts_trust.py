@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 
+from hotlora import durable
 from hotlora.engine import pipeline
 
 
@@ -21,7 +22,7 @@ def artifacts(folder):
     folder.mkdir(mode=0o700)
     folder.chmod(0o700)
     path = folder / "compile-artifacts-x.bin"
-    path.write_bytes(b"pickle")
+    durable.write_verified(path, b"pickle")
     path.chmod(0o600)
     return path
 
@@ -58,8 +59,35 @@ def test_saving_creates_a_private_folder_and_refuses_a_shared_one(tmp_path, monk
     assert pipeline.save_compile_artifacts(path) is True
     assert path.read_bytes() == b"pickle"
     assert path.parent.stat().st_mode & 0o077 == 0 and path.stat().st_mode & 0o077 == 0
+    assert durable.sidecar_of(path).stat().st_mode & 0o077 == 0
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o1777)  # like /tmp
     assert pipeline.save_compile_artifacts(shared / "compile-artifacts-x.bin") is False
     assert not (shared / "compile-artifacts-x.bin").exists()
+
+
+@pytest.mark.parametrize("damage", ["cut short", "no checksum", "another file"])
+def test_artifacts_that_are_not_whole_are_never_unpickled_and_are_removed(tmp_path, unpickler, caplog, damage):
+    path = artifacts(tmp_path / "private")
+    if damage == "cut short":  # what a kill mid-write would leave, were the file written in place
+        path.write_bytes(b"pick")
+    elif damage == "no checksum":  # killed between the data's rename and its sidecar's
+        durable.sidecar_of(path).unlink()
+    else:
+        path.write_bytes(b"elcikp")
+    with caplog.at_level(logging.WARNING):
+        assert pipeline.load_compile_artifacts(path) is False
+    assert unpickler == []
+    assert "discarded" in caplog.text
+    assert not path.exists() and not durable.sidecar_of(path).exists()
+
+
+def test_a_save_that_fails_costs_the_next_start_a_compile_not_this_one_its_warm_up(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"pickle", None))
+
+    def full(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(durable, "write_atomic", full)
+    assert pipeline.save_compile_artifacts(tmp_path / "compile-artifacts-x.bin") is False

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from hotlora.durable import TMP, read_verified, sweep_orphans, write_verified
 from hotlora.engine.device import default_dtype
 from hotlora.families import ModelFamily, family_of_pipeline
 from hotlora.errors import HotloraError
@@ -126,18 +127,38 @@ def untrusted_because(path: Path) -> str | None:
     return None
 
 
-def load_compile_artifacts(path: Path) -> bool:
-    """Pre-load the compiler's caches saved by an earlier process (``torch.compiler.load_cache_artifacts``),
-    only from a file and folder no other user can write (see ``untrusted_because``)."""
+def sweep_compile_cache(cache_dir: str | os.PathLike) -> int:
+    """Start-up: remove the temporary files of writers that were killed (``hotlora.durable``)."""
+    return sweep_orphans(Path(cache_dir), TMP)
+
+
+def read_private(path: Path, what: str) -> bytes | None:
+    """What ``write_private`` wrote, or None (with a log line) where it is absent, where another
+    user could have written it (``untrusted_because``), or where it is not whole (cut short by a
+    kill, or its checksum missing or different: deleted, so the next start does not meet it)."""
     if not path.is_file():
-        log.info("no compile artifacts at %s: compiling from scratch", path)
-        return False
+        return None
     reason = untrusted_because(path)
     if reason:
-        log.warning("not loading compile artifacts (they are pickles): %s; compiling from scratch", reason)
+        log.warning("not using %s (only this user may write them): %s", what, reason)
+        return None
+    try:
+        return read_verified(path, what)
+    except OSError as exc:
+        log.warning("cannot read %s at %s: %s", what, path, exc)
+        return None
+
+
+def load_compile_artifacts(path: Path) -> bool:
+    """Pre-load the compiler's caches saved by an earlier process (``torch.compiler.load_cache_artifacts``),
+    only from a whole file (its sha256 checked) in a file and folder no other user can write (see
+    ``untrusted_because``): they are pickles."""
+    data = read_private(path, "compile artifacts")
+    if data is None:
+        log.info("no usable compile artifacts at %s: compiling from scratch", path)
         return False
     try:
-        torch.compiler.load_cache_artifacts(path.read_bytes())
+        torch.compiler.load_cache_artifacts(data)
     except Exception as exc:  # a stale or foreign file must not stop start-up
         log.warning("ignoring unusable compile artifacts %s: %s", path, exc)
         return False
@@ -155,16 +176,18 @@ def save_compile_artifacts(path: Path) -> bool:
 
 
 def write_private(path: Path, data: bytes, what: str) -> bool:
-    """Write ``data`` atomically into a folder no other user can write (the next process trusts
-    it: ``untrusted_because``); False, with a warning, where another user could replace it."""
+    """Write ``data`` atomically and durably, with its sha256 beside it (``hotlora.durable``), into a
+    folder no other user can write (the next process trusts it: ``untrusted_because``); False, with
+    a warning, where another user could replace it or the disk refuses the write."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     reason = untrusted_because(path)
     if reason:
         log.warning("not saving %s where another user could replace them: %s", what, reason)
         return False
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
-        out.write(data)
-    os.replace(tmp, path)
+    try:
+        write_verified(path, data)
+    except OSError as exc:  # a full or read-only volume costs the next start a compile, not this one its warm-up
+        log.warning("could not save %s to %s: %s", what, path, exc)
+        return False
     log.info("saved %d bytes of %s to %s", len(data), what, path)
     return True

@@ -25,7 +25,7 @@ from hotlora.settings import EngineConfig, format_size
 from hotlora.engine.device import default_device
 from hotlora.engine.pipeline import (
     compile_artifacts_path, compile_denoiser, graph_count, load_compile_artifacts, load_pipeline, resolve_dtype,
-    save_compile_artifacts, set_attention_backend,
+    save_compile_artifacts, set_attention_backend, sweep_compile_cache,
 )
 from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
 from hotlora.engine.request import CallParams, UnservedShape
@@ -103,6 +103,8 @@ class WarmModel:
         fingerprint = None if config.compile_cache_dir is None else config.fingerprint(  # artifacts, chunk sizes
             self.model, self.family.name, sizes=self.served_sizes, dynamic_sizes=self.dynamic_sizes,
             attention=self.attention_backend, dtype=str(self.denoiser.dtype))
+        if fingerprint is not None:  # what a killed predecessor was writing there
+            sweep_compile_cache(config.compile_cache_dir)
         if config.compile and fingerprint is not None:
             artifacts = compile_artifacts_path(config.compile_cache_dir, fingerprint)
             self.compile_artifacts_loaded = load_compile_artifacts(artifacts)

@@ -15,9 +15,10 @@ the hardware (device type and name, CPU threads), and how it was measured (steps
 candidates, budget). All of it is the record's key; a record under any other key is not used.
 
 A record is JSON (never unpickled), but it still decides how every pack runs, so it is read under
-the compile artifacts' trust rules (``pipeline.untrusted_because``: only this user or root could
-have written it) and checked against what this engine can run: every key present, every choice a
-compiled candidate. Anything else is ignored with a log line and the measurement runs again.
+the compile artifacts' rules (``pipeline.read_private``: only this user or root could have written
+it, and only a whole file, its sha256 checked) and checked against what this engine can run: every
+key present, every choice a compiled candidate. Anything else is ignored with a log line and the
+measurement runs again.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 
 from hotlora.settings import format_size
 from hotlora.engine.device import synchronize
-from hotlora.engine.pipeline import graph_count, untrusted_because, write_private
+from hotlora.engine.pipeline import graph_count, read_private, write_private
 
 log = logging.getLogger(__name__)
 
@@ -215,14 +216,11 @@ def record_path(cache_dir: str | os.PathLike, key: str) -> Path:
 def load_measurement(path: Path, key: str, expected: set[str], compiled: set[int]) -> dict[str, dict] | None:
     """The measurement saved under ``key``, or None (absent, untrusted, unreadable, another key,
     or not a measurement this engine can run: ``expected`` chunk keys, choices among ``compiled``)."""
-    if not path.is_file():
-        return None
-    reason = untrusted_because(path)
-    if reason:
-        log.warning("not using the saved chunk-size measurement: %s; measuring again", reason)
+    data = read_private(path, "the chunk-size measurement")
+    if data is None:
         return None
     try:
-        saved = json.loads(path.read_text())
+        saved = json.loads(data)
         if saved.get("key") != key:
             raise ValueError("saved under another key")
         chunks = {name: _checked_entry(entry, compiled) for name, entry in saved["chunks"].items()}

@@ -18,12 +18,9 @@ def prepare_tiny_model(config: ServerConfig, store_config: StoreConfig) -> tuple
     if config.model is not None:
         return config, store_config
     from hotlora.families import DEFAULT_FAMILY
-    from hotlora.tiny import save_tiny_model
+    from hotlora.tiny import ensure_tiny_model
 
-    tiny = Path(store_config.cache_dir) / f"tiny-{DEFAULT_FAMILY}"
-    if not (tiny / "model_index.json").is_file():
-        log.info("no --model given: building the tiny offline %s model in %s", DEFAULT_FAMILY, tiny)
-        save_tiny_model(tiny, DEFAULT_FAMILY)
+    tiny = ensure_tiny_model(Path(store_config.cache_dir) / f"tiny-{DEFAULT_FAMILY}", DEFAULT_FAMILY)
     log.info("serving the built-in tiny model %s (sample adapters in %s)", tiny, tiny / "adapters")
     store_config = store_config.replace(local_roots=(*store_config.local_roots, tiny / "adapters"),
                                         catalog=store_config.catalog or str(tiny / "adapters" / "catalog.toml"))

@@ -36,7 +36,8 @@ from hotlora import __version__
 from hotlora.adapters.format import convert as formats
 from hotlora.adapters.store.catalog import CatalogEntry, load_catalog
 from hotlora.adapters.store.fetching import PREFETCH, REQUEST, FetchJob, FetchScheduler
-from hotlora.adapters.store.diskcache import DiskCache, TierStats, owner_tag, sweep_orphans
+from hotlora.adapters.store.diskcache import DiskCache, TierStats
+from hotlora.durable import owner_tag, sweep_orphans
 from hotlora.families import ModelFamily
 from hotlora.adapters.format.convert import Adapter, LoraWeights, ReadLimits, load_adapter
 from hotlora.adapters.store.references import Reference, parse_reference

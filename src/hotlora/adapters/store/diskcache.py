@@ -1,37 +1,33 @@
 """The disk tier: converted adapters, keyed by source identity, under a byte budget (LRU).
 
 Entries are canonical safetensors files (``<key>.safetensors``) with a sidecar holding their
-sha256 (``<key>.sha256``). Both are written to a temporary name and renamed into place, data
-first: a crash mid-write leaves at most a ``.tmp-<host>+<pid>+*`` file (swept at start-up once its
-process is gone) or data without a sidecar (treated as corrupt), never an entry that reads as
-valid. Every read verifies the hash. Recency is the data file's mtime, touched on each hit, so the
-LRU order survives restarts. A disk that refuses writes (full, read-only) degrades the store to
-RAM-only instead of failing requests.
+sha256 (``<key>.sha256``), written and read through ``hotlora.durable``: each file goes to a
+temporary name, is fsynced and renamed into place, data first, so a kill mid-write leaves at most
+a ``.tmp-<host>+<pid>+*`` file (swept at start-up once its process is gone) or data without a
+sidecar (discarded as corrupt), never an entry that reads as valid. Every read verifies the hash.
+Recency is the data file's mtime, touched on each hit, so the LRU order survives restarts. A disk
+that refuses writes (full, read-only) degrades the store to RAM-only instead of failing requests.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import re
-import shutil
-import socket
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from hotlora.adapters.format.embeddings import Embeddings
 from hotlora.adapters.format.convert import Adapter, LoraWeights
+from hotlora import durable
+from hotlora.durable import discard, read_verified, remove_quietly, sweep_orphans, write_verified
 from hotlora.lru import LRU
 
 log = logging.getLogger(__name__)
 FORMAT = "hotlora-canonical-v1"
+_ORPHAN_SUM_AGE_S = 60.0  # a checksum without its data this old is a leftover, not a put in progress
 
 
 def serialize(adapter: Adapter) -> bytes:
@@ -96,84 +92,7 @@ class TierStats:
         return dict(self.__dict__)
 
 
-# ----------------------------------------------------------------------------- orphans
-
-# Leftovers older than this are removed whoever left them: no download or cache write lives this long
-# (downloads have a deadline), and a replica on another host cannot be asked whether it is alive.
-ORPHAN_AGE_S = 24 * 3600
-# A process that started this much later than a leftover was last written cannot have written it:
-# its pid was reused (containers restart with the same host name and, often, the same pid).
-_START_SLACK_S = 1.0
-
-
-def owner_tag() -> str:
-    """``host+pid``: who owns a temporary file or work directory. '+' never occurs in a sanitized
-    host name, nor in the random part ``tempfile`` appends."""
-    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname()) or "localhost"
-    return f"{host}+{os.getpid()}"
-
-
-def _owner_alive(host: str, pid: int, written_at: float) -> bool:
-    """Whether the process that wrote a leftover may still be using it. Only this host's pids can
-    be checked; another host's leftovers count as alive (until ORPHAN_AGE_S)."""
-    if host != owner_tag().rsplit("+", 1)[0]:
-        return True
-    try:
-        started = psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return False
-    except (psutil.AccessDenied, psutil.Error):  # cannot tell: keep it
-        return True
-    return started <= written_at + _START_SLACK_S
-
-
-def sweep_orphans(directory: Path, prefix: str = "") -> int:
-    """Remove ``prefix<host>+<pid>+...`` entries left by dead processes of this host, and any entry
-    under ``prefix`` older than ORPHAN_AGE_S. Returns how many were removed."""
-    removed = 0
-    now = time.time()
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return 0
-    for entry in entries:
-        if not entry.name.startswith(prefix):
-            continue
-        try:
-            written_at = entry.stat(follow_symlinks=False).st_mtime
-        except FileNotFoundError:  # removed meanwhile by its owner
-            continue
-        owner = _OWNED.match(entry.name[len(prefix):])
-        stale = now - written_at > ORPHAN_AGE_S
-        if not stale and (owner is None or _owner_alive(owner["host"], int(owner["pid"]), written_at)):
-            continue
-        log.warning("removing a leftover of a %s: %s", "crashed process" if not stale else "process long gone",
-                    entry.name)
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
-            else:
-                os.unlink(entry.path)
-        except OSError as exc:  # removed meanwhile, or not ours to remove: never a reason to fail start-up
-            log.debug("could not remove %s: %s", entry.name, exc)
-            continue
-        removed += 1
-    return removed
-
-
-_OWNED = re.compile(r"^(?P<host>[A-Za-z0-9.-]+)\+(?P<pid>\d+)\+")
-
-
 # ----------------------------------------------------------------------------- the tier
-
-
-def _remove(path: Path) -> None:
-    """Unlink, tolerating what a shared or failing disk does: already gone (another replica evicted
-    it), or refused (read-only): a stale file is a smaller harm than a failed request."""
-    try:
-        path.unlink(missing_ok=True)
-    except OSError as exc:
-        log.debug("could not remove %s: %s", path.name, exc)
 
 
 class DiskCache:
@@ -187,7 +106,7 @@ class DiskCache:
     Every file operation tolerates an entry that someone else removed meanwhile.
     """
 
-    TMP = ".tmp-"
+    TMP = durable.TMP
     RESCAN_EVERY_S = 300.0
 
     def __init__(self, root: Path, budget_bytes: int):
@@ -205,19 +124,30 @@ class DiskCache:
     def _rescan(self) -> None:
         """Rebuild the index from the directory. The scan runs outside the lock (gets and puts go
         on meanwhile); the swap is atomic. On-disk mtimes order it, other replicas' hits included.
-        Temporary files of crashed writers (predecessors, replicas) are removed first."""
+        Temporary files of crashed writers (predecessors, replicas) are removed first, and
+        checksums whose data is gone (a kill between an eviction's two unlinks)."""
         self._scanned_at = time.monotonic()
         sweep_orphans(self.root, self.TMP)
-        found = []
+        found, sums = [], []
         for entry in os.scandir(self.root):
-            if entry.name.endswith(".safetensors") and not entry.name.startswith(self.TMP):
-                try:
-                    st = entry.stat()
-                except FileNotFoundError:  # evicted meanwhile
-                    continue
+            if entry.name.startswith(self.TMP):
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:  # evicted meanwhile
+                continue
+            if entry.name.endswith(".safetensors"):
                 found.append((st.st_mtime_ns, entry.name.removesuffix(".safetensors"), st.st_size))
+            elif entry.name.endswith(".sha256"):
+                sums.append((entry.name.removesuffix(".sha256"), st.st_mtime))
         self._index.replace_all((key, size) for _, key, size in sorted(found))
         self._count()
+        keys = {key for _, key, _ in found}
+        for key, written_at in sums:
+            # Old only: a put writes its data first, but a scan may pass the data's name before
+            # the rename and the checksum's after it.
+            if key not in keys and time.time() - written_at > _ORPHAN_SUM_AGE_S:
+                remove_quietly(self._paths(key)[1])
 
     def _paths(self, key: str) -> tuple[Path, Path]:
         return self.root / f"{key}.safetensors", self.root / f"{key}.sha256"
@@ -225,21 +155,13 @@ class DiskCache:
     def get(self, key: str) -> Adapter | None:
         data_path, sum_path = self._paths(key)
         try:
-            data = data_path.read_bytes()
-            expected = sum_path.read_text().strip()
-        except FileNotFoundError:
-            if data_path.exists():  # data without its sidecar: an interrupted write
-                self._discard(key, "no checksum")
-            else:  # never written, or evicted (maybe by another process) meanwhile
-                self._forget(key)
-            self.stats.misses += 1
-            return None
+            data = read_verified(data_path, "disk cache entry", sum_path, on_corrupt=lambda why: self._corrupt(key))
         except OSError as exc:  # an unreadable disk is a miss: the source still has the adapter
             log.warning("disk cache entry %s unreadable: %s", key[:12], exc)
             self.stats.misses += 1
             return None
-        if hashlib.sha256(data).hexdigest() != expected:
-            self._discard(key, "checksum mismatch")
+        if data is None:  # never written, evicted (maybe by another process) meanwhile, or corrupt
+            self._forget(key)
             self.stats.misses += 1
             return None
         try:
@@ -270,14 +192,8 @@ class DiskCache:
         data = serialize(adapter)
         data_path, sum_path = self._paths(key)
         try:
-            self._atomic_write(data_path, data)
+            write_verified(data_path, data, sum_path)
         except OSError as exc:
-            self._write_failed(key, exc)
-            return False
-        try:
-            self._atomic_write(sum_path, hashlib.sha256(data).hexdigest().encode())
-        except OSError as exc:
-            _remove(data_path)  # data without its checksum would only be discarded later
             self._forget(key)
             self._write_failed(key, exc)
             return False
@@ -303,18 +219,6 @@ class DiskCache:
         else:
             log.debug("disk cache write of %s failed: %s", key[:12], exc)
 
-    def _atomic_write(self, path: Path, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=f"{self.TMP}{owner_tag()}+", dir=self.root)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
     # Index bookkeeping.
 
     def _remember(self, key: str, size: int) -> None:
@@ -322,7 +226,7 @@ class DiskCache:
         evicted = self._index.put(key, size)
         for old, _ in evicted:
             for path in self._paths(old):
-                _remove(path)  # another process may have removed it already
+                remove_quietly(path)  # another process may have removed it already
         with self._lock:
             self.stats.evictions += len(evicted)
         self._count()
@@ -335,12 +239,15 @@ class DiskCache:
         with self._lock:
             self.stats.bytes, self.stats.entries = self._index.total_cost, len(self._index)
 
-    def _discard(self, key: str, why: str) -> None:
-        log.warning("disk cache entry %s discarded: %s", key[:12], why)
-        self.stats.corrupt += 1
+    def _corrupt(self, key: str) -> None:
+        with self._lock:
+            self.stats.corrupt += 1
         self._forget(key)
-        for path in self._paths(key):
-            _remove(path)
+
+    def _discard(self, key: str, why: str) -> None:
+        data_path, sum_path = self._paths(key)
+        discard(data_path, "disk cache entry", why, sum_path)
+        self._corrupt(key)
 
     def keys(self) -> list[str]:
         """The entries this process knows of (its index), least recently used first."""
