@@ -141,6 +141,29 @@ code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "http://127.0.0.1:$P
 [ "$code" = 401 ] || die "a request without a key got $code, not 401"
 generate_twice generate_from_host
 log "generated with two adapter pairs"
+
+# The engine process killed inside the container (as a segfault or the OOM killer would end it):
+# the server stays up (/healthz 200 throughout), a new engine process starts, and it serves again.
+engine_pid() { curl -s --max-time 5 "http://127.0.0.1:$PORT/readyz" \
+               | "$PYTHON" -c 'import json, sys; print((json.load(sys.stdin).get("engine") or {}).get("engine_pid", ""))'; }
+old_engine=$(engine_pid)
+[ -n "$old_engine" ] || die "/readyz names no engine process"
+podman exec "$NAME" sh -c "kill -9 $old_engine"
+started=$(now)
+while :; do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$PORT/healthz")" = 200 ] \
+        || die "/healthz failed while the engine restarted"
+    new_engine=$(engine_pid)
+    [ -n "$new_engine" ] && [ "$new_engine" != "$old_engine" ] && break
+    [ "$(elapsed "$started" | cut -d. -f1)" -ge "$READY_TIMEOUT_S" ] && die "no new engine process after ${READY_TIMEOUT_S}s"
+    sleep 1
+done
+wait_ready "engine restart" readyz_from_host
+log "engine process $old_engine killed: engine process $new_engine ready after $(elapsed "$started") s"
+restarts=$(curl -s --max-time 5 -H "authorization: Bearer $KEY" "http://127.0.0.1:$PORT/metrics" \
+           | grep '^hotlora_engine_restarts_total{cause="signal"}' | awk '{print $2}')
+[ "${restarts%.*}" = 1 ] || die "hotlora_engine_restarts_total{cause=\"signal\"} is '${restarts}', not 1"
+generate_twice generate_from_host
 podman exec "$NAME" sh -c 'ls /var/cache/hotlora/compile/artifacts/compile-artifacts-*.bin' >/dev/null \
     || die "no compile artifacts on the compile volume"
 

@@ -31,6 +31,10 @@ class IdleWorker:
         self._ready = ready
         self.on_event = None
         self.faults = 0
+        self.restarts, self.last_exit = {}, None
+
+    def why_not_ready(self):
+        return "the engine is not ready (starting, rebuilding or shutting down)"
 
     @property
     def ready(self):
@@ -230,7 +234,8 @@ def test_health_readiness_metrics_adapters_and_playground():
     assert c.get("/healthz").json() == {"status": "alive"}
     ready = c.get("/readyz")
     assert ready.status_code == 503
-    assert ready.json() == {"ready": False, "rebuilds": 0, "queue_depth": 0, "engine": None, "failed": None}
+    assert ready.json() == {"ready": False, "rebuilds": 0, "queue_depth": 0, "engine": None, "failed": None,
+                            "engine_restarts": {}, "last_engine_exit": None}
     assert "hotlora_ready 0.0" in c.get("/metrics").text
     assert c.get("/v1/adapters").json() == {"slots": ["identity", "style"], "catalog": [], "cached": [],
                                             "stats": None}

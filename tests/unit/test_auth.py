@@ -37,6 +37,10 @@ class Idle:
         self.depth = self.rebuilds = self.batches = self.retired_recompiles = 0
         self.max_queue = 16
         self.on_event = None
+        self.restarts, self.last_exit = {}, None
+
+    def why_not_ready(self):
+        return "the engine is not ready (starting, rebuilding or shutting down)"
 
 
 def client(worker=None, base_url="http://127.0.0.1:8000", **settings):

@@ -164,6 +164,10 @@ def engine_built_by(server, store, monkeypatch) -> tuple:
         raise Built(model, config, options)
 
     monkeypatch.setattr(Engine, "from_pretrained", capture)
+    # The engine process builds it the same way in its child: captured before anything is spawned.
+    from hotlora.engine.process import EngineProcess
+
+    monkeypatch.setattr(EngineProcess, "start", lambda model, config, **_: capture(model, config))
     worker = build_serving(server, store).worker
     with pytest.raises(Built) as built:
         worker._factory()  # what the worker calls to build (and rebuild) its engine

@@ -113,7 +113,7 @@ class _Live:
                                        "(signal: killed or crashed; exit: exited; stall: silent past the deadline)",
                                        labels=["cause"])
         for cause in ("signal", "exit", "stall"):
-            restarts.add_metric([cause], getattr(worker, "restarts", {}).get(cause, 0))
+            restarts.add_metric([cause], worker.restarts.get(cause, 0))
         yield restarts
         yield CounterMetricFamily("hotlora_mixed_batches", "Forward batches that carried several requests",
                                   value=worker.batches)

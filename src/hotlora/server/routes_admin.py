@@ -32,8 +32,7 @@ def admin_routes(service: Service) -> APIRouter:
         # Open to anyone: the model by its id, never its path on this machine.
         body = {"ready": worker.ready, "rebuilds": worker.rebuilds, "queue_depth": worker.depth,
                 "engine": public_model(engine) if engine else None, "failed": worker.failed,
-                "engine_restarts": getattr(worker, "restarts", {}),
-                "last_engine_exit": getattr(worker, "last_exit", None)}
+                "engine_restarts": worker.restarts, "last_engine_exit": worker.last_exit}
         return JSONResponse(body, status_code=200 if worker.ready else 503)
 
     @router.get("/metrics", dependencies=[Depends(access.require("metrics"))])
