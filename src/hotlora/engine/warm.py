@@ -124,16 +124,19 @@ class WarmModel:
             fullgraph = self.step_cache.fullgraph if self.step_cache else True
             self.compile_mode = compile_denoiser(self.denoiser, self.family, fullgraph=fullgraph,
                                                  dynamic=False if self.dynamic_sizes is False else self.family.compile_dynamic)
-        record, skip = None, frozenset()
-        if artifacts is not None:
+        # Which passes compile nothing is known only for a process whose dynamo has compiled nothing yet:
+        # a second engine in one process (a test session, an engine rebuilt in place) finds the first
+        # one's graphs on the blocks' shared code objects. Such a process neither records nor skips.
+        record, skip, fresh = None, frozenset(), graph_count() == 0
+        if artifacts is not None and fresh:
             record_key = passes_key(self, fingerprint)
             record = passes_path(config.compile_cache_dir, record_key)
-            # Only beside the artifacts of the same key: a restart, not a first start that found a record.
+            # Only for a restart: beside the artifacts of the same key (warmup.py says why it is safe).
             skip = idle_passes(record, record_key) if self.compile_artifacts_loaded else frozenset()
         self.warmup_skipped = len(skip)
         after_state = None if artifacts is None else lambda: artifacts.save(final=False)
         compiled = warm_up(self, skip=skip, after_state=after_state)
-        if record is not None and not skip:  # a warm-up that ran every pass
+        if record is not None and not skip:  # a warm-up that ran every pass, from a fresh dynamo
             save_idle_passes(record, record_key, compiled)
         if config.batch_size == "auto":  # the chunk size per size and CFG mode, measured (warmup.py)
             self.chunks = measured_chunks(self, fingerprint)

@@ -283,9 +283,10 @@ def save_measurement(path: Path, key: str, chunks: dict[str, dict]) -> bool:
 
 # Why a restart may skip a pass: dynamo's state (its cache entries, automatic-dynamic marks) changes
 # only when it compiles, so a pass that compiled no graph in a start that ran every pass left that
-# state as it found it; the same passes, in the same order, minus those, compile exactly the same
-# graphs, and the skipped shapes are served by them (the start that recorded it ran them and
-# compiled nothing). Keyed by everything the graphs depend on: the compile fingerprint, the device
+# state as it found it; from the same state (a fresh process: warm.py neither records nor skips in a
+# process that has compiled before, such as a test session or an engine rebuilt in place) the same passes, in
+# the same order, minus those, compile exactly the same graphs, and the skipped shapes are served by
+# them (the start that recorded it ran them and compiled nothing). Keyed by everything the graphs depend on: the compile fingerprint, the device
 # type, torch, diffusers and peft (their code is what dynamo traces) and the whole list of passes.
 # Restart with the compile artifacts on the tiny model, 3 writer states: the three passes at the
 # batch limit compile nothing (the batch dimension is already dynamic); docs/benchmarks.md has the figures.
