@@ -1,7 +1,8 @@
 """A request through the server against the same engine called in-process, side by side in one run.
 
 Usage: .venv/bin/python bench/served.py [--model DIR] [--dtype float32|bfloat16] [--requests 8]
-                                        [--steps 4] [--images 3] [--rounds 2] [--no-compile]
+                                        [--steps 4] [--images 3] [--rounds 2] [--size PX] [--no-compile]
+                                        [--name served]
 
 Three ways to run the same requests (one prompt, both slots filled with the model's sample
 adapters, the same seeds), each in a fresh process so that none inherits another's threads:
@@ -51,7 +52,8 @@ import json, sys, time
 from hotlora import Engine
 args = json.loads(sys.argv[1])
 engine = Engine.from_pretrained(args["model"], slots=("identity", "style"), target_rank=8,
-                                batch_size=args["images"], compile=args["compile"], dtype=args["dtype"])
+                                batch_size=args["images"], compile=args["compile"], dtype=args["dtype"],
+                                height=args["size"], width=args["size"])
 out = []
 for i in range(args["warm"] + args["requests"]):
     began = time.perf_counter()
@@ -67,7 +69,7 @@ print("RESULT " + json.dumps(out))
 
 def run_engine_alone(args, model: Path) -> list[dict]:
     spec = {"model": str(model), "images": args.images, "compile": not args.no_compile, "dtype": args.dtype,
-            "warm": 1, "requests": args.requests, "steps": args.steps, "prompt": PROMPT,
+            "warm": 1, "requests": args.requests, "size": args.size, "steps": args.steps, "prompt": PROMPT,
             "adapters": adapters_of(model)}
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     done = subprocess.run([sys.executable, "-c", ENGINE_ALONE, json.dumps(spec)], capture_output=True, text=True,
@@ -84,7 +86,8 @@ def run_served(args, model: Path, engine_process: bool, port: int) -> list[dict]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     command = [str(Path(sys.executable).parent / "hotlora"), "serve", "--model", str(model), "--port", str(port),
                "--target-rank", "8", "--batch-size", str(args.images), "--dtype", args.dtype,
-               "--local-roots", str(model / "adapters"),
+               "--local-roots", str(model / "adapters"), *(("--height", str(args.size), "--width", str(args.size))
+                                                           if args.size else ()),
                "--engine-process" if engine_process else "--no-engine-process"]
     if args.no_compile:
         command.append("--no-compile")
@@ -142,6 +145,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--images", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--size", type=int, default=None, help="height and width (default: the model's)")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -172,7 +176,8 @@ def main() -> None:
                      r.get("encode_ms", "-"), r["recompiles"], r["runs"]])
     table = markdown_table(["way", "generate ms (median)", "vs engine", "request wall ms", "vs engine", "queue ms",
                             "prepare ms", "encode ms", "recompiles", "requests"], rows)
-    description = (f"Model {model.name}, {args.dtype}, {'eager' if args.no_compile else 'compiled'}, "
+    description = (f"Model {model.name}, {args.size or 'default'} px, {args.dtype}, "
+                   f"{'eager' if args.no_compile else 'compiled'}, "
                    f"{args.images} images x {args.steps} steps per request, both slots filled, "
                    f"{args.requests} requests x {args.rounds} rounds per way (after one warm request), orders "
                    "alternating. generate: the engine's denoise and decode; wall: the whole request at the "

@@ -4,10 +4,13 @@ import logging
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import torch
 
 from hotlora import Engine
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")  # this checkout's code, whatever the venv installed
 
 
 class Collect(logging.Handler):
@@ -51,7 +54,7 @@ def test_compile_artifacts_are_saved_after_warm_up_and_loaded_by_the_next_proces
 
     def start(name):
         env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{name}"), "PATH": "/usr/bin:/bin",
-               "HF_HUB_OFFLINE": "1"}
+               "HF_HUB_OFFLINE": "1", "PYTHONPATH": SRC}
         done = subprocess.run([sys.executable, "-c", START, str(tiny_models["flux"]), str(tmp_path / "compile")],
                               capture_output=True, text=True, timeout=600, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -63,6 +66,70 @@ def test_compile_artifacts_are_saved_after_warm_up_and_loaded_by_the_next_proces
     saved = list((tmp_path / "compile").glob("compile-artifacts-*.bin"))
     assert len(saved) == 1 and saved[0].stat().st_size > 0
     assert start("second") == {"loaded": True, "recompiles": 0}
+
+
+RESTART = textwrap.dedent("""
+    import json, os, sys
+    from pathlib import Path
+    import torch
+    from torch._dynamo.utils import counters
+    from hotlora import Engine
+    from hotlora.engine import pipeline, warmup
+
+    if sys.argv[3] == "killed":  # killed right after the first writer state's artifacts are saved
+        save = pipeline.CompileArtifacts.save
+        pipeline.CompileArtifacts.save = lambda self, **how: (save(self, **how), os._exit(3))
+    engine = Engine.from_pretrained(sys.argv[1], target_rank=8, batch_size=3, compile=True,
+                                    compile_cache_dir=sys.argv[2], rank_buckets=(0,))  # 2 states
+    misses = counters["aot_autograd"]["autograd_cache_miss"]
+    warm = engine.warm
+    torch._dynamo.config.error_on_recompile = True
+    for state in warm.writer.warmup_states():  # every shape warm-up covers, as requests run it
+        warm.writer.enter(state)
+        for batch in (3, 2, 1):
+            with warm.section():
+                warmup._run(warm, batch, *warm.served_sizes[0], warm.defaults["guidance_scale"])
+    second = None
+    if sys.argv[3] == "restart":  # a second engine in this process finds the first one's graphs: no record
+        torch._dynamo.config.error_on_recompile = False  # its warm-up adds graphs to the same code objects
+        again = Engine.from_pretrained(sys.argv[1], target_rank=8, batch_size=3, compile=True,
+                                       compile_cache_dir=sys.argv[2] + "-second", rank_buckets=(0,))
+        second = {"skipped": again.warm.warmup_skipped,
+                  "records": len(list(Path(sys.argv[2] + "-second").glob("warmup-*.json")))}
+    print(json.dumps({"loaded": engine.compile_artifacts_loaded, "skipped": warm.warmup_skipped,
+                      "misses": misses, "recompiles": engine.recompiles, "second": second}))
+""")
+
+
+def test_a_warm_up_killed_half_way_leaves_its_states_and_a_restart_skips_passes_that_compile_nothing(
+        tiny_models, tmp_path):
+    """Real processes, each with an empty inductor cache, so the artifacts file is all they share."""
+    import json
+
+    def start(name):
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{name}"), "PATH": "/usr/bin:/bin",
+               "HF_HUB_OFFLINE": "1", "PYTHONPATH": SRC}
+        return subprocess.run([sys.executable, "-c", RESTART, str(tiny_models["flux"]), str(tmp_path / "compile"),
+                               name], capture_output=True, text=True, timeout=600, env=env)
+
+    killed = start("killed")
+    assert killed.returncode == 3, killed.stderr[-2000:]
+    (saved,) = (tmp_path / "compile").glob("compile-artifacts-*.bin")
+    half = saved.stat().st_size
+    assert half > 0 and not list((tmp_path / "compile").glob("warmup-*.json"))  # the record needs a whole warm-up
+
+    def finished(name):
+        done = start(name)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    successor = finished("successor")  # the first state from the file, the second compiled
+    assert successor["loaded"] and successor["skipped"] == 0 and successor["misses"] > 0 and not successor["second"]
+    assert successor["recompiles"] == 0 and saved.stat().st_size > half  # and the file completed
+    restart = finished("restart")
+    # Batch 3 after batch 2 compiles nothing (the batch dimension is dynamic by then), in both states.
+    assert restart == {"loaded": True, "skipped": 2, "misses": 0, "recompiles": 0,
+                       "second": {"skipped": 0, "records": 0}}
 
 
 def held_bytes(pipeline) -> int:

@@ -149,30 +149,93 @@ def read_private(path: Path, what: str) -> bytes | None:
         return None
 
 
-def load_compile_artifacts(path: Path) -> bool:
-    """Pre-load the compiler's caches saved by an earlier process (``torch.compiler.load_cache_artifacts``),
-    only from a whole file (its sha256 checked) in a file and folder no other user can write (see
-    ``untrusted_because``): they are pickles."""
-    data = read_private(path, "compile artifacts")
-    if data is None:
-        log.info("no usable compile artifacts at %s: compiling from scratch", path)
-        return False
+class CompileArtifacts:
+    """The compile artifacts of one fingerprint (``compile_artifacts_path``): loaded before compiling,
+    saved whenever this process has compiled something the file lacks. Warm-up saves after each
+    writer state, so a warm-up killed half way (a start-up probe, a preemption) leaves the next
+    process every state it finished; that process loads them, compiles the rest and saves the whole.
+
+    What is written is the union of the file's artifacts and this process's, never less than the
+    file held. It is merged here because torch 2.13's own bytes cannot be saved more than once:
+    each ``save_cache_artifacts`` appends a new (kind, artifacts) entry to the same stream, and
+    ``load_cache_artifacts`` keeps only the last entry of each kind (measured: a file saved after
+    the third of three states loaded only the third state's graphs). Where torch's stream format is
+    not the one read here, nothing is saved before the end (``incremental`` is False)."""
+
+    def __init__(self, path: Path):
+        self.path, self.loaded = path, False
+        self._held: dict[str, dict[str, object]] = {}  # kind -> key -> artifact: what the file holds
+        self.incremental = _stream is not None
+
+    def load(self) -> bool:
+        """Pre-load the compiler's caches (``torch.compiler.load_cache_artifacts``), only from a whole
+        file (its sha256 checked) in a file and folder no other user can write (see
+        ``untrusted_because``): they are pickles."""
+        path = self.path
+        data = read_private(path, "compile artifacts")
+        if data is None:
+            log.info("no usable compile artifacts at %s: compiling from scratch", path)
+            return False
+        try:
+            torch.compiler.load_cache_artifacts(data)
+        except Exception as exc:  # a stale or foreign file must not stop start-up
+            log.warning("ignoring unusable compile artifacts %s: %s", path, exc)
+            return False
+        self.loaded, self._held = True, _read_stream(data)
+        log.info("loaded compile artifacts from %s", path)
+        return True
+
+    def save(self, *, final: bool = True) -> bool:
+        """Write the file's artifacts and this process's, atomically, when this process has any the
+        file lacks. ``final=False`` (after a writer state): only where the merge can be written."""
+        if not (final or self.incremental):
+            return False
+        saved = torch.compiler.save_cache_artifacts()
+        if not saved:
+            return False
+        data = saved[0]
+        fresh = _read_stream(data)
+        if not fresh:  # not a stream read here: torch's bytes as they are, once, at the end
+            self.incremental = False
+            return final and write_private(self.path, data, "compile artifacts")
+        merged = {kind: dict(artifacts) for kind, artifacts in self._held.items()}
+        for kind, artifacts in fresh.items():
+            merged.setdefault(kind, {}).update(artifacts)
+        if all(merged[kind].keys() <= self._held.get(kind, {}).keys() for kind in merged):
+            return False  # nothing the file does not hold already (a restart that compiled nothing new)
+        if not write_private(self.path, _write_stream(merged), "compile artifacts"):
+            return False
+        self._held = merged
+        return True
+
+
+try:  # torch's artifact stream (torch.compiler._cache), read and written whole here: see CompileArtifacts
+    from torch.compiler._cache import CacheArtifactManager, _deserialize_single_cache, _serialize_single_cache
+    from torch.utils._appending_byte_serializer import AppendingByteSerializer as _stream
+except ImportError:  # another torch: one save per process, torch's own bytes
+    _stream = None
+
+
+def _read_stream(data: bytes) -> dict[str, dict[str, object]]:
+    """kind -> key -> artifact, every entry of the stream (torch's loader keeps the last per kind)."""
+    if _stream is None:
+        return {}
     try:
-        torch.compiler.load_cache_artifacts(data)
-    except Exception as exc:  # a stale or foreign file must not stop start-up
-        log.warning("ignoring unusable compile artifacts %s: %s", path, exc)
-        return False
-    log.info("loaded compile artifacts from %s", path)
-    return True
+        CacheArtifactManager._ensure_cache_artifacts_registered()  # what load_cache_artifacts does first
+        entries = _stream.to_list(data, deserialize_fn=_deserialize_single_cache)
+    except Exception:  # not a stream this torch reads (load_cache_artifacts said so already, or will)
+        return {}
+    held: dict[str, dict[str, object]] = {}
+    for kind, artifacts in entries:
+        held.setdefault(kind, {}).update((artifact.key, artifact) for artifact in artifacts)
+    return held
 
 
-def save_compile_artifacts(path: Path) -> bool:
-    """Save what warm-up compiled, atomically, for the next process on this machine or volume."""
-    saved = torch.compiler.save_cache_artifacts()
-    if not saved:
-        return False
-    data, _info = saved
-    return write_private(path, data, "compile artifacts")
+def _write_stream(held: dict[str, dict[str, object]]) -> bytes:
+    """One entry per kind, so ``load_cache_artifacts`` loads all of them."""
+    stream = _stream(serialize_fn=_serialize_single_cache)
+    stream.extend((kind, list(artifacts.values())) for kind, artifacts in held.items())
+    return stream.to_bytes()
 
 
 def write_private(path: Path, data: bytes, what: str) -> bool:

@@ -24,14 +24,16 @@ import torch
 from hotlora.settings import EngineConfig, format_size
 from hotlora.engine.device import default_device
 from hotlora.engine.pipeline import (
-    compile_artifacts_path, compile_denoiser, graph_count, load_compile_artifacts, load_pipeline, resolve_dtype,
-    save_compile_artifacts, set_attention_backend, sweep_compile_cache,
+    CompileArtifacts, compile_artifacts_path, compile_denoiser, graph_count, load_pipeline, resolve_dtype,
+    set_attention_backend, sweep_compile_cache,
 )
 from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
 from hotlora.engine.request import CallParams, UnservedShape
 from hotlora.engine.results import IMAGES, OutputKind
 from hotlora.engine.stepcache import apply_step_cache
-from hotlora.engine.warmup import chunk_key, measured_chunks, warm_up
+from hotlora.engine.warmup import (
+    chunk_key, idle_passes, measured_chunks, passes_key, passes_path, save_idle_passes, warm_up,
+)
 from hotlora.engine.writers import AdapterWriter, TextWriter, install_text_writer, install_writer
 from hotlora.errors import EngineError, HotloraError
 from hotlora.families import ModelFamily
@@ -75,7 +77,7 @@ class WarmModel:
         self._lock = threading.Lock()  # one run at a time: the writer's tensors are shared state
         self._recompiles, self.compile_mode = 0, None
         self.active_adapters = 0  # distinct adapters bound by the last forward batch (a gauge for metrics)
-        self.warmup_s, self.compile_artifacts_loaded = 0.0, False
+        self.warmup_s, self.compile_artifacts_loaded, self.warmup_skipped = 0.0, False, 0
         self.attention_backend = set_attention_backend(self.denoiser, config.attention_backend)
         self.step_cache = config.step_cache
         self.dynamic_sizes = family.dynamic_sizes if len(self.sizes) > 1 else None
@@ -106,8 +108,8 @@ class WarmModel:
         if fingerprint is not None:  # what a killed predecessor was writing there
             sweep_compile_cache(config.compile_cache_dir)
         if config.compile and fingerprint is not None:
-            artifacts = compile_artifacts_path(config.compile_cache_dir, fingerprint)
-            self.compile_artifacts_loaded = load_compile_artifacts(artifacts)
+            artifacts = CompileArtifacts(compile_artifacts_path(config.compile_cache_dir, fingerprint))
+            self.compile_artifacts_loaded = artifacts.load()
         states = len(self.writer.warmup_states())
         # Graphs per (state, size): one state's batch and CFG variants (dynamo's default limit, 8). Dynamic
         # sizes: the first size compiles static graphs, the second dynamic ones every later size reuses.
@@ -124,11 +126,24 @@ class WarmModel:
             fullgraph = self.step_cache.fullgraph if self.step_cache else True
             self.compile_mode = compile_denoiser(self.denoiser, self.family, fullgraph=fullgraph,
                                                  dynamic=False if self.dynamic_sizes is False else self.family.compile_dynamic)
-        warm_up(self)
+        # Which passes compile nothing is known only for a process whose dynamo has compiled nothing yet:
+        # a second engine in one process (a test session, an engine rebuilt in place) finds the first
+        # one's graphs on the blocks' shared code objects. Such a process neither records nor skips.
+        record, skip, fresh = None, frozenset(), graph_count() == 0
+        if artifacts is not None and fresh:
+            record_key = passes_key(self, fingerprint)
+            record = passes_path(config.compile_cache_dir, record_key)
+            # Only for a restart: beside the artifacts of the same key (warmup.py says why it is safe).
+            skip = idle_passes(record, record_key) if self.compile_artifacts_loaded else frozenset()
+        self.warmup_skipped = len(skip)
+        after_state = None if artifacts is None else lambda: artifacts.save(final=False)
+        compiled = warm_up(self, skip=skip, after_state=after_state)
+        if record is not None and not skip:  # a warm-up that ran every pass, from a fresh dynamo
+            save_idle_passes(record, record_key, compiled)
         if config.batch_size == "auto":  # the chunk size per size and CFG mode, measured (warmup.py)
             self.chunks = measured_chunks(self, fingerprint)
-        if artifacts is not None and not self.compile_artifacts_loaded:
-            save_compile_artifacts(artifacts)
+        if artifacts is not None:  # anything the measurement compiled (nothing, when warm-up covered it)
+            artifacts.save()
 
     # ------------------------------------------------------------------ what steady state runs
 

@@ -59,7 +59,7 @@ def candidates(limit: int) -> list[int]:
     return sorted({1, max(1, limit // 2), max(1, limit - 1), limit})
 
 
-def warm_up(warm) -> None:
+def warm_up(warm, *, skip: frozenset = frozenset(), after_state: Callable[[], object] | None = None) -> dict:
     """Run every batch shape steady state will see, at every served size, in every state of the
     writer, so no request compiles. Batch 1 specializes differently from larger batches, and the
     second distinct batch turns the batch dimension dynamic; the limit and a size in between cover
@@ -69,25 +69,50 @@ def warm_up(warm) -> None:
     automatic dynamic shapes). Duck shaping is off while compiling: with it, dims that happen to be
     equal at warm-up (a square image's height and width, a sequence length and a channel count)
     would share one symbol and a later size that breaks the equality would recompile (diffusers
-    documents ``use_duck_shape=False`` with dynamic shapes)."""
-    batches = sorted({1, warm.batch_size, max(1, warm.batch_size - 1)})
+    documents ``use_duck_shape=False`` with dynamic shapes).
+
+    ``skip``: passes (``pass_name``) not run, those an earlier start under the same key saw compile
+    nothing (``idle_passes``). ``after_state``: called after each writer state (warm.py saves the
+    compile artifacts there). Returns the graphs each pass compiled, by name."""
     began = time.perf_counter()
     duck = torch.fx.experimental._config.patch(use_duck_shape=False) if warm.dynamic_sizes else nullcontext()
+    compiled: dict[str, int] = {}
+    with duck:
+        for state, passes in planned_passes(warm):
+            warm.writer.enter(state)
+            for name, (height, width, scale, batch, prompt) in passes:
+                if name in skip:
+                    continue
+                log.info("warm-up: %s, batch %d, guidance %.1f, writer state %s (%s)",
+                         format_size(height, width), batch, scale, state, warm.compile_mode or "eager")
+                graphs = graph_count()
+                _run(warm, batch, height, width, scale, prompt)
+                compiled[name] = graph_count() - graphs
+            if after_state is not None:
+                after_state()
+    warm.warmup_s = time.perf_counter() - began
+    log.info("warm: %.1fs, %d graphs compiled, %d warm-up passes run, %d skipped (they compiled nothing in an "
+             "earlier start under this key), %s", warm.warmup_s, graph_count(), len(compiled), len(skip),
+             warm.compile_mode or "eager")
+    return compiled
+
+
+def planned_passes(warm) -> list[tuple[object, list[tuple[str, tuple]]]]:
+    """Warm-up's passes in the order they run, per writer state: (name, (height, width, guidance,
+    batch, prompt)) each."""
+    batches = sorted({1, warm.batch_size, max(1, warm.batch_size - 1)})
     # Eager, no state compiles anything: one state pages the model in (the rest would only cost time).
     states = warm.writer.warmup_states() if warm.compile_mode else warm.writer.warmup_states()[:1]
     prompts = warm.family.warmup_prompts(warm.pipeline)
-    with duck:
-        for state in states:
-            warm.writer.enter(state)
-            for height, width in warm.served_sizes:
-                for scale in guidance_scales(warm):
-                    for batch in batches:
-                        log.info("warm-up: %s, batch %d, guidance %.1f, writer state %s (%s)",
-                                 format_size(height, width), batch, scale, state, warm.compile_mode or "eager")
-                        for prompt in prompts:
-                            _run(warm, batch, height, width, scale, prompt)
-    warm.warmup_s = time.perf_counter() - began
-    log.info("warm: %.1fs, %d graphs compiled, %s", warm.warmup_s, graph_count(), warm.compile_mode or "eager")
+    return [(state, [(pass_name(state, height, width, scale, batch, index), (height, width, scale, batch, prompt))
+                     for height, width in warm.served_sizes for scale in guidance_scales(warm)
+                     for batch in batches for index, prompt in enumerate(prompts)])
+            for state in states]
+
+
+def pass_name(state, height: int, width: int, scale: float, batch: int, prompt_index: int) -> str:
+    """One warm-up pass, as the saved record names it."""
+    return f"state={state} size={format_size(height, width)} guidance={scale:g} batch={batch} prompt={prompt_index}"
 
 
 def _run(warm, batch: int, height: int, width: int, scale: float, prompt: str | tuple = "warm-up") -> None:
@@ -250,3 +275,55 @@ def save_measurement(path: Path, key: str, chunks: dict[str, dict]) -> bool:
     """Write the measurement atomically, into a folder no other user can write (as the artifacts)."""
     return write_private(path, json.dumps({"key": key, "chunks": chunks}, indent=1).encode(),
                          "the chunk-size measurement")
+
+
+# ---------------------------------------------------------------------------- passes that compiled nothing
+
+# Why a restart may skip a pass: dynamo's state (its cache entries, automatic-dynamic marks) changes
+# only when it compiles, so a pass that compiled no graph in a start that ran every pass left that
+# state as it found it; from the same state (a fresh process: warm.py neither records nor skips in a
+# process that has compiled before, such as a test session or an engine rebuilt in place) the same passes, in
+# the same order, minus those, compile exactly the same graphs, and the skipped shapes are served by
+# them (the start that recorded it ran them and compiled nothing). Keyed by everything the graphs depend on: the compile fingerprint, the device
+# type, torch, diffusers and peft (their code is what dynamo traces) and the whole list of passes.
+# Restart with the compile artifacts on the tiny model, 3 writer states: the three passes at the
+# batch limit compile nothing (the batch dimension is already dynamic); docs/benchmarks.md has the figures.
+
+
+def passes_key(warm, fingerprint: str) -> str:
+    from importlib.metadata import version
+
+    names = [name for _state, passes in planned_passes(warm) for name, _ in passes]
+    return json.dumps({"schema": SCHEMA, "record": "warm-up passes", "torch": torch.__version__,
+                       "diffusers": version("diffusers"), "peft": version("peft"), "fingerprint": fingerprint,
+                       "device": torch.device(warm.device).type, "passes": names}, sort_keys=True)
+
+
+def passes_path(cache_dir: str | os.PathLike, key: str) -> Path:
+    return Path(cache_dir) / f"warmup-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def idle_passes(path: Path, key: str) -> frozenset:
+    """The passes the start that saved ``path`` under ``key`` saw compile no graph; none when the
+    record is absent, untrusted (``untrusted_because``), not whole, unreadable or saved under another key."""
+    data = read_private(path, "the warm-up record")  # trusted and whole, or None
+    if data is None:
+        return frozenset()
+    try:
+        saved = json.loads(data)
+        if saved.get("key") != key:
+            raise ValueError("saved under another key")
+        known = set(json.loads(key)["passes"])
+        idle = saved["idle"]
+        if not (isinstance(idle, list) and all(isinstance(name, str) and name in known for name in idle)):
+            raise ValueError("names passes this engine does not run")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring the saved warm-up record %s (%s); running every pass", path, exc)
+        return frozenset()
+    return frozenset(idle)
+
+
+def save_idle_passes(path: Path, key: str, compiled: dict[str, int]) -> bool:
+    """Record which passes compiled nothing; only a warm-up that ran every pass may say so."""
+    idle = [name for name, graphs in compiled.items() if graphs == 0]
+    return write_private(path, json.dumps({"key": key, "idle": idle}, indent=1).encode(), "the warm-up record")
