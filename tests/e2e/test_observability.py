@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 OBSERVABILITY = REPO / "deploy" / "observability"
 STAGE_SPANS = {"admission", "fetch", "validate", "queue_wait", "swap", "denoise", "decode", "encode"}
 ADAPTERS = 16  # distinct adapters, served in two rounds of 8
-LABELS = {"api", "outcome", "stage", "tier", "mode", "le"}  # every label /metrics may carry: all bounded (mode: fused | slots)
+# every label /metrics may carry: all bounded (mode: fused | slots; cause: signal | exit | stall)
+LABELS = {"api", "outcome", "stage", "tier", "mode", "cause", "le"}
 PROMTOOL = shutil.which("promtool") or "promtool"  # Debian's prometheus package; `make test` installs it
 
 

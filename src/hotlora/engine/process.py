@@ -386,7 +386,7 @@ class EngineProcess:
                 outcomes.append(error_of(payload))
                 continue
             replay(request.trace, records)
-            outcomes.append(_with_pil_images(payload, request.output_type))
+            outcomes.append(_as_requested(payload, request))
         if single and isinstance(outcomes[0], BaseException):
             raise outcomes[0]
         return outcomes[0] if single else outcomes
@@ -523,8 +523,16 @@ def _wire_output(output_type: str) -> str:
     return "uint8" if output_type == "pil" else output_type
 
 
-def _with_pil_images(result, output_type: str):
-    if output_type != "pil":
+def _as_requested(result, request):
+    """The result as this request asked for it: PIL images made here, and each slot's adapter under
+    the name this request gave it. The engine process holds adapters by content, so an adapter
+    another caller sent first (a content-addressed hit) is held under that caller's name there,
+    which must never reach this one."""
+    for slot, served in result.adapters.items():
+        binding = request.adapters.get(slot)
+        if served is not None and binding is not None:
+            served["name"] = binding.adapter.name
+    if request.output_type != "pil":
         return result
     from hotlora.engine.results import pil_images
 
