@@ -184,7 +184,7 @@ def test_an_unserved_size_is_refused_with_the_list_without_compiling(flux):
 def test_nearest_snaps_to_a_served_size_and_says_so(flux):
     model_dir, engine = flux
     rules = engine.rules
-    engine.rules = replace(rules, size_policy="nearest")  # what size_policy="nearest" builds
+    engine.front.rules = replace(rules, size_policy="nearest")  # what size_policy="nearest" builds
     try:
         graphs = graph_count()
         adapters = {"style": (model_dir / "adapters" / "style-diffusers", 0.9)}
@@ -198,7 +198,7 @@ def test_nearest_snaps_to_a_served_size_and_says_so(flux):
             torch.testing.assert_close(result.images, theirs, atol=TOLERANCE, rtol=0)
         assert graph_count() == graphs and engine.recompiles == 0
     finally:
-        engine.rules = rules
+        engine.front.rules = rules
 
 
 def test_requests_of_different_sizes_never_share_a_forward_batch(flux):

@@ -111,7 +111,7 @@ def held(path):
 
 def test_saves_after_each_state_write_the_union_and_never_less_than_the_file_held(tmp_path, monkeypatch):
     path = artifacts(tmp_path / "private")
-    path.write_bytes(stream(["a", "b"]))  # what an earlier process saved: two states' graphs
+    durable.write_verified(path, stream(["a", "b"]))  # what an earlier process saved: two states' graphs
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: None)
     file = pipeline.CompileArtifacts(path)
     assert file.load() is True and file.incremental

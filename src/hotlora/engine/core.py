@@ -49,10 +49,10 @@ class Engine:
                                         max_scale=self.limits.max_scale, serving_dtype=self.denoiser.dtype,
                                         text_problems=warm.text.checks.problems)
         # A compiled engine serves only the sizes it warmed up at; an eager one any multiple, or its sizes.
-        self.rules = RequestRules(family, self.defaults, self.limits, warm.sizes, warm.size_multiple,
-                                  sizes_only=config.compile or bool(config.sizes), size_policy=config.size_policy)
+        rules = RequestRules(family, self.defaults, self.limits, warm.sizes, warm.size_multiple,
+                             sizes_only=config.compile or bool(config.sizes), size_policy=config.size_policy)
         self.runner = Runner(warm)
-        self.front = EngineFront(family, self.rules, self.resolver, warm.text.checks)
+        self.front = EngineFront(family, rules, self.resolver, warm.text.checks)
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, config: EngineConfig | None = None, *, store=None,
@@ -179,6 +179,11 @@ class Engine:
     def load_adapter(self, source, name: str | None = None) -> Adapter:
         """Read and convert an adapter for this engine's family (no validation against the writer)."""
         return self.resolver.load(source, name)
+
+    @property
+    def rules(self) -> RequestRules:
+        """What requests are checked against (held by the front, the one place that checks them)."""
+        return self.front.rules
 
     @property
     def denoiser_config(self) -> Mapping | None:
