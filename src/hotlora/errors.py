@@ -17,8 +17,9 @@
     │   │   ├── UnservedShape         (engine.request) a size or shape the warm engine would compile for
     │   │   ├── NonFiniteOutput       (engine.guard) the request's adapters overflowed the pack; the
     │   │   │                         base weights were checked and are intact
-    │   │   └── UnsupportedMediaType  POST / with a body a cross-site form could send, or JSON not
-    │   │                             labelled as JSON
+    │   │   └── UnsupportedMediaType  POST / with a body a cross-site form could send, JSON not
+    │   │                             labelled as JSON, or an input image that is not PNG, JPEG or
+    │   │                             WebP (hotlora.images)
     │   ├── Overloaded, NotAccepting, DeadlineExceeded, ClientGone
     │   │                         the queue's answers (engine.worker): full, not accepting (starting,
     │   │                         rebuilding, stopping), not started in time, the client left
@@ -95,7 +96,8 @@ class UnsafeReference(InvalidRequest):
 
 
 class UnsupportedMediaType(InvalidRequest):
-    """A body whose content type a cross-site form could have sent, or JSON not labelled as JSON."""
+    """A body whose content type a cross-site form could have sent, JSON not labelled as JSON, or an
+    input image in a format the server does not decode (``hotlora.images``: PNG, JPEG and WebP only)."""
 
 
 # ------------------------------------------------------------------ the queue's answers (engine.worker)

@@ -121,6 +121,7 @@ SPECIAL = {  # (text, typed) where the sample from the type would not do
     "local_roots": (f"/a{os.pathsep}/b", (Path("/a"), Path("/b"))),
     "cache_dir": ("/c", Path("/c")),
     "fused_min_kept": ("0.5", 0.5),  # a fraction: default + 0.5 would leave 0..1
+    "input_image_background": ("0,0,0", (0, 0, 0)),  # R,G,B: three values 0-255
 }
 STORE = list(StoreConfig.model_fields)
 SETTINGS = ([(ServerConfig, name, info) for name, info in ServerConfig.model_fields.items()]
