@@ -476,7 +476,7 @@ def _pixels(im: Image.Image, mode: str, background: tuple[int, int, int], label:
         notes.append(f"{label}: CMYK converted to RGB (no colour profile applied)")
     if "transparency" in im.info or im.mode in ("LA", "La", "PA", "RGBa", "RGBA"):
         im = _composited(im.convert("RGBA"), background, label, notes)
-    rgb = im.convert("RGB")
+    rgb = im if im.mode == "RGB" else im.convert("RGB")
     if mode == "RGB":
         return np.asarray(rgb)
     if not grey:
