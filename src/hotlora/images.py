@@ -235,6 +235,7 @@ _DECLARED = {"image/png": "PNG", "image/x-png": "PNG", "image/apng": "PNG", "ima
              ".png": "PNG", ".apng": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".jpe": "JPEG", ".jfif": "JPEG",
              ".webp": "WEBP"}
 _GENERIC = ("", "application/octet-stream", "binary/octet-stream")
+_MEDIA_TOP_LEVEL = {"application", "audio", "binary", "font", "image", "message", "model", "multipart", "text", "video"}
 
 
 def _declared_format(declared: str | None) -> str | None:
@@ -245,8 +246,8 @@ def _declared_format(declared: str | None) -> str | None:
     text = declared.split(";", 1)[0].strip().lower()
     if text in _GENERIC:
         return None
-    if re.fullmatch(r"[a-z0-9!#$&^_.+-]+/[a-z0-9!#$&^_.+-]+", text) and "." not in text.split("/", 1)[0]:
-        return _DECLARED.get(text, "?")  # a media type
+    if text.split("/", 1)[0] in _MEDIA_TOP_LEVEL and re.fullmatch(r"[a-z]+/[a-z0-9!#$&^_.+-]+", text):
+        return _DECLARED.get(text, "?")  # a media type; anything else is a file name ("uploads/cat.jpg")
     suffix = "." + text.rsplit(".", 1)[1] if "." in text.rsplit("/", 1)[-1] else ""
     return _DECLARED.get(suffix, "?")
 

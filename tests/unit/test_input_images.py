@@ -224,12 +224,14 @@ def test_anything_but_png_jpeg_and_webp_is_an_unsupported_media_type(data, named
 
 def test_the_content_decides_and_a_mislabelled_file_says_so():
     png = encoded(Image.fromarray(rgb_noise()), "PNG")
-    for declared in ("image/jpeg", "photo.JPG", "image/gif", "text/html; charset=utf-8"):
+    for declared in ("image/jpeg", "photo.JPG", "uploads/v1.2/photo.jpeg", "image/gif", "text/html; charset=utf-8",
+                     "cat"):
         decoded = decode_image(png, budget=BUDGET, declared_type=declared)
         assert decoded.format == "PNG" and np.array_equal(decoded.pixels, rgb_noise())
         (note,) = decoded.notes
         assert repr(declared) in note and "its content is PNG" in note
-    for agreeing in (None, "image/png", "IMAGE/PNG; q=1", "x.png", "application/octet-stream", ""):
+    for agreeing in (None, "image/png", "IMAGE/PNG; q=1", "x.png", "uploads/cat.PNG", "C:\\cat.png",
+                     "application/octet-stream", ""):
         assert decode_image(png, budget=BUDGET, declared_type=agreeing).notes == ()
     with pytest.raises(UnsupportedMediaType):
         decode_image(b"<html>not an image</html>", budget=BUDGET, declared_type="image/jpeg")
@@ -373,6 +375,19 @@ def test_a_palette_with_transparency_is_composited_on_the_background():
     assert (decoded.pixels[:, :4] == (0, 0, 255)).all() and (decoded.pixels[:, 4:] == (255, 0, 0)).all()
     opaque = encoded(Image.new("P", (8, 8), 1), "PNG")
     assert decode_image(opaque, budget=BUDGET).notes == ()
+
+
+def test_a_transparent_colour_of_an_rgb_or_grey_png_is_composited_too():
+    rgb = np.zeros((2, 2, 3), np.uint8)
+    rgb[0, 0] = (1, 2, 3)
+    decoded = decode_image(encoded(Image.fromarray(rgb), "PNG", transparency=(0, 0, 0)),
+                           budget=ImageBudget(background=(9, 9, 9)))
+    assert decoded.pixels.tolist() == [[[1, 2, 3], [9, 9, 9]], [[9, 9, 9], [9, 9, 9]]]
+    grey = np.zeros((2, 2), np.uint8)
+    grey[0, 0] = 7
+    mask = decode_image(encoded(Image.fromarray(grey), "PNG", transparency=0), budget=ImageBudget(background=(9, 9, 9)),
+                        mode="L")
+    assert mask.pixels.tolist() == [[7, 9], [9, 9]] and mask.notes == ("image: transparency composited on rgb(9, 9, 9)",)
 
 
 def test_rgba_is_composited_on_the_background():
