@@ -15,8 +15,9 @@ The checks, in order, each before anything that would cost more than it:
 4. that size against ``max_side`` and ``max_pixels``, before Pillow is handed the file;
 5. Pillow's lazy ``Image.open`` restricted to that one format, and its ``im.size`` checked again;
 6. animation (``n_frames``): refused, or frame 0 kept;
-7. the pixels decoded (``load``), EXIF orientation applied and the size checked once more;
-8. the colour mode made RGB (alpha composited on ``background``) or, for a mask, one channel.
+7. for a PNG, its IDAT stream inflated once and counted (below);
+8. the pixels decoded (``load``), EXIF orientation applied and the size checked once more;
+9. the colour mode made RGB (alpha composited on ``background``) or, for a mask, one channel.
 
 Pillow does the decoding. Written here by hand, only what Pillow does not do:
 
@@ -154,25 +155,33 @@ def decode_image(data: bytes, *, label: str = "image", budget: ImageBudget, mode
                      f"decoded as {fmt}")
     layout = _STRUCTURE[fmt](data, label)
     check_size(layout.width, layout.height, budget, label)
-    im = _open(data, fmt, label)
-    check_size(*im.size, budget, label)
-    frames = int(getattr(im, "n_frames", 1) or 1)
-    if frames > 1 and im.format == "MPO":  # a camera's multi-picture JPEG: the primary image, then others
-        notes.append(f"{label} is a multi-picture JPEG: its first of {frames:,} images was used")
-    elif frames > 1:
-        name = {"PNG": "animated PNG", "WEBP": "animated WebP"}[fmt]
-        if budget.animation == "refuse":
-            raise InvalidRequest(f"{label} is an {name} with {frames:,} frames; this server takes still images "
-                                 f"({ACCEPTED_TEXT})")
-        notes.append(f"{label} is an {name}: its first of {frames:,} frames was used")
-    if fmt == "PNG":
-        _png_pixels_complete(data, layout, label)
-    _load(im, label)
-    im = _oriented(im, label, notes)
-    check_size(*im.size, budget, label)
-    pixels = _pixels(im, mode, budget.background, label, notes)
-    pixels.setflags(write=False)
+    with _open(data, fmt, label) as im:  # closed on the way out, refused or not (libwebp's canvas with it)
+        check_size(*im.size, budget, label)
+        _frames(im, fmt, budget, label, notes)
+        if fmt == "PNG":
+            _png_pixels_complete(data, layout, label)
+        _load(im, label)
+        shown = _oriented(im, label, notes)
+        check_size(*shown.size, budget, label)
+        pixels = _pixels(shown, mode, budget.background, label, notes)
+    pixels.setflags(write=False)  # a copy of Pillow's memory (np.asarray goes through tobytes)
     return DecodedImage(pixels, fmt, tuple(notes))
+
+
+def _frames(im: Image.Image, fmt: str, budget: ImageBudget, label: str, notes: list[str]) -> None:
+    """An animation refused, or its first frame kept (``budget.animation``); a camera's
+    multi-picture JPEG (MPO: the primary image, then previews or a stereo pair) gives its first."""
+    frames = int(getattr(im, "n_frames", 1) or 1)
+    if frames < 2:
+        return
+    if im.format == "MPO":
+        notes.append(f"{label} is a multi-picture JPEG: its first of {frames:,} images was used")
+        return
+    name = {"PNG": "animated PNG", "WEBP": "animated WebP"}[fmt]
+    if budget.animation == "refuse":
+        raise InvalidRequest(f"{label} is an {name} with {frames:,} frames; this server takes still images "
+                             f"({ACCEPTED_TEXT})")
+    notes.append(f"{label} is an {name}: its first of {frames:,} frames was used")
 
 
 def check_size(width: int, height: int, budget: ImageBudget, label: str = "image") -> None:
