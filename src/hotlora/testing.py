@@ -102,7 +102,8 @@ def save_pivotal_lora(path: Path, family: str, denoiser_sd: Mapping[str, torch.T
 
 def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: int, num_inference_steps: int,
                               guidance_scale: float, height: int, width: int, seed: int, output_type="latent",
-                              embeddings=(), prepare=None):
+                              embeddings=(), prepare=None, pipeline_class: str | None = None,
+                              task_arguments: Mapping | None = None):
     """What a fresh, plain diffusers pipeline gives: ``load_lora_weights`` per adapter, then
     ``set_adapters`` with the scales, one batch, image i seeded ``seed + i``. The correctness
     contract compares the warm engine against exactly this.
@@ -110,12 +111,15 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
     ``embeddings``: (file tensors keyed clip_l / clip_g / t5, token names) pairs, each loaded
     with ``load_textual_inversion`` into the text encoder its key names, in order, as the
     advanced training scripts' model cards show. ``prepare(pipeline)``: called once before any
-    adapter is loaded (e.g. torchao's ``quantize_`` on the denoiser)."""
-    from diffusers import DiffusionPipeline
+    adapter is loaded (e.g. torchao's ``quantize_`` on the denoiser). ``pipeline_class``: a
+    diffusers pipeline class name to load the model as (a task's variant: FluxImg2ImgPipeline),
+    called with ``task_arguments`` too (image, mask_image, strength)."""
+    import diffusers
 
     from hotlora.families import family_of_pipeline
 
-    pipeline = DiffusionPipeline.from_pretrained(str(model_dir), local_files_only=True)
+    loader = getattr(diffusers, pipeline_class or "DiffusionPipeline")
+    pipeline = loader.from_pretrained(str(model_dir), local_files_only=True)
     pipeline.set_progress_bar_config(disable=True)
     if prepare is not None:
         prepare(pipeline)
@@ -141,7 +145,7 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
     return pipeline(prompt=prompt, num_images_per_prompt=num_images, generator=generators,
                     num_inference_steps=num_inference_steps, height=height, width=width, output_type=output_type,
                     **({} if negative is None else {"negative_prompt": negative}),
-                    **family.call_arguments(guidance_scale)).images
+                    **family.call_arguments(guidance_scale), **(task_arguments or {})).images
 
 
 def controlled_lora(denoiser: torch.nn.Module, magnitude: float, rank: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -114,6 +114,7 @@ from hotlora.settings.server import ENGINE_SETTINGS  # noqa: E402
 
 SPECIAL = {  # (text, typed) where the sample from the type would not do
     "sizes": ("64x32,32x32", ((32, 64), (32, 32))),
+    "tasks": ("image-to-image,inpaint", ("text-to-image", "image-to-image", "inpaint")),
     "batch_size": ("3", 3),
     "target_modules": ("to_q|to_k", "to_q|to_k"),  # text is one regex
     "dtype": ("float16", "float16"),

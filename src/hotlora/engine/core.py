@@ -50,7 +50,9 @@ class Engine:
                                         text_problems=warm.text.checks.problems)
         # A compiled engine serves only the sizes it warmed up at; an eager one any multiple, or its sizes.
         rules = RequestRules(family, self.defaults, self.limits, warm.sizes, warm.size_multiple,
-                             sizes_only=config.compile or bool(config.sizes), size_policy=config.size_policy)
+                             sizes_only=config.compile or bool(config.sizes), size_policy=config.size_policy,
+                             tasks=warm.tasks, max_reference_images=config.max_reference_images,
+                             strengths={task: family.default_strength(task) for task in warm.tasks})
         self.runner = Runner(warm)
         self.front = EngineFront(family, rules, self.resolver, warm.text.checks)
 
@@ -161,6 +163,7 @@ class Engine:
             "batch_size": self.batch_size, "chunks": self.chunks, "height": self.height, "width": self.width,
             "defaults": {k: self.defaults[k] for k in ("num_inference_steps", "guidance_scale")},
             "request_options": list(self.family.request_options()), "cfg": self.family.cfg,
+            "tasks": list(self.rules.tasks), "max_reference_images": self.rules.max_reference_images,
             "size_policy": self.rules.size_policy, "dynamic_sizes": self.dynamic_sizes,
             "compile": self.compile_mode, "warmup_s": round(self.warmup_s, 2), "recompiles": self.recompiles,
             "mixed": self.writer.mixes_requests, "attention_backend": self.attention_backend,

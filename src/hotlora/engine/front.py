@@ -18,14 +18,19 @@ from typing import Callable, Mapping
 
 from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.resolver import AdapterResolver
+from hotlora.engine.inputs import fitted, pixels_of
 from hotlora.engine.request import CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Timings
 from hotlora.engine.writers.text import TextChecks
+from hotlora.errors import InvalidRequest
 from hotlora.families import ModelFamily
 
 
 class EngineFront:
     def __init__(self, family: ModelFamily, rules: RequestRules, resolver: AdapterResolver, text: TextChecks):
         self.family, self.rules, self.resolver, self.text = family, rules, resolver, text
+        # Input images given as file bytes are decoded under this (``hotlora.images.ImageBudget``;
+        # None: its defaults); the server sets its own.
+        self.image_budget = None
 
     @property
     def denoiser_config(self) -> Mapping | None:
@@ -58,7 +63,26 @@ class EngineFront:
             if negative is None:
                 negative = self.family.default_negative_prompt(checked.params.guidance_scale)
             self.text.check(bindings, r.prompt, negative)
+        images, mask = self.inputs(r, checked.params)
         timings = Timings(resolve_ms=(time.perf_counter() - began) * 1000)
         return PreparedRequest(prompt=r.prompt, params=checked.params, adapters=bindings, num_images=r.num_images,
-                               seed=r.seed, output_type=r.output_type, negative_prompt=negative,
-                               progress=r.progress, timings=timings, trace=r.trace)
+                               seed=r.seed, output_type=r.output_type, negative_prompt=negative, images=images,
+                               mask=mask, progress=r.progress, timings=timings, trace=r.trace)
+
+    def inputs(self, request: GenerationRequest, params) -> tuple[tuple, object]:
+        """The request's input images and mask as uint8 arrays (``engine.inputs``); an edit's
+        references fitted to the served size."""
+        if not request.images and request.mask is None:
+            return (), None
+        with request.trace.span("decode", images=len(request.images)):
+            images = tuple(pixels_of(image, label=f"image {i + 1}" if len(request.images) > 1 else "image",
+                                     budget=self.image_budget)
+                           for i, image in enumerate(request.images))
+            if params.task == "edit":
+                images = tuple(fitted(image, params.height, params.width) for image in images)
+            mask = None if request.mask is None else pixels_of(request.mask, label="mask", budget=self.image_budget,
+                                                               mode="L")
+        if mask is not None and mask.shape[:2] != images[0].shape[:2]:
+            raise InvalidRequest(f"the mask is {mask.shape[1]}x{mask.shape[0]} pixels, the image "
+                                 f"{images[0].shape[1]}x{images[0].shape[0]}: they must be the same size")
+        return images, mask

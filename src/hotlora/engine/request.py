@@ -16,7 +16,7 @@ built by keyword.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from hotlora.adapters.binding import AdapterSpec, Binding, Bindings  # noqa: F401 (re-exported)
@@ -26,6 +26,8 @@ from hotlora.families import ModelFamily
 from hotlora.tracing import NO_TRACE, Trace
 
 OUTPUT_TYPES = ("pil", "latent", "pt", "np")
+TEXT_TO_IMAGE = "text-to-image"
+IMAGE_TASKS = ("image-to-image", "inpaint")  # one input image, a strength; inpaint a mask too
 MAX_PROMPT_CHARS = 10_000  # prompts are truncated to the text encoders' length anyway
 
 
@@ -37,6 +39,15 @@ class UnservedShape(InvalidRequest):
     def __init__(self, message: str, sizes: tuple[str, ...] = ()):
         super().__init__(message)
         self.sizes = tuple(sizes)
+
+
+class UnservedTask(UnservedShape):
+    """A task (or an edit's reference count) the warm engine was not started with: nothing of it is
+    warmed up. ``tasks``: what is served."""
+
+    def __init__(self, message: str, tasks: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.tasks = tuple(tasks)
 
 
 def nearest_size(sizes, height: int, width: int) -> tuple[int, int]:
@@ -80,6 +91,18 @@ class CallParams:
     # (height, width) the request asked for when it was snapped to another served size, else None.
     # Not part of equality: requests snapped to the same size share a forward batch.
     requested: tuple[int, int] | None = field(default=None, compare=False)
+    task: str = TEXT_TO_IMAGE
+    strength: float | None = None  # image-to-image and inpaint: how much of the input is noised away
+    references: int = 0  # the input images a request gives (edit: its reference images)
+
+    @property
+    def denoising_steps(self) -> int:
+        """The steps the pipeline runs: all of them, or with a strength the last ``steps x strength``
+        (diffusers' ``get_timesteps``: ``t_start = int(steps - steps x strength)``)."""
+        steps = self.num_inference_steps
+        if self.strength is None:
+            return steps
+        return steps - int(max(steps - min(steps * self.strength, steps), 0))
 
     @property
     def size(self) -> str:
@@ -106,7 +129,11 @@ class GenerationRequest:
     ``adapters``: slot -> AdapterSpec (the routes); the Python API may also give any form the
     resolver reads (a source, ``(source, scale)``, ``{"ref": ..}``), parsed by ``Engine.check``.
     ``timeout_s``: the server's deadline for the request (None: the server's default).
-    ``trace``: where the engine's spans for this request go (``hotlora.tracing``; default: nowhere)."""
+    ``trace``: where the engine's spans for this request go (``hotlora.tracing``; default: nowhere).
+    ``task``: text-to-image, or one the engine was started with (``EngineConfig.tasks``); ``images``:
+    its input images (image-to-image and inpaint one, edit its references), each the bytes of a PNG,
+    JPEG or WebP file (decoded under the server's budget, ``hotlora.images``), a PIL image or an
+    HxWx3 uint8 array; ``mask``: inpaint's (white: repainted), in the same forms."""
 
     prompt: str
     adapters: Mapping[str, AdapterSpec] = field(default_factory=dict)
@@ -119,6 +146,10 @@ class GenerationRequest:
     negative_prompt: str | None = None
     output_type: str = "pil"
     timeout_s: float | None = None
+    task: str = TEXT_TO_IMAGE
+    images: tuple = field(default=(), compare=False)
+    mask: object = field(default=None, compare=False)
+    strength: float | None = None
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
     trace: Trace = field(default=NO_TRACE, compare=False)
 
@@ -142,6 +173,10 @@ class PreparedRequest:
     seed: int = 0
     output_type: str = "pil"
     negative_prompt: str | None = None
+    # The decoded input images (HxWx3 uint8 arrays; edit's references fitted to the served size)
+    # and inpaint's mask (HxW uint8): plain arrays, so they cross to the engine process as they are.
+    images: tuple = field(default=(), compare=False)
+    mask: object = field(default=None, compare=False)
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
     timings: Timings = field(default_factory=Timings, compare=False)
     trace: Trace = field(default=NO_TRACE, compare=False)
@@ -159,8 +194,9 @@ class PreparedRequest:
         return self.params.snapped_from
 
     def batch_key(self) -> tuple:
-        """Requests with equal keys can share one forward batch."""
-        return (self.params, self.output_type)
+        """Requests with equal keys can share one forward batch. An edit's references are the
+        pipeline's for every prompt of its call (``image``), so an edit shares its batch with none."""
+        return (self.params, self.output_type, *((id(self),) if self.params.task == "edit" else ()))
 
 
 @dataclass(frozen=True)
@@ -176,6 +212,9 @@ class RequestRules:
     # of ``size_multiple`` is (an eager engine compiles nothing whatever the size).
     sizes_only: bool
     size_policy: str = "refuse"  # refuse | nearest: what a request at another size gets
+    tasks: tuple[str, ...] = (TEXT_TO_IMAGE,)  # warmed up (EngineConfig.tasks)
+    max_reference_images: int = 1
+    strengths: Mapping = field(default_factory=dict)  # task -> the strength a request without one runs at
 
     def sizes_text(self) -> str:
         return ", ".join(self.size_names())
@@ -196,8 +235,47 @@ class RequestRules:
     def check_request(self, request: "GenerationRequest") -> CallParams:
         """``check`` on a request's parameters."""
         r = request
-        return self.check(r.prompt, r.num_images, r.num_inference_steps, r.guidance_scale, r.height, r.width, r.seed,
-                          r.output_type, r.negative_prompt)
+        params = self.check(r.prompt, r.num_images, r.num_inference_steps, r.guidance_scale, r.height, r.width, r.seed,
+                            r.output_type, r.negative_prompt)
+        return self.check_task(params, r.task, len(r.images), r.mask is not None, r.strength)
+
+    def check_task(self, params: CallParams, task, images: int, mask: bool, strength) -> CallParams:
+        """The task's inputs (how many images, a mask, the strength) against what is served: an
+        unserved task or reference count is an UnservedTask naming what is (nothing else warmed
+        it up: serving it would compile). Returns ``params`` with the task's fields."""
+        if task not in self.tasks:
+            raise UnservedTask(f"task {task!r} is not served by this warm engine; served tasks: "
+                               f"{', '.join(self.tasks)}", self.tasks)
+        problems = []
+        if task == TEXT_TO_IMAGE:
+            if images or mask:
+                problems.append("text-to-image takes no input image or mask (ask for image-to-image, inpaint or edit)")
+            if strength is not None:
+                problems.append("strength is taken by image-to-image and inpaint only")
+        elif task in IMAGE_TASKS:
+            if images != 1:
+                problems.append(f"{task} takes exactly one input image, got {images}")
+            if mask != (task == "inpaint"):
+                problems.append("inpaint needs a mask" if task == "inpaint" else f"{task} takes no mask")
+            strength = self.strengths.get(task) if strength is None else strength
+            if strength is not None and not (isinstance(strength, (int, float)) and not isinstance(strength, bool)
+                                             and 0 < strength <= 1):
+                problems.append("strength must be a number in (0, 1]")
+            elif strength is not None and params.num_inference_steps * strength < 1:
+                problems.append(f"strength {strength:g} x {params.num_inference_steps} steps leaves no step to run")
+        else:  # edit
+            if not 1 <= images <= self.max_reference_images:
+                if images > self.max_reference_images:
+                    raise UnservedTask(f"edit with {images} reference images is not served: this engine warmed up "
+                                       f"1..{self.max_reference_images} (max_reference_images)", self.tasks)
+                problems.append("edit needs at least one reference image")
+            if mask:
+                problems.append("edit takes no mask")
+            if strength is not None:
+                problems.append("strength is taken by image-to-image and inpaint only")
+        if problems:
+            raise InvalidRequest("; ".join(problems))
+        return replace(params, task=task, strength=None if strength is None else float(strength), references=images)
 
     def check(self, prompt, num_images=1, steps=None, guidance=None, height=None, width=None, seed=0,
               output_type="pil", negative_prompt=None) -> CallParams:

@@ -22,8 +22,9 @@ import torch
 from hotlora.engine import guard
 from hotlora.engine.device import synchronize
 from hotlora.engine.guard import NonFiniteOutput
+from hotlora.engine.inputs import as_pil
 from hotlora.engine.prompts import batch_prompts
-from hotlora.engine.request import PreparedRequest, Timings
+from hotlora.engine.request import IMAGE_TASKS, PreparedRequest, Timings
 from hotlora.engine.results import IMAGES, GenerationResult, OutputKind, build_result
 from hotlora.engine.writers import SwapReport
 from hotlora.errors import InvalidRequest
@@ -141,16 +142,17 @@ def image_generators(seed: int, start: int, count: int) -> list[torch.Generator]
 def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], output_type: str, call_kwargs: dict,
                timings: Sequence[Timings], progress: Callable[[int, int], None] | None = None,
                before_chunk: Callable[[Chunk], dict] | None = None, trace: Trace = NO_TRACE,
-               output: OutputKind = IMAGES) -> list:
+               output: OutputKind = IMAGES, steps: int | None = None) -> list:
     """Run each chunk through ``pipeline`` (one call each) and return each request's images, its
     parts joined in order. Image i of request r draws its noise from seed ``seeds[r] + i``.
 
     ``before_chunk(chunk)``: the chunk's own pipeline arguments (its prompts, its writer bound);
     default: ``num_images_per_prompt`` of its size. ``progress(done, total)`` is called after every
     denoising step of every chunk. Each chunk's time goes to the ``timings`` of every request it
-    carries (and to ``trace`` as a denoise and a decode span).
+    carries (and to ``trace`` as a denoise and a decode span). ``steps``: the denoising steps each
+    call runs (default: all of ``num_inference_steps``; fewer with an image-to-image strength).
     """
-    steps = call_kwargs["num_inference_steps"]
+    steps = steps or call_kwargs["num_inference_steps"]
     pieces: list[list] = [[] for _ in seeds]
     for index, chunk in enumerate(chunks):
         size = sum(part.count for part in chunk)
@@ -167,6 +169,27 @@ def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], outpu
             pieces[part.request].append(images[offset:offset + part.count])
             offset += part.count
     return [output.join(own) for own in pieces]
+
+
+class TaskInputs:
+    """A run's input images as its task pipeline takes them, per chunk (``ModelFamily.task_arguments``):
+    each request's arrays made PIL images once. Image-to-image and inpaint pass one image (and
+    mask) per image of the chunk, in order; an edit its request's references once."""
+
+    def __init__(self, family, params, requests: Sequence[PreparedRequest]):
+        self.family, self.params = family, params
+        self.images = [[as_pil(x) for x in r.images] for r in requests]
+        self.masks = [None if r.mask is None else as_pil(r.mask) for r in requests]
+
+    def arguments(self, chunk: Chunk) -> dict:
+        if not self.images or not self.images[0]:
+            return {}
+        per_image = self.params.task in IMAGE_TASKS
+        owners = [part.request for part in chunk for _ in range(part.count if per_image else 1)]
+        images = [image for i in owners for image in self.images[i]]
+        masks = None if self.masks[0] is None else [self.masks[i] for i in owners]
+        return self.family.task_arguments(self.params.task, images, masks, self.params.strength,
+                                          self.params.references)
 
 
 class Runner:
@@ -197,6 +220,7 @@ class Runner:
         swap, timings = SwapReport(), [Timings() for _ in requests]
         call = params.pipeline_kwargs(warm.family)
         texts = None if mixed else warm.text.prompts(first.adapters, first.prompt, first.negative_prompt)
+        inputs = TaskInputs(warm.family, params, requests)
 
         def before_chunk(chunk: Chunk) -> dict:
             owners = [requests[part.request] for part in chunk]
@@ -205,20 +229,21 @@ class Runner:
             with trace.span("swap", images=size, **({"requests": len(owners)} if mixed else {})):
                 swap.add(warm.writer.bind(samples, repeat))
                 if mixed:  # each image its own prompt, encoded group by group where text states differ
-                    return {"num_images_per_prompt": 1,
+                    return {"num_images_per_prompt": 1, **inputs.arguments(chunk),
                             **batch_prompts(warm.text, warm.pipeline, warm.family, owners,
                                             warm.uses_cfg(params.guidance_scale), swap)}
-            return {"num_images_per_prompt": size, **texts}
+            return {"num_images_per_prompt": size, **inputs.arguments(chunk), **texts}
 
         warm.active_adapters = len({b.adapter.sha256 for r in requests for b in r.adapters.values()})
         with warm.section():
             if not mixed:  # one request: its text-encoder state once, its prompt encoded by the pipeline
                 with trace.span("swap", target="text_encoders"):
                     swap.text_ms += warm.text.apply(first.adapters)
-            images = run_chunks(warm.pipeline, chunks, seeds=[r.seed for r in requests],
+            images = run_chunks(warm.task_pipelines[params.task], chunks, seeds=[r.seed for r in requests],
                                 output_type=warm.output.pipeline_output_type(first.output_type), call_kwargs=call,
                                 timings=timings, progress=fan_out([r.progress for r in requests]),
-                                before_chunk=before_chunk, trace=trace, output=warm.output)
+                                before_chunk=before_chunk, trace=trace, output=warm.output,
+                                steps=params.denoising_steps)
             refused = {}
             for i, request in enumerate(requests):  # samples are independent: a request that overflowed fails alone
                 try:

@@ -73,6 +73,13 @@ class WarmModel:
         self.writer: AdapterWriter = install_writer(config, self.denoiser, family.name, served)
         # The text encoders' side (LoRA merged in, embeddings in reserved rows), before any compile.
         self.text: TextWriter = install_text_writer(config, pipeline, family, self.writer.slot_names)
+        self.tasks = self._served_tasks(config)
+        # Each task's pipeline made from the warm one: the same module objects (every weight, LoRA
+        # slot and compiled block shared; nothing copied), the task's own __call__.
+        self.task_pipelines = {"text-to-image": pipeline, **{
+            task: family.task_pipeline_type(task).from_pipe(pipeline) for task in self.tasks[1:]}}
+        for each in self.task_pipelines.values():
+            each.set_progress_bar_config(disable=True)
         self.output: OutputKind = IMAGES
         self._lock = threading.Lock()  # one run at a time: the writer's tensors are shared state
         self._recompiles, self.compile_mode = 0, None
@@ -82,6 +89,21 @@ class WarmModel:
         self.step_cache = config.step_cache
         self.dynamic_sizes = family.dynamic_sizes if len(self.sizes) > 1 else None
         self._make_warm()
+
+    def _served_tasks(self, config: EngineConfig) -> tuple[str, ...]:
+        unserved = [task for task in config.tasks if task not in self.family.served_tasks()]
+        if unserved:
+            from hotlora.families import UnservedModel
+
+            raise UnservedModel(f"the {self.family.name} family does not serve {', '.join(unserved)}: diffusers has "
+                                f"no such pipeline for it that hotlora declares (served tasks: "
+                                f"{', '.join(self.family.served_tasks())})")
+        if "edit" in config.tasks and config.max_reference_images > self.family.max_edit_references:
+            from hotlora.families import UnservedModel
+
+            raise UnservedModel(f"max_reference_images={config.max_reference_images}: the {self.family.name} family's "
+                                f"edit pipeline takes at most {self.family.max_edit_references} reference image(s)")
+        return tuple(config.tasks)
 
     def _served_sizes(self, config: EngineConfig, multiple: int) -> tuple[tuple[int, int], ...]:
         """The (height, width) sizes served, the default first (see ``EngineConfig.sizes``)."""

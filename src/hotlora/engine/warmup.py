@@ -38,6 +38,7 @@ import torch
 from hotlora.settings import format_size
 from hotlora.engine.device import synchronize
 from hotlora.engine.pipeline import graph_count, read_private, write_private
+from hotlora.engine.request import IMAGE_TASKS, TEXT_TO_IMAGE
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +81,14 @@ def warm_up(warm, *, skip: frozenset = frozenset(), after_state: Callable[[], ob
     with duck:
         for state, passes in planned_passes(warm):
             warm.writer.enter(state)
-            for name, (height, width, scale, batch, prompt) in passes:
+            for name, (height, width, scale, batch, prompt, task, references) in passes:
                 if name in skip:
                     continue
-                log.info("warm-up: %s, batch %d, guidance %.1f, writer state %s (%s)",
-                         format_size(height, width), batch, scale, state, warm.compile_mode or "eager")
+                log.info("warm-up: %s%s, batch %d, guidance %.1f, writer state %s (%s)",
+                         format_size(height, width), "" if task == TEXT_TO_IMAGE else f", {task}", batch, scale, state,
+                         warm.compile_mode or "eager")
                 graphs = graph_count()
-                _run(warm, batch, height, width, scale, prompt)
+                _run(warm, batch, height, width, scale, prompt, task=task, references=references)
                 compiled[name] = graph_count() - graphs
             if after_state is not None:
                 after_state()
@@ -104,29 +106,65 @@ def planned_passes(warm) -> list[tuple[object, list[tuple[str, tuple]]]]:
     # Eager, no state compiles anything: one state pages the model in (the rest would only cost time).
     states = warm.writer.warmup_states() if warm.compile_mode else warm.writer.warmup_states()[:1]
     prompts = warm.family.warmup_prompts(warm.pipeline)
-    return [(state, [(pass_name(state, height, width, scale, batch, index), (height, width, scale, batch, prompt))
+    # Each task beyond text-to-image with the first prompt (its text path is text-to-image's) and,
+    # for an edit, every reference count served (each is another token count).
+    tasks = [(TEXT_TO_IMAGE, 0, prompts)] + [
+        (task, references, prompts[:1]) for task in warm.tasks[1:]
+        for references in (range(1, warm.config.max_reference_images + 1) if task == "edit" else (1,))]
+    return [(state, [(pass_name(state, height, width, scale, batch, index, task, references),
+                      (height, width, scale, batch, prompt, task, references))
+                     for task, references, task_prompts in tasks
                      for height, width in warm.served_sizes for scale in guidance_scales(warm)
-                     for batch in batches for index, prompt in enumerate(prompts)])
+                     for batch in batches for index, prompt in enumerate(task_prompts)])
             for state in states]
 
 
-def pass_name(state, height: int, width: int, scale: float, batch: int, prompt_index: int) -> str:
+def pass_name(state, height: int, width: int, scale: float, batch: int, prompt_index: int,
+              task: str = TEXT_TO_IMAGE, references: int = 0) -> str:
     """One warm-up pass, as the saved record names it."""
-    return f"state={state} size={format_size(height, width)} guidance={scale:g} batch={batch} prompt={prompt_index}"
+    name = f"state={state} size={format_size(height, width)} guidance={scale:g} batch={batch} prompt={prompt_index}"
+    return name if task == TEXT_TO_IMAGE else f"{name} task={task} references={references}"
 
 
-def _run(warm, batch: int, height: int, width: int, scale: float, prompt: str | tuple = "warm-up") -> None:
-    """One warm-up call; a tuple ``prompt`` is one prompt per image (cycled), as a mixed batch runs."""
+def _run(warm, batch: int, height: int, width: int, scale: float, prompt: str | tuple = "warm-up",
+         task: str = TEXT_TO_IMAGE, references: int = 0) -> None:
+    """One warm-up call; a tuple ``prompt`` is one prompt per image (cycled), as a mixed batch runs.
+    A task beyond text-to-image runs its pipeline on grey input images (and a half mask) at the
+    served size, with its default strength (``warmup_strength``)."""
     family = warm.family
     negative = family.default_negative_prompt(scale)
     per_image = isinstance(prompt, tuple)
     if per_image:
         prompt = [prompt[i % len(prompt)] for i in range(batch)]
         negative = None if negative is None else [negative] * batch
-    warm.pipeline(prompt=prompt, num_images_per_prompt=1 if per_image else batch, num_inference_steps=TIMED_STEPS,
-                  height=height, width=width, generator=[torch.Generator().manual_seed(i) for i in range(batch)],
-                  output_type="latent", **({} if negative is None else {"negative_prompt": negative}),
-                  **family.call_arguments(scale))
+    inputs = {} if task == TEXT_TO_IMAGE else family.task_arguments(
+        task, *warmup_inputs(task, height, width, batch if task in IMAGE_TASKS else references),
+        warmup_strength(family, task), references)
+    warm.task_pipelines[task](
+        prompt=prompt, num_images_per_prompt=1 if per_image else batch, num_inference_steps=TIMED_STEPS,
+        height=height, width=width, generator=[torch.Generator().manual_seed(i) for i in range(batch)],
+        output_type="latent", **({} if negative is None else {"negative_prompt": negative}),
+        **family.call_arguments(scale), **inputs)
+
+
+def warmup_strength(family, task: str) -> float | None:
+    """The task's default strength, raised where it would leave none of warm-up's few steps to run
+    (SDXL img2img's 0.3 of 2 steps: no timestep at all)."""
+    strength = family.default_strength(task)
+    return None if strength is None else max(strength, 1 / TIMED_STEPS)
+
+
+def warmup_inputs(task: str, height: int, width: int, count: int) -> tuple[list, list | None]:
+    """``count`` input images for a warm-up pass of ``task`` (one per image of the batch, or an
+    edit's references): mid-grey at the served size; inpaint's masks repaint the right half."""
+    from PIL import Image
+
+    images = [Image.new("RGB", (width, height), (128, 128, 128)) for _ in range(max(count, 1))]
+    if task != "inpaint":
+        return images, None
+    mask = Image.new("L", (width, height), 0)
+    mask.paste(255, (width // 2, 0, width, height))
+    return images, [mask] * len(images)
 
 
 def chunk_key(height: int, width: int, cfg: bool) -> str:

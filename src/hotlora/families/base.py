@@ -163,6 +163,49 @@ class ModelFamily:
             raise UnservedModel(f"the {self.name} family does not serve mixed batches (mixed=True): "
                                 f"{self.mixed_batches_refused}")
 
+    # ------------------------------------------------------------------ declared: tasks beyond text-to-image
+
+    # Task -> the diffusers pipeline class that runs it on this family's components (made from the
+    # warm pipeline with ``from_pipe``: every weight, LoRA slot and compiled block shared).
+    task_pipelines: ClassVar[Mapping[str, str]] = {}
+    # The reference images the edit pipeline takes with one prompt (Kontext: one; Flux.2: several).
+    max_edit_references: ClassVar[int] = 1
+
+    def served_tasks(self) -> tuple[str, ...]:
+        return ("text-to-image", *self.task_pipelines)
+
+    def task_pipeline_type(self, task: str) -> type:
+        import diffusers
+
+        return getattr(diffusers, self.task_pipelines[task])
+
+    def default_strength(self, task: str) -> float | None:
+        """The strength a request of ``task`` runs with when it sets none: the task pipeline's own
+        default (diffusers': 0.6 for Flux img2img, 0.3 for SDXL's); None where it takes no strength."""
+        if task not in self.task_pipelines:
+            return None
+        parameter = inspect.signature(self.task_pipeline_type(task).__call__).parameters.get("strength")
+        return None if parameter is None else float(parameter.default)
+
+    def task_arguments(self, task: str, images: list, masks: list | None, strength: float | None,
+                       references: int) -> dict[str, Any]:
+        """The task pipeline's image arguments for one forward batch. Image-to-image and inpaint:
+        ``images`` and ``masks`` one per image of the batch (the pipelines then draw each image's
+        VAE sample from that image's own generator, so an image is the same whatever chunk it runs
+        in; given one image for several, diffusers' Flux img2img samples it from the first
+        generator of the call). Edit: its ``references`` images, the same for every prompt (the
+        edit pipelines encode them with the VAE's mean: no generator is drawn)."""
+        arguments: dict[str, Any] = {}
+        if task == "edit":
+            arguments["image"] = images if references > 1 else images[0]
+            return arguments
+        arguments["image"] = list(images)
+        if masks is not None:
+            arguments["mask_image"] = list(masks)
+        if strength is not None:
+            arguments["strength"] = strength
+        return arguments
+
     # Why mixed batches are not served, where ``mixed_batches`` is False.
     mixed_batches_refused: ClassVar[str] = ""
 

@@ -24,6 +24,7 @@ class Chroma(Flux):
     lora_key_pattern = Flux.lora_key_pattern + r"|distilled_guidance_layer"
     base_model_markers = ("chroma",)
     pipeline_class = "ChromaPipeline"
+    task_pipelines = {"image-to-image": "ChromaImg2ImgPipeline", "inpaint": "ChromaInpaintPipeline"}
     denoiser_class = "ChromaTransformer2DModel"
     default_steps, default_guidance = 35, 5.0  # ChromaPipeline.__call__'s defaults (the model card: 26-40 steps)
     cfg = "true"

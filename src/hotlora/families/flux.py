@@ -32,6 +32,8 @@ XLABS_DOUBLE_BLOCK = {
 class Flux(ModelFamily):
     name = "flux"
     pipeline_class = "FluxPipeline"
+    task_pipelines = {"image-to-image": "FluxImg2ImgPipeline", "inpaint": "FluxInpaintPipeline",
+                      "edit": "FluxKontextPipeline"}
     denoiser_class = "FluxTransformer2DModel"
     default_steps, default_guidance = 28, 3.5
     cfg = "none"  # guidance goes in through the guidance embedding
@@ -43,6 +45,15 @@ class Flux(ModelFamily):
                         r"|guidance_embedder")
     base_model_markers = ("flux.1", "flux-1", "flux1", "flux-dev", "flux_dev", "flux-schnell")
     tiny_size = 32
+
+    def task_arguments(self, task, images, masks, strength, references):
+        arguments = super().task_arguments(task, images, masks, strength, references)
+        if task == "edit":
+            # References come fitted to the served size. Kontext would otherwise resize them to one of
+            # its preferred resolutions and scale the output to ``max_area`` (1024x1024): another shape.
+            first = images[0]
+            arguments.update(_auto_resize=False, max_area=first.width * first.height)
+        return arguments
 
     def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
         embeds, pooled, _ = pipeline.encode_prompt(prompt=prompts["prompt"], prompt_2=prompts.get("prompt_2"),

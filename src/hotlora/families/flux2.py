@@ -67,6 +67,7 @@ def mistral_tokenizer():
 
 
 class _Flux2Base(ModelFamily):
+    max_edit_references = 4  # Flux2Pipeline takes a list of references (``image``); each count is warmed up
     denoiser_class = "Flux2Transformer2DModel"
     latent_multiple = 2  # the transformer packs 2x2 latent patches into one token
     tokenizer_of = {"text_encoder": "tokenizer"}
@@ -131,6 +132,7 @@ class Flux2(_Flux2Base):
     base_model_markers = ("flux.2-dev", "flux2-dev", "flux2_dev", "flux.2 dev")
     full_size_models = {"flux2-dev": "flux2_dev"}
     pipeline_class = "Flux2Pipeline"
+    task_pipelines = {"edit": "Flux2Pipeline"}  # reference images go in as the pipeline's own ``image``
     default_steps, default_guidance = 50, 4.0  # the FLUX.2-dev model card; 4.0 is the pipeline's default too
     cfg = "none"  # guidance goes in through the guidance embedding
     text_encoder_layers = 30
@@ -170,6 +172,7 @@ class Flux2Klein(_Flux2Base):
     base_model_markers = ("klein",)
     full_size_models = {"flux2-klein-4b": "flux2_klein_4b", "flux2-klein-9b": "flux2_klein_9b"}
     pipeline_class = "Flux2KleinPipeline"
+    task_pipelines = {"edit": "Flux2KleinPipeline", "inpaint": "Flux2KleinInpaintPipeline"}
     default_steps, default_guidance = 4, 1.0  # the klein model cards
     cfg = "none"
     takes_guidance = False  # the pipeline warns and ignores it on a distilled model

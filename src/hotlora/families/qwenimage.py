@@ -39,6 +39,7 @@ class QwenImage(ModelFamily):
     base_model_markers = ("qwen-image", "qwen_image", "qwenimage")
     full_size_models = {"qwen-image": "qwen_image"}
     pipeline_class = "QwenImagePipeline"
+    task_pipelines = {"image-to-image": "QwenImageImg2ImgPipeline", "inpaint": "QwenImageInpaintPipeline"}
     denoiser_class = "QwenImageTransformer2DModel"
     # Qwen-Image's model card: 50 steps, true_cfg_scale 4.0, 1328 x 1328 for 1:1.
     default_steps, default_guidance = 50, 4.0

@@ -17,6 +17,7 @@ class StableDiffusion15(ModelFamily):
     base_model_markers = ("stable-diffusion-v1", "sd_v1", "sd1.5", "sd-v1", "sd15", "v1-5")
     full_size_models = {"sd15": "sd15"}
     pipeline_class = "StableDiffusionPipeline"
+    task_pipelines = {"image-to-image": "StableDiffusionImg2ImgPipeline", "inpaint": "StableDiffusionInpaintPipeline"}
     denoiser_class = "UNet2DConditionModel"
     # StableDiffusionPipeline.__call__'s defaults, which the SD1.5 model card uses; 512 px published.
     default_steps, default_guidance = 50, 7.5

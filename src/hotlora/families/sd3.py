@@ -18,6 +18,8 @@ class StableDiffusion3(ModelFamily):
     base_model_markers = ("sd3", "stable-diffusion-3")
     full_size_models = {"sd3.5-large": "sd35_large", "sd3.5-medium": "sd35_medium"}
     pipeline_class = "StableDiffusion3Pipeline"
+    task_pipelines = {"image-to-image": "StableDiffusion3Img2ImgPipeline",
+                      "inpaint": "StableDiffusion3InpaintPipeline"}
     denoiser_class = "SD3Transformer2DModel"
     # SD3.5 large's model card (28 steps, guidance 3.5, 1024 px); the pipeline's own default guidance
     # is SD3 medium's 7.0.

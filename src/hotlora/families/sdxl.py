@@ -16,6 +16,8 @@ MAX_SGM_BLOCKS = 64  # real SDXL files use about a dozen; diffusers' mapping is 
 class StableDiffusionXL(ModelFamily):
     name = "sdxl"
     pipeline_class = "StableDiffusionXLPipeline"
+    task_pipelines = {"image-to-image": "StableDiffusionXLImg2ImgPipeline",
+                      "inpaint": "StableDiffusionXLInpaintPipeline"}
     denoiser_class = "UNet2DConditionModel"
     default_steps, default_guidance = 30, 5.0
     cfg = "batch"

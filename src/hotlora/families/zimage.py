@@ -41,6 +41,7 @@ class ZImage(ModelFamily):
     base_model_markers = ("z-image", "z_image", "zimage")
     full_size_models = {"zimage-turbo": "zimage_turbo"}
     pipeline_class = "ZImagePipeline"
+    task_pipelines = {"image-to-image": "ZImageImg2ImgPipeline", "inpaint": "ZImageInpaintPipeline"}
     denoiser_class = "ZImageTransformer2DModel"
     # Z-Image-Turbo's model card: 9 steps (8 forward passes of the DiT), guidance 0, 1024 x 1024.
     default_steps, default_guidance = 9, 0.0

@@ -18,7 +18,7 @@ This package is the public face: import settings from ``hotlora.settings``.
 """
 
 from hotlora.settings.engine import (
-    ADAPTER_MODES, BASE_QUANTIZATIONS, FUSED_RESTORE, SIZE_POLICIES, EngineConfig, RequestLimits, StepCache,
+    ADAPTER_MODES, BASE_QUANTIZATIONS, FUSED_RESTORE, SIZE_POLICIES, TASKS, EngineConfig, RequestLimits, StepCache,
     format_size, parse_size, parse_sizes,
 )
 from hotlora.settings.fields import ENV_PREFIX, SettingsError
@@ -28,6 +28,6 @@ from hotlora.settings.store import GiB, MiB, StoreConfig
 
 __all__ = [
     "ADAPTER_MODES", "BASE_QUANTIZATIONS", "ENV_PREFIX", "FUSED_RESTORE", "GiB", "MODEL_DEFAULTS_FILE", "MiB", "ModelDefaultsError",
-    "SIZE_POLICIES", "EngineConfig", "RequestLimits", "ServerConfig", "SettingsError", "StepCache", "StoreConfig",
+    "SIZE_POLICIES", "TASKS", "EngineConfig", "RequestLimits", "ServerConfig", "SettingsError", "StepCache", "StoreConfig",
     "format_size", "parse_size", "parse_sizes", "read_config_file", "read_model_defaults",
 ]

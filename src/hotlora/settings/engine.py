@@ -19,6 +19,18 @@ ADAPTER_MODES = ("slots", "fused", "auto")
 FUSED_RESTORE = ("auto", "device", "host")
 STEP_CACHE_BACKENDS = ("dbcache", "taylorseer", "fbcache")  # engine.stepcache checks the name again
 BASE_QUANTIZATIONS = ("none", "int8_weight_only", "float8")  # engine/quantize.py applies them
+# What a request may ask one warm denoiser for; each task beyond text-to-image runs through the
+# family's variant pipeline made with ``from_pipe`` (families/base.py ``task_pipelines``).
+TASKS = ("text-to-image", "image-to-image", "inpaint", "edit")
+
+
+def _tasks(value):
+    """``"text-to-image,inpaint"`` (a flag, a variable) as a tuple; text-to-image always first."""
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, (list, tuple)):
+        value = tuple(dict.fromkeys(("text-to-image", *value)))
+    return value
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -140,6 +152,14 @@ class EngineConfig(Settings):
     size_policy: str = setting("refuse", "a request at a size not served: refuse (422 listing the sizes) or "
                                          "nearest (snapped to the closest aspect ratio, and said so)",
                                choices=SIZE_POLICIES)
+    # Each task is warmed up at every served size (and each reference count up to
+    # max_reference_images), so no request of a served task compiles.
+    tasks: tuple[str, ...] = setting(("text-to-image",), "tasks served besides text-to-image, comma-separated: "
+                                                         "image-to-image, inpaint, edit (the family's variant "
+                                                         "pipelines, sharing every weight through from_pipe)",
+                                     parse=_tasks)
+    max_reference_images: int = setting(1, "edit: the most reference images a request may give (each count "
+                                           "is warmed up)")
     mixed: bool = setting(False, "adapter banks: several requests' adapters in one forward batch")
     bank_entries: int | None = setting(None, "adapter sets a bank holds (default 2 x batch size + 1)")
     attention_backend: str = setting("native", "native (SDPA), fa3, flash, or any diffusers dispatcher backend")
@@ -192,6 +212,13 @@ class EngineConfig(Settings):
             raise ValueError(f"chunk_budget_s must be >= 0 seconds, got {self.chunk_budget_s!r}")
         if self.size_policy not in SIZE_POLICIES:
             raise ValueError(f"size_policy must be one of {', '.join(SIZE_POLICIES)}, got {self.size_policy!r}")
+        unknown = [task for task in self.tasks if task not in TASKS]
+        if unknown:
+            raise ValueError(f"tasks {', '.join(map(repr, unknown))} unknown; tasks: {', '.join(TASKS)}")
+        if not (isinstance(self.max_reference_images, int) and 1 <= self.max_reference_images <= 8):
+            raise ValueError(f"max_reference_images must be an integer in 1..8, got {self.max_reference_images!r}")
+        if self.step_cache is not None and len(self.tasks) > 1:
+            raise ValueError("step_cache wraps the text-to-image pipeline only: serve other tasks without it")
         if self.mixed and self.rank_buckets:
             raise ValueError("rank buckets apply to the slots of single-request packs, not to mixed batches")
         if self.adapter_mode not in ADAPTER_MODES:
@@ -222,13 +249,17 @@ class EngineConfig(Settings):
     FINGERPRINT_EXCLUDES: ClassVar[frozenset] = frozenset({
         "limits", "compile_cache_dir", "device", "dtype", "height", "width", "sizes", "size_policy",
         "attention_backend", "text_encoder_lora", "embedding_rows", "fused_min_kept",
-        "chunk_budget_s"})  # text encoders run eagerly
+        "chunk_budget_s", "tasks", "max_reference_images"})  # text encoders run eagerly; tasks: see fingerprint
 
     def fingerprint(self, model: str | None, family: str, **resolved) -> str:
         """The compile-cache key: the model, the family, every option the graphs depend on, and the
         values resolved at load time (``resolved``: sizes, attention backend, dtype)."""
         options = {n: getattr(self, n) for n in type(self).model_fields if n not in self.FINGERPRINT_EXCLUDES}
         options["rank_buckets"] = self.bucket_ranks  # as the writer compiles them
+        if len(self.tasks) > 1:  # other tasks add graphs; a text-to-image engine keeps the key it always had
+            options["tasks"] = list(self.tasks)
+            if "edit" in self.tasks:
+                options["max_reference_images"] = self.max_reference_images
         return json.dumps({"model": model, "family": family, **options, **resolved}, sort_keys=True, default=repr)
 
     @property
@@ -248,5 +279,5 @@ class EngineConfig(Settings):
         return self.max_batch_size if self.batch_size == "auto" else self.batch_size
 
 
-__all__ = ["ADAPTER_MODES", "BASE_QUANTIZATIONS", "FUSED_RESTORE", "SIZE_POLICIES", "STEP_CACHE_BACKENDS",
+__all__ = ["ADAPTER_MODES", "BASE_QUANTIZATIONS", "FUSED_RESTORE", "SIZE_POLICIES", "STEP_CACHE_BACKENDS", "TASKS",
            "EngineConfig", "RequestLimits", "StepCache", "default_rank_buckets", "format_size", "parse_size", "parse_sizes"]

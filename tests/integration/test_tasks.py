@@ -1,0 +1,147 @@
+"""Tasks beyond text-to-image on one warm denoiser: image-to-image, inpaint and edit, each made from
+the warm pipeline with ``from_pipe``, equal to plain diffusers' variant pipeline with the same
+adapters (float32, within 1e-4) and compiling nothing after warm-up (``error_on_recompile``)."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hotlora import Engine
+from hotlora.engine.inputs import fitted
+from hotlora.engine.request import UnservedTask
+from hotlora.errors import InvalidRequest
+from hotlora.families import FAMILIES, family_named
+
+from ..helpers import CORE_FAMILIES, TARGET_RANK, recompiles_are_errors
+
+TOLERANCE = 1e-4
+PROMPT = "the same portrait, at dusk"
+STEPS = 4
+N = 3  # with batch_size 2: a full chunk and a last chunk of 1
+
+
+def task_params():
+    return [pytest.param(name, id=name, marks=() if name in CORE_FAMILIES else pytest.mark.families)
+            for name, family in FAMILIES.items() if family.task_pipelines]
+
+
+@pytest.fixture(scope="module", params=task_params())
+def warm(request, tiny_models):
+    family = family_named(request.param)
+    engine = Engine.from_pretrained(tiny_models[request.param], target_rank=TARGET_RANK, batch_size=2, compile=True,
+                                    rank_buckets=(), tasks=tuple(family.task_pipelines),
+                                    max_reference_images=min(2, family.max_edit_references))
+    with recompiles_are_errors():
+        yield family, tiny_models[request.param], engine
+    assert engine.recompiles == 0
+
+
+def photo(height: int, width: int, seed: int) -> Image.Image:
+    """A smooth random picture (a VAE's input should look like one), ``width`` x ``height``."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, size=(max(2, height // 8), max(2, width // 8), 3), dtype=np.uint8)
+    return Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC)
+
+
+def half_mask(height: int, width: int) -> Image.Image:
+    mask = Image.new("L", (width, height), 0)
+    mask.paste(255, (0, height // 2, width, height))
+    return mask
+
+
+def task_case(family, engine, task):
+    """(request keywords, the variant pipeline's own image arguments) for one task."""
+    height, width = engine.height, engine.width
+    if task == "edit":
+        references = [photo(height + 8, width * 2, 1), photo(height * 2, width, 2)]  # fitted to the served size
+        references = references[:engine.rules.max_reference_images]
+        given = [Image.fromarray(fitted(np.asarray(r), height, width)) for r in references]
+        arguments = family.task_arguments("edit", given, None, None, len(given))
+        return {"task": task, "images": tuple(references)}, arguments
+    image = photo(height, width, 3)
+    mask = half_mask(height, width) if task == "inpaint" else None
+    strength = 0.75
+    # One input image per output image: how the engine calls the pipeline (families/base.py says why).
+    arguments = family.task_arguments(task, [image] * N, None if mask is None else [mask] * N, strength, 1)
+    return {"task": task, "images": (image,), "mask": mask, "strength": strength}, arguments
+
+
+def reference(family, engine, model_dir, task, adapters, arguments, seed=0):
+    from hotlora.testing import plain_diffusers_reference
+
+    return plain_diffusers_reference(
+        model_dir, adapters, prompt=PROMPT, num_images=N, num_inference_steps=STEPS,
+        guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=seed,
+        pipeline_class=family.task_pipelines[task], task_arguments=arguments)
+
+
+@pytest.mark.parametrize("task", ["image-to-image", "inpaint", "edit"])
+def test_each_task_equals_plain_diffusers_variant(warm, task):
+    family, model_dir, engine = warm
+    if task not in family.task_pipelines:
+        pytest.skip(f"diffusers has no {task} pipeline hotlora declares for {family.name}")
+    adapters = {"identity": (model_dir / "adapters" / "identity-diffusers", 0.9),
+                "style": (model_dir / "adapters" / "style-diffusers", 0.6)}
+    keywords, arguments = task_case(family, engine, task)
+    result = engine.generate(PROMPT, adapters=adapters, num_images=N, num_inference_steps=STEPS, seed=0,
+                             output_type="latent", **keywords)
+    theirs = reference(family, engine, model_dir, task, adapters, arguments)
+    diff = (result.images - theirs).abs().max().item()
+    assert diff <= TOLERANCE, f"{family.name} {task}: max |engine - diffusers| = {diff}"
+    # The input image must matter: text-to-image with the same seeds gives something else.
+    plain = engine.generate(PROMPT, adapters=adapters, num_images=N, num_inference_steps=STEPS, seed=0,
+                            output_type="latent").images
+    assert (plain - result.images).abs().max().item() > 100 * TOLERANCE
+    assert engine.recompiles == 0
+
+
+def test_task_pipelines_share_every_weight(warm):
+    """``from_pipe``: each task's pipeline holds the warm pipeline's module objects, nothing copied."""
+    family, _, engine = warm
+    base = engine.pipeline
+    tensors = {t.data_ptr() for _, m in base.components.items() if isinstance(m, torch.nn.Module)
+               for t in (*m.parameters(), *m.buffers())}
+    for task, pipeline in engine.warm.task_pipelines.items():
+        assert type(pipeline).__name__ == (family.task_pipelines.get(task) or type(base).__name__)
+        for name, module in pipeline.components.items():
+            if isinstance(module, torch.nn.Module) and name in base.components:
+                assert module is base.components[name], f"{task}: {name} is a copy"
+        own = {t.data_ptr() for _, m in pipeline.components.items() if isinstance(m, torch.nn.Module)
+               for t in (*m.parameters(), *m.buffers())}
+        assert own <= tensors, f"{task}: {len(own - tensors)} tensors not shared with the warm pipeline"
+
+
+def test_task_inputs_are_checked_before_the_engine(warm):
+    family, _, engine = warm
+    image = photo(engine.height, engine.width, 5)
+    task = next(iter(family.task_pipelines))
+    cases = [
+        ({"task": "outpaint"}, UnservedTask, "not served"),
+        ({"task": "image-to-image"} if "image-to-image" in family.task_pipelines else {"task": task},
+         InvalidRequest, "exactly one input image|reference image"),
+        ({"images": (image,)}, InvalidRequest, "text-to-image takes no input image"),
+    ]
+    if "image-to-image" in family.task_pipelines:
+        cases += [({"task": "image-to-image", "images": (image,), "strength": 1.5}, InvalidRequest, "strength"),
+                  ({"task": "image-to-image", "images": (image,), "strength": 0.1}, InvalidRequest, "no step"),
+                  ({"task": "image-to-image", "images": (image, image)}, InvalidRequest, "exactly one")]
+    if "inpaint" in family.task_pipelines:
+        cases += [({"task": "inpaint", "images": (image,)}, InvalidRequest, "needs a mask"),
+                  ({"task": "inpaint", "images": (image,), "mask": half_mask(8, 8)}, InvalidRequest, "same size")]
+    if "edit" in family.task_pipelines:
+        cases += [({"task": "edit", "images": (image,) * (engine.rules.max_reference_images + 1)}, UnservedTask,
+                   "max_reference_images")]
+    graphs = engine.recompiles
+    for keywords, error, message in cases:
+        with pytest.raises(error, match=message):
+            engine.prepare(PROMPT, num_inference_steps=STEPS, **keywords)
+    assert engine.recompiles == graphs
+
+
+def test_an_engine_without_tasks_refuses_them(tiny_models):
+    engine = Engine.from_pretrained(tiny_models["flux"], target_rank=TARGET_RANK, batch_size=1, compile=False,
+                                    rank_buckets=())
+    with pytest.raises(UnservedTask, match="served tasks: text-to-image"):
+        engine.prepare(PROMPT, task="image-to-image", images=(photo(32, 32, 0),))
+    assert engine.describe()["tasks"] == ["text-to-image"]
