@@ -252,3 +252,16 @@ def test_the_server_package_stays_small():
     for package in (hotlora.server, hotlora.scaleout):
         for path in Path(package.__file__).parent.glob("*.py"):
             assert len(path.read_text().splitlines()) <= 400, path
+
+
+def test_the_image_to_image_task_is_refused_as_such_never_read_as_a_prompt():
+    """``InferenceClient.image_to_image`` sends the image as base64 ``inputs`` and the prompt in
+    ``parameters.prompt``: a 422 naming the task, before any engine work, whatever the input's length."""
+    c = client()
+    for inputs in ("aGVsbG8=", "A" * 20_000):
+        answer = c.post("/", json={"inputs": inputs, "parameters": {"prompt": "a cat"}})
+        assert answer.status_code == 422 and answer.json()["type"] == "UnservedTask"
+        assert "image-to-image" in answer.json()["error"]
+    # A text-to-image body with a prompt-like word in it is not mistaken for one.
+    text = c.post("/", json={"inputs": 'a "prompt" sign', "parameters": {"seed": 1}})
+    assert text.status_code == 503 and text.json()["type"] == "NotAccepting"

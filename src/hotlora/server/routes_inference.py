@@ -11,9 +11,12 @@ JSON; ``curl -d PROMPT -H 'lora: ...'`` a form type with a custom header: both a
 
 from __future__ import annotations
 
+import json
+
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import ValidationError
 
+from hotlora.engine.request import UnservedTask
 from hotlora.errors import InvalidRequest, RequestTooLarge, UnsupportedMediaType
 from hotlora.server.errors import validation_error
 from hotlora.server.images import MEDIA_TYPES, format_from_accept
@@ -53,6 +56,8 @@ async def inference_api(service: Service, request: Request) -> Response:
                 f"send {{\"inputs\": prompt}} as application/json, or a raw prompt with a 'lora' header, an API "
                 f"key or a content type such as text/x-prompt: any web page can POST "
                 f"{media or 'a body without a type'} here")
+    if is_json and b'"prompt"' in raw:
+        refuse_image_to_image(raw)
     try:
         if is_json:
             body = HFRequest.model_validate_json(raw)
@@ -68,3 +73,17 @@ async def inference_api(service: Service, request: Request) -> Response:
     fmt = format_from_accept(request.headers.get("accept"))
     out = await service.generate(request, body.to_request(header, service.config.lora_header_slot), fmt=fmt)
     return Response(out.images[0], media_type=MEDIA_TYPES[fmt], headers=result_headers(out))
+
+
+def refuse_image_to_image(raw: bytes) -> None:
+    """The Hugging Face image-to-image task's body (``inputs``: the image as base64, the prompt in
+    ``parameters.prompt``, as ``InferenceClient.image_to_image`` sends it) is refused as the task it
+    is: read as text-to-image, the base64 text would be the prompt and the prompt dropped."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser: the schema's own error follows
+        return
+    parameters = data.get("parameters") if isinstance(data, dict) else None
+    if isinstance(parameters, dict) and "prompt" in parameters:
+        raise UnservedTask("this body is the Hugging Face image-to-image task (an input image, parameters.prompt); "
+                           "this route serves text-to-image only: send {\"inputs\": prompt}", ("text-to-image",))
