@@ -88,7 +88,8 @@ def warm_up(warm, *, skip: frozenset = frozenset(), after_state: Callable[[], ob
                          format_size(height, width), "" if task == TEXT_TO_IMAGE else f", {task}", batch, scale, state,
                          warm.compile_mode or "eager")
                 graphs = graph_count()
-                _run(warm, batch, height, width, scale, prompt, task=task, references=references)
+                task_keywords = {} if task == TEXT_TO_IMAGE else {"task": task, "references": references}
+                _run(warm, batch, height, width, scale, prompt, **task_keywords)
                 compiled[name] = graph_count() - graphs
             if after_state is not None:
                 after_state()
