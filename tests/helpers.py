@@ -270,3 +270,52 @@ def drip(wfile, data: bytes, interval_s: float, stop) -> None:
         except OSError:
             return
         time.sleep(interval_s)
+
+
+# ----------------------------------------------------------------------------- a recording HTTP server
+
+
+class Recording(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def _handle(self, method):
+        self.server.seen.append((method, self.path, dict(self.headers)))
+        try:
+            self.server.app(self, method)
+        except (BrokenPipeError, ConnectionResetError):  # the client stopped reading (what some tests want)
+            pass
+
+    def do_GET(self):
+        self._handle("GET")
+
+    def do_HEAD(self):
+        self._handle("HEAD")
+
+    def log_message(self, *args):
+        pass
+
+
+def reply(handler, status=200, body=b"", headers=None, head=False):
+    handler.send_response(status)
+    for name, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    if not head:
+        handler.wfile.write(body)
+
+
+@contextmanager
+def serving_app(app):
+    """``app(handler, method)`` answers every GET and HEAD on 127.0.0.1; yields (server, base URL).
+    ``server.seen``: (method, path, headers) of each request; ``server.sent``: for apps to count in."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recording)
+    server.daemon_threads = True
+    server.app, server.seen, server.stop, server.sent = app, [], threading.Event(), 0
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server, f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.stop.set()
+        server.shutdown()
+        server.server_close()

@@ -59,10 +59,10 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from hotlora.errors import InvalidRequest, RequestTooLarge, UnsupportedMediaType
+from hotlora.settings import MiB
+from hotlora.settings.engine import ANIMATION_POLICIES  # declared with the setting that takes them
 
-MiB = 1024**2
 ACCEPTED = ("PNG", "JPEG", "WEBP")  # Pillow's format names
-ANIMATION_POLICIES = ("refuse", "first_frame")
 MODES = ("RGB", "L")
 ACCEPTED_TEXT = "PNG, JPEG or WebP"
 
@@ -101,7 +101,8 @@ class ImageBudget:
 
     @classmethod
     def of(cls, config) -> "ImageBudget":
-        """From the server's settings (``ServerConfig``'s ``input_image_*`` fields)."""
+        """From the request limits (``RequestLimits``' ``input_image_*`` fields; a ``ServerConfig``
+        carries them flattened, under the same names)."""
         return cls(config.input_image_max_bytes, config.input_image_max_pixels, config.input_image_max_side,
                    config.input_image_animation, tuple(config.input_image_background))
 

@@ -6,11 +6,9 @@ Servers here listen on 127.0.0.1, which the egress policy refuses unless listed:
 them list ``127.0.0.1`` (or ``127.0.0.1:PORT``) in ``allowed_hosts``, as the policy documents."""
 
 import hashlib
-import http.server
 import json
 import os
 import socket
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +22,7 @@ from hotlora.adapters.store import AdapterStore
 from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound, SourceUnavailable
 
-from ..helpers import write_lora
+from ..helpers import reply, serving_app as serving, write_lora
 
 FLUX = family_named("flux")
 SLACK_S = 2.0  # what a deadline may be overrun by on a busy 2-core machine
@@ -39,33 +37,7 @@ def downloads_left(tmp_path) -> list:
     return list((tmp_path / "cache" / "downloads").iterdir())
 
 
-# ----------------------------------------------------------------------------- a recording HTTP server
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def _handle(self, method):
-        self.server.seen.append((method, self.path, dict(self.headers)))
-        self.server.app(self, method)
-
-    def do_GET(self):
-        self._handle("GET")
-
-    def do_HEAD(self):
-        self._handle("HEAD")
-
-    def log_message(self, *args):
-        pass
-
-
-def reply(handler, status=200, body=b"", headers=None, head=False):
-    handler.send_response(status)
-    for name, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
-        handler.send_header(name, value)
-    handler.end_headers()
-    if not head:
-        handler.wfile.write(body)
+# ----------------------------------------------------------------------------- what the test servers send
 
 
 def drip(handler, total, every_s, stop):
@@ -82,21 +54,6 @@ def drip(handler, total, every_s, stop):
         except OSError:
             return
         time.sleep(every_s)
-
-
-@contextmanager
-def serving(app):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
-    server.app, server.seen, server.stop = app, [], threading.Event()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server, f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.stop.set()
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture

@@ -3,11 +3,8 @@ the adapter store's egress policy at every hop, the byte budget before and while
 
 from __future__ import annotations
 
-import http.server
 import io
-import threading
 import time
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -19,45 +16,10 @@ from hotlora.errors import InvalidRequest, RequestTooLarge, SourceUnavailable, U
 from hotlora.images import ImageBudget
 from hotlora.server.errors import status_of
 
+from ..helpers import reply, serving_app as serving
+
 PNG = (lambda out: (Image.fromarray(np.full((8, 8, 3), (10, 200, 30), np.uint8)).save(out, "PNG"), out.getvalue())[1])(
     io.BytesIO())
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self):
-        self.server.seen.append(self.path)
-        try:
-            self.server.app(self)
-        except (BrokenPipeError, ConnectionResetError):  # the client stopped reading: what the tests want
-            pass
-
-    def log_message(self, *args):
-        pass
-
-
-@contextmanager
-def serving(app):
-    """``app(handler)`` answers every GET on 127.0.0.1; yields (server, base URL)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
-    server.app, server.seen, server.stop, server.sent = app, [], threading.Event(), 0
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server, f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.stop.set()
-        server.shutdown()
-        server.server_close()
-
-
-def reply(handler, status=200, body=b"", headers=None):
-    handler.send_response(status)
-    for name, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
-        handler.send_header(name, value)
-    handler.end_headers()
-    handler.wfile.write(body)
 
 
 def allowing(server) -> EgressPolicy:
@@ -65,7 +27,7 @@ def allowing(server) -> EgressPolicy:
 
 
 def test_an_image_is_fetched_and_decoded_with_its_content_type_as_declared():
-    with serving(lambda h: reply(h, 200, PNG, {"Content-Type": "image/jpeg"})) as (server, url):
+    with serving(lambda h, m: reply(h, 200, PNG, {"Content-Type": "image/jpeg"})) as (server, url):
         fetched = fetch_image_bytes(f"{url}/cat.png", policy=allowing(server), budget=ImageBudget(), timeout_s=10)
         assert fetched.data == PNG and fetched.content_type == "image/jpeg"
         decoded = fetch_image(f"{url}/cat.png", policy=allowing(server), budget=ImageBudget(), timeout_s=10)
@@ -74,7 +36,7 @@ def test_an_image_is_fetched_and_decoded_with_its_content_type_as_declared():
 
 
 def test_internal_hosts_are_refused_by_default_before_connecting():
-    with serving(lambda h: reply(h, 200, PNG)) as (server, url):
+    with serving(lambda h, m: reply(h, 200, PNG)) as (server, url):
         port = server.server_port
         public_only = EgressPolicy(allow_http=True)  # no allowed_hosts: public addresses only
         for target in (f"{url}/x.png", f"http://localhost:{port}/x.png", f"http://[::1]:{port}/x.png",
@@ -88,28 +50,28 @@ def test_internal_hosts_are_refused_by_default_before_connecting():
 
 
 def test_every_redirect_hop_is_checked():
-    with serving(lambda h: reply(h, 200, PNG)) as (inner, inner_url):
+    with serving(lambda h, m: reply(h, 200, PNG)) as (inner, inner_url):
         targets = {"/to-loopback-name": f"http://localhost:{inner.server_port}/x.png",
                    "/to-unlisted-port": f"{inner_url}/x.png",
                    "/to-metadata": "http://169.254.169.254/latest/meta-data/iam",
                    "/to-private": "http://10.1.2.3/x.png",
                    "/to-file": "file:///etc/passwd"}
 
-        def redirector(handler):
+        def redirector(handler, method):
             reply(handler, 302, b"", {"Location": targets[handler.path]})
 
         with serving(redirector) as (outer, outer_url):
             for path in targets:
                 with pytest.raises(UnsafeReference):
                     fetch_image_bytes(outer_url + path, policy=allowing(outer), budget=ImageBudget(), timeout_s=5)
-            assert sorted(outer.seen) == sorted(targets)
+            assert sorted(path for _, path, _ in outer.seen) == sorted(targets)
         assert inner.seen == []  # no hop reached the internal server
 
 
 def test_a_declared_size_over_the_budget_is_refused_without_reading_the_body():
     budget = ImageBudget(max_bytes=64 * 1024)
 
-    def huge(handler):
+    def huge(handler, method):
         handler.send_response(200)
         handler.send_header("Content-Length", str(1024**3))
         handler.end_headers()
@@ -129,7 +91,7 @@ def test_a_declared_size_over_the_budget_is_refused_without_reading_the_body():
 def test_an_undeclared_body_stops_being_read_past_the_budget():
     budget = ImageBudget(max_bytes=256 * 1024)
 
-    def endless(handler):  # no Content-Length: the body runs until the connection closes
+    def endless(handler, method):  # no Content-Length: the body runs until the connection closes
         handler.send_response(200)
         handler.send_header("Connection", "close")
         handler.end_headers()
@@ -146,7 +108,7 @@ def test_an_undeclared_body_stops_being_read_past_the_budget():
 
 
 def test_a_body_that_drips_is_ended_at_the_deadline():
-    def drip(handler):
+    def drip(handler, method):
         handler.send_response(200)
         handler.send_header("Content-Length", str(len(PNG)))
         handler.end_headers()
@@ -166,7 +128,7 @@ def test_a_body_that_drips_is_ended_at_the_deadline():
 
 
 def test_headers_that_never_come_are_ended_at_the_deadline():
-    def silent(handler):
+    def silent(handler, method):
         handler.server.stop.wait(30)
 
     with serving(silent) as (server, url):
@@ -177,7 +139,7 @@ def test_headers_that_never_come_are_ended_at_the_deadline():
 
 
 def test_answers_other_than_success_and_malformed_urls_are_request_errors():
-    with serving(lambda h: reply(h, 404, b"no")) as (server, url):
+    with serving(lambda h, m: reply(h, 404, b"no")) as (server, url):
         with pytest.raises(InvalidRequest, match=r"not found or not allowed \(HTTP 404\)") as info:
             fetch_image_bytes(f"{url}/gone.png?sig=secret", policy=allowing(server), budget=ImageBudget(), timeout_s=5)
         assert "secret" not in str(info.value)  # a presigned URL's query is never shown

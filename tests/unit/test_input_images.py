@@ -19,7 +19,6 @@ from hotlora.errors import InvalidRequest, RequestTooLarge, UnsupportedMediaType
 from hotlora.images import DecodedImage, ImageBudget, decode_image
 from hotlora.server.errors import status_of
 from hotlora.settings import ServerConfig
-from hotlora.settings.server import ANIMATION_POLICIES
 
 BUDGET = ImageBudget()
 
@@ -86,7 +85,6 @@ def opened(monkeypatch):
 def test_the_budget_defaults_and_the_settings_agree():
     assert ImageBudget.of(ServerConfig()) == ImageBudget() == ImageBudget(20 * 1024**2, 4096 * 4096, 8192,
                                                                           "first_frame", (255, 255, 255))
-    assert ANIMATION_POLICIES == images.ANIMATION_POLICIES
     budget = ImageBudget.of(ServerConfig(input_image_max_side=64, input_image_background="0,0,0",
                                          input_image_animation="refuse", input_image_max_bytes=10,
                                          input_image_max_pixels=100))

@@ -14,6 +14,7 @@ of a validated request) in its own ``prepare``.
 from __future__ import annotations
 
 import time
+from functools import cached_property
 from typing import Callable, Mapping
 
 from hotlora.adapters.format.convert import Adapter
@@ -28,9 +29,14 @@ from hotlora.families import ModelFamily
 class EngineFront:
     def __init__(self, family: ModelFamily, rules: RequestRules, resolver: AdapterResolver, text: TextChecks):
         self.family, self.rules, self.resolver, self.text = family, rules, resolver, text
-        # Input images given as file bytes are decoded under this (``hotlora.images.ImageBudget``;
-        # None: its defaults); the server sets its own.
-        self.image_budget = None
+
+    @cached_property
+    def image_budget(self):
+        """What an input image given as file bytes may be (``hotlora.images.ImageBudget``), from the
+        request limits. Made on first use: a front of a text-to-image engine never imports Pillow."""
+        from hotlora.images import ImageBudget
+
+        return ImageBudget.of(self.rules.limits)
 
     @property
     def denoiser_config(self) -> Mapping | None:

@@ -94,15 +94,13 @@ class CallParams:
     task: str = TEXT_TO_IMAGE
     strength: float | None = None  # image-to-image and inpaint: how much of the input is noised away
     references: int = 0  # the input images a request gives (edit: its reference images)
+    # The steps a strength leaves to run (``ModelFamily.denoising_steps``); None: all of them.
+    strength_steps: int | None = field(default=None, compare=False)
 
     @property
     def denoising_steps(self) -> int:
-        """The steps the pipeline runs: all of them, or with a strength the last ``steps x strength``
-        (diffusers' ``get_timesteps``: ``t_start = int(steps - steps x strength)``)."""
-        steps = self.num_inference_steps
-        if self.strength is None:
-            return steps
-        return steps - int(max(steps - min(steps * self.strength, steps), 0))
+        """The steps the pipeline runs (the step clock and progress count them)."""
+        return self.num_inference_steps if self.strength_steps is None else self.strength_steps
 
     @property
     def size(self) -> str:
@@ -261,8 +259,10 @@ class RequestRules:
             if strength is not None and not (isinstance(strength, (int, float)) and not isinstance(strength, bool)
                                              and 0 < strength <= 1):
                 problems.append("strength must be a number in (0, 1]")
-            elif strength is not None and params.num_inference_steps * strength < 1:
-                problems.append(f"strength {strength:g} x {params.num_inference_steps} steps leaves no step to run")
+            elif strength is not None:
+                steps_run = self.family.denoising_steps(params.num_inference_steps, strength)
+                if steps_run < 1:
+                    problems.append(f"strength {strength:g} of {params.num_inference_steps} steps leaves no step to run")
         else:  # edit
             if not 1 <= images <= self.max_reference_images:
                 if images > self.max_reference_images:
@@ -275,7 +275,10 @@ class RequestRules:
                 problems.append("strength is taken by image-to-image and inpaint only")
         if problems:
             raise InvalidRequest("; ".join(problems))
-        return replace(params, task=task, strength=None if strength is None else float(strength), references=images)
+        if strength is None:
+            return replace(params, task=task, references=images)
+        return replace(params, task=task, strength=float(strength), references=images,
+                       strength_steps=self.family.denoising_steps(params.num_inference_steps, strength))
 
     def check(self, prompt, num_images=1, steps=None, guidance=None, height=None, width=None, seed=0,
               output_type="pil", negative_prompt=None) -> CallParams:

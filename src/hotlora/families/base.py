@@ -187,6 +187,16 @@ class ModelFamily:
         parameter = inspect.signature(self.task_pipeline_type(task).__call__).parameters.get("strength")
         return None if parameter is None else float(parameter.default)
 
+    # How the image-to-image and inpaint pipelines turn a strength into steps (``get_timesteps``):
+    # the flow-matching ones keep ``steps x strength`` a float, the Stable Diffusion U-Net ones floor it.
+    strength_floors_steps: ClassVar[bool] = False
+
+    def denoising_steps(self, steps: int, strength: float) -> int:
+        """The steps a task pipeline runs of ``steps`` at ``strength``, as its ``get_timesteps`` counts
+        them (``t_start = int(steps - min(steps x strength, steps))``); 0 raises in diffusers."""
+        kept = min(int(steps * strength) if self.strength_floors_steps else steps * strength, steps)
+        return steps - int(max(steps - kept, 0))
+
     def task_arguments(self, task: str, images: list, masks: list | None, strength: float | None,
                        references: int) -> dict[str, Any]:
         """The task pipeline's image arguments for one forward batch. Image-to-image and inpaint:

@@ -18,6 +18,7 @@ class StableDiffusion15(ModelFamily):
     full_size_models = {"sd15": "sd15"}
     pipeline_class = "StableDiffusionPipeline"
     task_pipelines = {"image-to-image": "StableDiffusionImg2ImgPipeline", "inpaint": "StableDiffusionInpaintPipeline"}
+    strength_floors_steps = True  # its img2img and inpaint pipelines: int(steps x strength)
     denoiser_class = "UNet2DConditionModel"
     # StableDiffusionPipeline.__call__'s defaults, which the SD1.5 model card uses; 512 px published.
     default_steps, default_guidance = 50, 7.5

@@ -18,6 +18,7 @@ class StableDiffusionXL(ModelFamily):
     pipeline_class = "StableDiffusionXLPipeline"
     task_pipelines = {"image-to-image": "StableDiffusionXLImg2ImgPipeline",
                       "inpaint": "StableDiffusionXLInpaintPipeline"}
+    strength_floors_steps = True  # its img2img and inpaint pipelines: int(steps x strength)
     denoiser_class = "UNet2DConditionModel"
     default_steps, default_guidance = 30, 5.0
     cfg = "batch"

@@ -8,13 +8,15 @@ import json
 import os
 from typing import Any, ClassVar
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from hotlora.settings.base import Group, Settings
 from hotlora.settings.fields import setting
+from hotlora.settings.store import MiB
 
 SIZE_POLICIES = ("refuse", "nearest")
+ANIMATION_POLICIES = ("refuse", "first_frame")  # what hotlora.images does with an animated input image
 ADAPTER_MODES = ("slots", "fused", "auto")
 FUSED_RESTORE = ("auto", "device", "host")
 STEP_CACHE_BACKENDS = ("dbcache", "taylorseer", "fbcache")  # engine.stepcache checks the name again
@@ -91,6 +93,39 @@ class RequestLimits(Group):
     # Flux's and SDXL's 1024. Configured sizes are served whatever their area.
     max_pixels: int = setting(2048 * 2048, "height x width of a size the engine was not configured with "
                                            "(an eager engine without sizes)")
+    # Input images (img2img, masks, edit references), decoded by hotlora.images in prepare
+    # (ImageBudget.of(limits)): every bound is checked before any pixel is decoded. 16 Mpx is far
+    # below Pillow's own warning (~89 Mpx).
+    input_image_max_bytes: int = setting(20 * MiB, "an input image's encoded size (413 beyond)")
+    input_image_max_pixels: int = setting(4096 * 4096, "an input image's width x height, as its header declares "
+                                                       "it (413 beyond)")
+    input_image_max_side: int = setting(8192, "an input image's width or height (413 beyond)")
+    input_image_animation: str = setting("first_frame", "an animated PNG or WebP input image: its first frame is "
+                                                        "used (first_frame), or it is refused (refuse; 422)",
+                                         choices=ANIMATION_POLICIES)
+    input_image_background: tuple[int, ...] = setting((255, 255, 255), "the R,G,B colour an input image's "
+                                                                       "transparent pixels are composited on")
+
+    @field_validator("input_image_max_bytes", "input_image_max_pixels", "input_image_max_side")
+    @classmethod
+    def _positive(cls, value):
+        if value < 1:
+            raise ValueError(f"must be at least 1, got {value}")
+        return value
+
+    @field_validator("input_image_animation")
+    @classmethod
+    def _animation(cls, value):
+        if value not in ANIMATION_POLICIES:
+            raise ValueError(f"must be {' or '.join(ANIMATION_POLICIES)}, got {value!r}")
+        return value
+
+    @field_validator("input_image_background")
+    @classmethod
+    def _rgb(cls, value):
+        if len(value) != 3 or not all(0 <= c <= 255 for c in value):
+            raise ValueError(f"must be three integers 0-255 (R,G,B), got {value!r}")
+        return value
 
 
 class StepCache(Group):

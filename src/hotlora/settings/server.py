@@ -16,9 +16,6 @@ from hotlora.settings.engine import EngineConfig, RequestLimits, StepCache
 from hotlora.settings.fields import declared, setting
 from hotlora.settings.store import MiB, StoreConfig
 
-# hotlora.images.ANIMATION_POLICIES: the settings import nothing of the image code (numpy, Pillow).
-ANIMATION_POLICIES = ("refuse", "first_frame")
-
 # The nested engine groups and the prefix of their flattened names.
 NESTED = {"limits": (RequestLimits, ""), "step_cache": (StepCache, "step_cache_")}
 # Server defaults that differ from a library user's on purpose: a server restarts, and a compile
@@ -78,17 +75,6 @@ class ServerConfig(EngineSettings):
     request_timeout_s: float = setting(600.0, "a request's deadline when it sets no timeout_s (504 after)")
     drain_timeout_s: float = setting(120.0, "how long shutdown waits for queued and running work")
     max_body_bytes: int = setting(1 * MiB, "HTTP request bodies (prompts and references, never weights; 413)")
-    # Input images (img2img, masks, edit references), decoded by hotlora.images (ImageBudget.of(config)):
-    # every bound is checked before any pixel is decoded. 16 Mpx is far below Pillow's own warning (~89 Mpx).
-    input_image_max_bytes: int = setting(20 * MiB, "an input image's encoded size (413 beyond)")
-    input_image_max_pixels: int = setting(4096 * 4096, "an input image's width x height, as its header declares "
-                                                       "it (413 beyond)")
-    input_image_max_side: int = setting(8192, "an input image's width or height (413 beyond)")
-    input_image_animation: str = setting("first_frame", "an animated PNG or WebP input image: its first frame is "
-                                                        "used (first_frame), or it is refused (refuse; 422)",
-                                         choices=ANIMATION_POLICIES)
-    input_image_background: tuple[int, ...] = setting((255, 255, 255), "the R,G,B colour an input image's "
-                                                                       "transparent pixels are composited on")
     # The same egress policy as adapter fetches (allowed_hosts, allow_http): public addresses only.
     input_image_fetch_deadline_s: float = setting(30.0, "seconds for fetching one input image by URL: connect, "
                                                         "headers and body together")
@@ -148,27 +134,6 @@ class ServerConfig(EngineSettings):
     def _auth_words(cls, value):
         if isinstance(value, bool):  # `auth = false` in a TOML file
             return "on" if value else "off"
-        return value
-
-    @field_validator("input_image_max_bytes", "input_image_max_pixels", "input_image_max_side")
-    @classmethod
-    def _positive(cls, value):
-        if value < 1:
-            raise ValueError(f"must be at least 1, got {value}")
-        return value
-
-    @field_validator("input_image_animation")
-    @classmethod
-    def _animation(cls, value):
-        if value not in ANIMATION_POLICIES:
-            raise ValueError(f"must be {' or '.join(ANIMATION_POLICIES)}, got {value!r}")
-        return value
-
-    @field_validator("input_image_background")
-    @classmethod
-    def _rgb(cls, value):
-        if len(value) != 3 or not all(0 <= c <= 255 for c in value):
-            raise ValueError(f"must be three integers 0-255 (R,G,B), got {value!r}")
         return value
 
     @field_validator("allowed_host_headers", "cors_origins")
