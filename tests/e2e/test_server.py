@@ -288,3 +288,18 @@ def test_a_request_is_checked_once_along_its_corridor(served, monkeypatch):
     assert response.status_code == 200, response.text
     assert len(calls) == 1 and set(calls[0][0]) == {"identity", "style"}
     assert len(params) == 1 and len(validated) == 2
+
+
+def test_image_tasks_are_refused_as_such_by_a_text_to_image_server(served):
+    """The Hugging Face image-to-image body and an OpenAI edit reach a server without image tasks:
+    each a 422 naming the task and what is served, never an image made from base64 as a prompt."""
+    server, _ = served
+    png = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(png, "PNG")
+    for inputs in (base64.b64encode(png.getvalue()).decode(), "A" * 20_000):
+        hf = httpx.post(f"{server.url}/", json={"inputs": inputs, "parameters": {"prompt": "a cat"}}, timeout=30)
+        assert hf.status_code == 422 and hf.json()["type"] == "UnservedTask", hf.text
+        assert "'image-to-image' is not served" in hf.json()["error"] and "text-to-image" in hf.json()["error"]
+    edit = httpx.post(f"{server.url}/v1/images/edits", data={"prompt": "a cat"},
+                      files={"image": ("p.png", png.getvalue(), "image/png")}, timeout=30)
+    assert edit.status_code == 422 and edit.json()["error"]["type"] == "UnservedTask", edit.text

@@ -17,7 +17,7 @@ from hotlora.server.run import Serving
 ROUTES = {
     ("get", "/healthz"), ("get", "/readyz"), ("get", "/metrics"), ("get", "/v1/adapters"),
     ("post", "/v1/adapters/prefetch"), ("post", "/v1/generate"), ("post", "/v1/generate/stream"), ("get", "/"),
-    ("post", "/"), ("post", "/models/{model_id}"), ("post", "/v1/images/generations"),
+    ("post", "/"), ("post", "/models/{model_id}"), ("post", "/v1/images/generations"), ("post", "/v1/images/edits"),
 }
 
 
@@ -254,14 +254,29 @@ def test_the_server_package_stays_small():
             assert len(path.read_text().splitlines()) <= 400, path
 
 
-def test_the_image_to_image_task_is_refused_as_such_never_read_as_a_prompt():
+def test_the_image_to_image_task_is_read_as_that_task_never_as_a_prompt():
     """``InferenceClient.image_to_image`` sends the image as base64 ``inputs`` and the prompt in
-    ``parameters.prompt``: a 422 naming the task, before any engine work, whatever the input's length."""
+    ``parameters.prompt``: read as the image task whatever the input's length (here the worker is
+    not ready: 503; a server without the task refuses it as such, tests/e2e/test_server.py)."""
     c = client()
     for inputs in ("aGVsbG8=", "A" * 20_000):
         answer = c.post("/", json={"inputs": inputs, "parameters": {"prompt": "a cat"}})
-        assert answer.status_code == 422 and answer.json()["type"] == "UnservedTask"
-        assert "image-to-image" in answer.json()["error"]
+        assert answer.status_code == 503 and answer.json()["type"] == "NotAccepting"
+    missing = c.post("/", json={"parameters": {"prompt": "a cat"}})
+    assert missing.status_code == 422 and "image-to-image" in missing.json()["error"]
+    raw = c.post("/", content=b"\x89PNG\r\n\x1a\n", headers={"content-type": "image/png"})
+    assert raw.status_code == 422 and "parameters" in raw.json()["error"]
     # A text-to-image body with a prompt-like word in it is not mistaken for one.
     text = c.post("/", json={"inputs": 'a "prompt" sign', "parameters": {"seed": 1}})
     assert text.status_code == 503 and text.json()["type"] == "NotAccepting"
+
+
+def test_the_generation_routes_take_input_images_only_where_tasks_are_served():
+    """The body cap: 1 MiB everywhere on a text-to-image server; room for the images a request may
+    give on the generation routes of one that serves image tasks (nothing else grows)."""
+    big = b"x" * (2 * 2**20)
+    files = {"image": ("p.png", big, "image/png")}
+    assert client().post("/v1/images/edits", data={"prompt": "x"}, files=files).status_code == 413
+    tasks = client(tasks=("image-to-image",))
+    assert tasks.post("/v1/images/edits", data={"prompt": "x"}, files=files).status_code == 503
+    assert tasks.post("/v1/adapters/prefetch", content=big, headers={"content-type": "application/json"}).status_code == 413

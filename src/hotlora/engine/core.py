@@ -192,6 +192,11 @@ class Engine:
     def denoiser_config(self) -> Mapping | None:
         return self.front.denoiser_config
 
+    @property
+    def image_budget(self):
+        """What an input image given as file bytes may be (``hotlora.images.ImageBudget``)."""
+        return self.front.image_budget
+
     def resolve(self, adapters: Mapping[str, Any] | None) -> Bindings:
         """A request's ``{slot: spec}`` as checked adapters; raises before touching any weight."""
         return self.resolver.resolve(adapters)

@@ -357,6 +357,10 @@ class EngineProcess:
         return self.front.denoiser_config
 
     @property
+    def image_budget(self):
+        return self.front.image_budget
+
+    @property
     def writer(self):
         return _WriterFacts(self._described["mixed"])
 

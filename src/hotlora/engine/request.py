@@ -144,7 +144,7 @@ class GenerationRequest:
     negative_prompt: str | None = None
     output_type: str = "pil"
     timeout_s: float | None = None
-    task: str = TEXT_TO_IMAGE
+    task: str | None = TEXT_TO_IMAGE  # None: the task the inputs imply (``RequestRules.implied_task``)
     images: tuple = field(default=(), compare=False)
     mask: object = field(default=None, compare=False)
     strength: float | None = None
@@ -237,10 +237,23 @@ class RequestRules:
                             r.output_type, r.negative_prompt)
         return self.check_task(params, r.task, len(r.images), r.mask is not None, r.strength)
 
+    def implied_task(self, images: int, mask: bool) -> str:
+        """The task a request that names none asks for: no input image, text-to-image; a mask,
+        inpaint; input images, edit where it is served (as OpenAI's images edits reads them), else
+        image-to-image (refused as such where that is not served either)."""
+        if mask:
+            return "inpaint"
+        if not images:
+            return TEXT_TO_IMAGE
+        return "edit" if "edit" in self.tasks else "image-to-image"
+
     def check_task(self, params: CallParams, task, images: int, mask: bool, strength) -> CallParams:
         """The task's inputs (how many images, a mask, the strength) against what is served: an
         unserved task or reference count is an UnservedTask naming what is (nothing else warmed
-        it up: serving it would compile). Returns ``params`` with the task's fields."""
+        it up: serving it would compile). ``task`` None: the one the inputs imply
+        (``implied_task``). Returns ``params`` with the task's fields."""
+        if task is None:
+            task = self.implied_task(images, mask)
         if task not in self.tasks:
             raise UnservedTask(f"task {task!r} is not served by this warm engine; served tasks: "
                                f"{', '.join(self.tasks)}", self.tasks)

@@ -44,7 +44,7 @@ def create_app(serving: Serving, config: ServerConfig, *, start_worker: bool = T
     serving.worker.on_event = service.metrics.on_event
     app = FastAPI(title="hotlora", version=__version__, lifespan=_lifespan(service, start_worker))
     app.state.service = service
-    app.add_middleware(BodyLimit, limit=config.max_body_bytes, refuse=error_response)
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes, refuse=error_response, limit_of=body_limits(config))
     browser_guards(app, config, service.access.enabled, refuse=error_response)  # Host, CORS, Origin
     app.add_middleware(CountRequests, metrics=service.metrics)  # added last: outermost, sees every answer
     install_error_handlers(app)
@@ -52,6 +52,21 @@ def create_app(serving: Serving, config: ServerConfig, *, start_worker: bool = T
                    openai_routes(service)):
         app.include_router(router)
     return app
+
+
+# The routes a request's input images arrive on (base64 in JSON, or a multipart upload).
+IMAGE_ROUTES = ("/", "/v1/generate", "/v1/generate/stream", "/v1/images/edits")
+
+
+def body_limits(config: ServerConfig):
+    """The body cap per path: ``max_body_bytes``, and on the generation routes of an engine that
+    serves tasks with input images, room for as many images as a request may give (references or
+    an image, and a mask), each ``input_image_max_bytes`` as base64, beside the rest of the body."""
+    if tuple(config.tasks) == ("text-to-image",):
+        return None
+    images = max(config.max_reference_images, 1) + 1
+    larger = config.max_body_bytes + images * (config.input_image_max_bytes * 4 // 3 + 4096)
+    return lambda path: larger if path in IMAGE_ROUTES or path.startswith("/models/") else config.max_body_bytes
 
 
 def _lifespan(service: Service, start_worker: bool):

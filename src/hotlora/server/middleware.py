@@ -64,11 +64,15 @@ class CountRequests:
 
 
 class BodyLimit:
-    """Read the body (bounded in size and time) before the app does, then replay it."""
+    """Read the body (bounded in size and time) before the app does, then replay it. ``limit_of``:
+    the cap for a path when some paths take more (the generation routes of an engine serving
+    input images); default ``limit`` everywhere."""
 
-    def __init__(self, inner, *, limit: int, refuse: Callable, deadline_s: float = 30.0):
+    def __init__(self, inner, *, limit: int, refuse: Callable, deadline_s: float = 30.0,
+                 limit_of: Callable[[str], int] | None = None):
         self.inner = inner
         self.limit = limit
+        self.limit_of = limit_of or (lambda path: limit)
         self.refuse = refuse  # exception, openai -> Response: the app's own error body
         self.deadline_s = deadline_s
 
@@ -76,11 +80,12 @@ class BodyLimit:
         if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             return await self.inner(scope, receive, send)
         openai = is_openai(scope.get("path", ""))
+        limit = self.limit_of(scope.get("path", ""))
         declared = dict(scope.get("headers") or []).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.limit:
-            return await self._answer(RequestTooLarge(self._too_large(int(declared))), openai, scope, receive, send)
+        if declared.isdigit() and int(declared) > limit:
+            return await self._answer(RequestTooLarge(_too_large(int(declared), limit)), openai, scope, receive, send)
         try:
-            body, disconnected = await asyncio.wait_for(self._read(receive), self.deadline_s)
+            body, disconnected = await asyncio.wait_for(self._read(receive, limit), self.deadline_s)
         except RequestTooLarge as exc:
             return await self._answer(exc, openai, scope, receive, send)
         except asyncio.TimeoutError:
@@ -99,7 +104,7 @@ class BodyLimit:
 
         return await self.inner(scope, replay, send)
 
-    async def _read(self, receive) -> tuple[bytes, bool]:
+    async def _read(self, receive, limit: int) -> tuple[bytes, bool]:
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -107,19 +112,20 @@ class BodyLimit:
                 return b"".join(chunks), True
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.limit:
-                raise RequestTooLarge(self._too_large(size, at_least=True))
+            if size > limit:
+                raise RequestTooLarge(_too_large(size, limit, at_least=True))
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks), False
-
-    def _too_large(self, size: int, at_least: bool = False) -> str:
-        return f"request body of {'at least ' if at_least else ''}{size} bytes exceeds the {self.limit}-byte limit"
 
     async def _answer(self, exc, openai: bool, scope, receive, send):
         response = self.refuse(exc, openai)
         response.headers["Connection"] = "close"  # the rest of the body is never read
         await response(scope, receive, send)
+
+
+def _too_large(size: int, limit: int, at_least: bool = False) -> str:
+    return f"request body of {'at least ' if at_least else ''}{size} bytes exceeds the {limit}-byte limit"
 
 
 class SameOrigin:

@@ -2,6 +2,11 @@
 ``{"inputs": prompt, "parameters": {...}}`` or a raw prompt, a ``lora`` header for the
 identity slot, the image's bytes back in the type the ``Accept`` header asks for.
 
+The image-to-image task's body (``inputs``: the image as base64 or a URL, the prompt in
+``parameters.prompt``, as ``InferenceClient.image_to_image`` sends it) is served as that task where
+the engine serves one with an input image, and refused as that task where it does not: read as
+text-to-image, the base64 text would be the prompt and the prompt dropped.
+
 Only a body labelled JSON is read as JSON. A raw prompt is taken from a request no web page can
 make a browser send without asking this server first (a CORS preflight it does not grant): one
 with a ``lora`` or ``Authorization`` header, or a content type other than the three a page may
@@ -16,15 +21,15 @@ import json
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import ValidationError
 
-from hotlora.engine.request import UnservedTask
 from hotlora.errors import InvalidRequest, RequestTooLarge, UnsupportedMediaType
 from hotlora.server.errors import validation_error
 from hotlora.server.images import MEDIA_TYPES, format_from_accept
-from hotlora.server.schemas import MAX_REF_CHARS, HFRequest
+from hotlora.server.schemas import MAX_REF_CHARS, HFImageRequest, HFRequest
 from hotlora.server.service import Service, result_headers
 
 
 EXPECTED = 'expected {"inputs": prompt, "parameters": {...}} or a raw prompt'
+EXPECTED_IMAGE = 'expected {"inputs": base64 image or URL, "parameters": {"prompt": ..., ...}} (image-to-image)'
 # Content types a page may POST anywhere without a preflight (the Fetch standard's CORS-safelisted
 # ones); no content type at all is one too (a Blob body).
 SIMPLE_TYPES = {"", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"}
@@ -56,15 +61,18 @@ async def inference_api(service: Service, request: Request) -> Response:
                 f"send {{\"inputs\": prompt}} as application/json, or a raw prompt with a 'lora' header, an API "
                 f"key or a content type such as text/x-prompt: any web page can POST "
                 f"{media or 'a body without a type'} here")
-    if is_json and b'"prompt"' in raw:
-        refuse_image_to_image(raw)
+    if media.startswith("image/"):
+        raise InvalidRequest("an image body alone is not a request: the image-to-image task sends "
+                             '{"inputs": base64 image, "parameters": {"prompt": ...}} as application/json')
+    schema = HFImageRequest if is_json and b'"prompt"' in raw and is_image_task(raw) else HFRequest
     try:
         if is_json:
-            body = HFRequest.model_validate_json(raw)
+            body = schema.model_validate_json(raw)
         else:
             body = HFRequest(inputs=raw.decode("utf-8"))
     except ValidationError as exc:  # the same formatter as every other schema error
-        raise InvalidRequest(f"{EXPECTED}; {validation_error(exc.errors())}") from None
+        expected = EXPECTED_IMAGE if schema is HFImageRequest else EXPECTED
+        raise InvalidRequest(f"{expected}; {validation_error(exc.errors())}") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise InvalidRequest(f"{EXPECTED}: {exc}") from None
     header = request.headers.get("lora")
@@ -75,15 +83,11 @@ async def inference_api(service: Service, request: Request) -> Response:
     return Response(out.images[0], media_type=MEDIA_TYPES[fmt], headers=result_headers(out))
 
 
-def refuse_image_to_image(raw: bytes) -> None:
-    """The Hugging Face image-to-image task's body (``inputs``: the image as base64, the prompt in
-    ``parameters.prompt``, as ``InferenceClient.image_to_image`` sends it) is refused as the task it
-    is: read as text-to-image, the base64 text would be the prompt and the prompt dropped."""
+def is_image_task(raw: bytes) -> bool:
+    """Whether a JSON body is the image-to-image task's: a ``parameters.prompt`` beside ``inputs``."""
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):  # not JSON, or nested past the parser: the schema's own error follows
-        return
+        return False
     parameters = data.get("parameters") if isinstance(data, dict) else None
-    if isinstance(parameters, dict) and "prompt" in parameters:
-        raise UnservedTask("this body is the Hugging Face image-to-image task (an input image, parameters.prompt); "
-                           "this route serves text-to-image only: send {\"inputs\": prompt}", ("text-to-image",))
+    return isinstance(parameters, dict) and "prompt" in parameters

@@ -1,17 +1,29 @@
-"""The OpenAI images API: ``POST /v1/images/generations`` (``b64_json`` only; errors nest, see
-``server/errors.py``)."""
+"""The OpenAI images API: ``POST /v1/images/generations`` (JSON) and ``POST /v1/images/edits``
+(multipart: ``image`` one or several files, ``mask``, the other fields as form fields), answered
+``b64_json`` only; errors nest, see ``server/errors.py``."""
 
 from __future__ import annotations
 
 import base64
+import json
+import re
 import time
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
 
-from hotlora.errors import InvalidRequest
-from hotlora.server.schemas import OpenAIImagesRequest
-from hotlora.server.service import Service, result_headers
+from hotlora.errors import InvalidRequest, UnsupportedMediaType
+from hotlora.server.errors import validation_error
+from hotlora.server.inputs import ImageInput
+from hotlora.server.schemas import MAX_INPUT_IMAGES, OpenAIEditsRequest, OpenAIImagesRequest
+from hotlora.server.service import Generated, Service, result_headers
+
+IMAGE_FIELDS = ("image", "image[]")  # the openai client names a list of files "image[]"
+MAX_FORM_FIELDS = 64
+# A bracketed form key as the openai client flattens ``extra_body``: adapters[identity][scale].
+FORM_KEY = re.compile(r"^(?P<name>[^\[\]]+)(?P<path>(?:\[[^\[\]]*\])*)$")
 
 
 def openai_routes(service: Service) -> APIRouter:
@@ -19,15 +31,88 @@ def openai_routes(service: Service) -> APIRouter:
 
     @router.post("/v1/images/generations")
     async def openai_images(body: OpenAIImagesRequest, request: Request):
-        if body.response_format != "b64_json":
-            raise InvalidRequest("only response_format=b64_json is supported (hotlora keeps no image URLs)")
+        refuse_url_format(body.response_format)
         out = await service.generate(request, body.to_request(), fmt="png")
-        data = [{"b64_json": base64.b64encode(b).decode()} for b in out.images]
-        # `size` is in OpenAI's own answers (gpt-image-1); `snapped_from` is hotlora's, when size_policy
-        # "nearest" served another size than the one asked for.
-        answer = {"created": int(time.time()), "data": data, "size": out.size}
-        if out.snapped_from:
-            answer["snapped_from"] = out.snapped_from
-        return JSONResponse(answer, headers=result_headers(out))
+        return openai_answer(out)
+
+    @router.post("/v1/images/edits")
+    async def openai_edits(request: Request):
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "multipart/form-data":
+            raise UnsupportedMediaType("POST /v1/images/edits takes multipart/form-data (image files, mask, prompt, ...)")
+        # The body is already bounded (BodyLimit); these bound what it may be split into.
+        form = await request.form(max_files=MAX_INPUT_IMAGES + 1, max_fields=MAX_FORM_FIELDS)
+        try:
+            fields, images, mask = await edit_form(form)
+            try:
+                body = OpenAIEditsRequest.model_validate(fields)
+            except ValidationError as exc:
+                raise InvalidRequest(validation_error(exc.errors())) from None
+        finally:
+            await form.close()
+        refuse_url_format(body.response_format)
+        out = await service.generate(request, body.to_request(images, mask), fmt="png")
+        return openai_answer(out)
 
     return router
+
+
+def refuse_url_format(response_format: str) -> None:
+    if response_format != "b64_json":
+        raise InvalidRequest("only response_format=b64_json is supported (hotlora keeps no image URLs)")
+
+
+def openai_answer(out: Generated) -> JSONResponse:
+    data = [{"b64_json": base64.b64encode(b).decode()} for b in out.images]
+    # `size` is in OpenAI's own answers (gpt-image-1); `snapped_from` is hotlora's, when size_policy
+    # "nearest" served another size than the one asked for.
+    answer = {"created": int(time.time()), "data": data, "size": out.size}
+    if out.snapped_from:
+        answer["snapped_from"] = out.snapped_from
+    return JSONResponse(answer, headers=result_headers(out))
+
+
+async def edit_form(form) -> tuple[dict, list[ImageInput], ImageInput | None]:
+    """The edit form's text fields (bracketed keys nested, as the openai client flattens them; a
+    field holding a JSON object read as one), its image files in order, and its mask."""
+    fields: dict = {}
+    images, mask = [], None
+    for key, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            upload = ImageInput(data=await value.read(), content_type=value.content_type)
+            if key in IMAGE_FIELDS:
+                images.append(upload)
+            elif key == "mask":
+                if mask is not None:
+                    raise InvalidRequest("the form has more than one mask file")
+                mask = upload
+            else:
+                raise InvalidRequest(f"form field {key!r} is a file; files are taken as image, image[] or mask")
+            continue
+        if key in IMAGE_FIELDS or key == "mask":
+            raise InvalidRequest(f"form field {key!r} must be a file (an image upload), not text")
+        place(fields, key, value)
+    return fields, images, mask
+
+
+def place(fields: dict, key: str, value: str) -> None:
+    """``adapters[identity][ref]=x`` as ``fields["adapters"]["identity"]["ref"] = "x"``."""
+    match = FORM_KEY.match(key)
+    if match is None:
+        raise InvalidRequest(f"form field name {key[:80]!r} is malformed")
+    path = [match.group("name"), *re.findall(r"\[([^\[\]]*)\]", match.group("path"))]
+    if path[-1] == "":
+        raise InvalidRequest(f"form field {key[:80]!r}: lists are taken for image files only")
+    if len(path) == 1 and value.lstrip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InvalidRequest(f"form field {key!r} starts like a JSON object but is not one") from None
+    target = fields
+    for name in path[:-1]:
+        target = target.setdefault(name, {})
+        if not isinstance(target, dict):
+            raise InvalidRequest(f"form field {key[:80]!r} conflicts with another field of the form")
+    if path[-1] in target:
+        raise InvalidRequest(f"form field {key[:80]!r} is given twice")
+    target[path[-1]] = value

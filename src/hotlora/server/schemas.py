@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from hotlora.settings import parse_size
 from hotlora.engine.request import AdapterSpec, GenerationRequest
 from hotlora.errors import InvalidRequest
+from hotlora.server.inputs import ImageInput
 
 Format = Literal["png", "jpeg", "webp"]
 # Every field is bounded: the body cap bounds the whole, these say which field is too big.
@@ -20,6 +21,13 @@ MAX_SLOTS = 8  # more than any engine has; the engine names the unknown ones
 Ref = Annotated[str, Field(min_length=1, max_length=MAX_REF_CHARS)]
 Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
 SlotName = Annotated[str, Field(max_length=64)]
+# An input image in a JSON body: base64, a data: URL, or an http(s) URL. The body cap of a route
+# taking images (server/app.py) and input_image_max_bytes bound it; this only bounds the field.
+MAX_IMAGE_CHARS = 256 * 2**20
+MAX_INPUT_IMAGES = 8  # the most max_reference_images allows
+ImageText = Annotated[str, Field(min_length=1, max_length=MAX_IMAGE_CHARS)]
+Task = Literal["text-to-image", "image-to-image", "inpaint", "edit"]
+Strength = Annotated[float, Field(gt=0, le=1)]
 
 
 class AdapterBody(BaseModel):
@@ -51,12 +59,19 @@ class GenerateRequest(BaseModel):
     seed: int | None = None
     output_format: Format = "png"
     timeout_s: float | None = Field(default=None, gt=0, le=3600)
+    # Image-conditioned tasks (served when the engine was started with them): ``task`` None is
+    # the one the inputs imply (a mask: inpaint; images: edit where served, else image-to-image).
+    task: Task | None = None
+    images: Annotated[list[ImageText], Field(max_length=MAX_INPUT_IMAGES)] = Field(default_factory=list)
+    mask: ImageText | None = None
+    strength: Strength | None = None
 
     def to_request(self, progress=None) -> GenerationRequest:
         return GenerationRequest(prompt=self.prompt, adapters=specs(self.adapters), num_images=self.num_images,
                                  num_inference_steps=self.num_inference_steps, guidance_scale=self.guidance_scale,
                                  height=self.height, width=self.width, seed=self.seed or 0,
-                                 negative_prompt=self.negative_prompt, timeout_s=self.timeout_s, progress=progress)
+                                 negative_prompt=self.negative_prompt, timeout_s=self.timeout_s, progress=progress,
+                                 **image_inputs(self.task, self.images, self.mask, self.strength))
 
 
 class HFParameters(BaseModel):
@@ -71,6 +86,43 @@ class HFParameters(BaseModel):
     seed: int | None = None
     adapters: Adapters | None = None  # hotlora extension
     lora_scale: float | None = None  # scale for the adapter named in the `lora` header
+
+
+class HFTargetSize(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    width: int
+    height: int
+
+
+class HFImageParameters(HFParameters):
+    """The ``parameters`` of the Hugging Face image-to-image task: the prompt is here, the image in
+    ``inputs``; ``target_size`` the size asked for; ``strength`` and ``task`` hotlora's."""
+
+    prompt: Prompt
+    target_size: HFTargetSize | None = None
+    strength: Strength | None = None
+    task: Task | None = None
+
+
+class HFImageRequest(BaseModel):
+    """The image-to-image task's body, as ``InferenceClient.image_to_image`` sends it: the input
+    image as base64 (or a URL) in ``inputs``."""
+
+    model_config = ConfigDict(extra="ignore")
+    inputs: ImageText
+    parameters: HFImageParameters
+
+    def to_request(self, lora: str | None = None, lora_slot: str = "") -> GenerationRequest:
+        params = self.parameters
+        adapters = specs(params.adapters)
+        if lora:
+            adapters[lora_slot] = AdapterSpec(ref=lora, scale=params.lora_scale)
+        size = params.target_size
+        return GenerationRequest(prompt=params.prompt, adapters=adapters, num_images=1,
+                                 num_inference_steps=params.num_inference_steps, guidance_scale=params.guidance_scale,
+                                 height=size.height if size else params.height, width=size.width if size else params.width,
+                                 seed=params.seed or 0, negative_prompt=params.negative_prompt,
+                                 **image_inputs(params.task, [self.inputs], None, params.strength))
 
 
 class HFRequest(BaseModel):
@@ -90,17 +142,10 @@ class HFRequest(BaseModel):
                                  negative_prompt=params.negative_prompt)
 
 
-class OpenAIImagesRequest(BaseModel):
-    """``POST /v1/images/generations`` (OpenAI images API), with hotlora's ``adapters`` as an extension."""
+class SizedRequest(BaseModel):
+    """OpenAI's ``size``: WIDTHxHEIGHT, or "auto" (the model's default)."""
 
-    model_config = ConfigDict(extra="ignore")
-    prompt: Prompt
-    n: int = 1
     size: str | None = None
-    response_format: Literal["b64_json", "url"] = "b64_json"
-    model: str | None = None
-    adapters: Adapters = Field(default_factory=dict)
-    seed: int | None = None  # extension
 
     @field_validator("size")
     @classmethod
@@ -115,10 +160,59 @@ class OpenAIImagesRequest(BaseModel):
             return None, None
         return parse_size(self.size)
 
+
+class OpenAIImagesRequest(SizedRequest):
+    """``POST /v1/images/generations`` (OpenAI images API), with hotlora's ``adapters`` as an extension."""
+
+    model_config = ConfigDict(extra="ignore")
+    prompt: Prompt
+    n: int = 1
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    model: str | None = None
+    adapters: Adapters = Field(default_factory=dict)
+    seed: int | None = None  # extension
+    num_inference_steps: int | None = None  # extension
+
     def to_request(self) -> GenerationRequest:
         height, width = self.dimensions()
         return GenerationRequest(prompt=self.prompt, adapters=specs(self.adapters), num_images=self.n, height=height,
-                                 width=width, seed=self.seed or 0)
+                                 width=width, seed=self.seed or 0, num_inference_steps=self.num_inference_steps)
+
+
+class OpenAIEditsRequest(SizedRequest):
+    """``POST /v1/images/edits`` (OpenAI images API, multipart): the form's fields; the uploaded
+    ``image`` files (one or several) and ``mask`` come beside them (``to_request``). hotlora's
+    extensions: ``adapters``, ``seed``, ``strength``, ``task`` (default: a mask inpaints, else
+    edit where served, else image-to-image)."""
+
+    model_config = ConfigDict(extra="ignore")
+    prompt: Prompt
+    n: int = 1
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    model: str | None = None
+    adapters: Adapters = Field(default_factory=dict)
+    seed: int | None = None
+    num_inference_steps: int | None = None
+    strength: Strength | None = None
+    task: Task | None = None
+
+    def to_request(self, images: list[ImageInput], mask: ImageInput | None) -> GenerationRequest:
+        height, width = self.dimensions()
+        return GenerationRequest(prompt=self.prompt, adapters=specs(self.adapters), num_images=self.n, height=height,
+                                 width=width, seed=self.seed or 0, num_inference_steps=self.num_inference_steps,
+                                 **image_inputs(self.task, images, mask, self.strength))
+
+
+def image_inputs(task, images, mask, strength) -> dict:
+    """A request's image-task fields (``GenerationRequest``), images as ``ImageInput``s: the JSON
+    bodies' text (base64, data URL or URL) or an upload's already."""
+    def given(image):
+        return image if isinstance(image, ImageInput) else ImageInput(text=image)
+
+    if not images and mask is None:  # text-to-image unless the body names another task
+        return {"task": task or "text-to-image", "strength": strength}
+    return {"task": task, "images": tuple(given(image) for image in images),
+            "mask": None if mask is None else given(mask), "strength": strength}
 
 
 class PrefetchRequest(BaseModel):

@@ -22,11 +22,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Mapping
 
 from fastapi import Request
 
 from hotlora.adapters.format.convert import Adapter
+from hotlora.adapters.store.egress import EgressPolicy
 from hotlora.adapters.store.references import redact_reference
 from hotlora.settings import ServerConfig
 from hotlora.engine.request import AdapterSpec, GenerationRequest
@@ -35,6 +37,7 @@ from hotlora.errors import HotloraError
 from hotlora.server.access import Access
 from hotlora.server.auth import Principal
 from hotlora.server.images import encode
+from hotlora.server.inputs import image_label, load_image
 from hotlora.server.metrics import Metrics
 from hotlora.server.tracing import Tracing
 from hotlora.tracing import Trace, wall_ns
@@ -84,6 +87,8 @@ class Service:
         self._lock = threading.Lock()
         self._fetching = Shares(config.max_fetching_per_client, "requests waiting for adapter fetches")
         self._prefetching = Shares(config.max_prefetch_per_client, "prefetches running")
+        self._decoding = Shares(config.max_decoding_per_client, "requests whose input images are being fetched or "
+                                                                "decoded")
         self._prefetches: set[asyncio.Task] = set()
 
     def admit(self) -> None:
@@ -134,7 +139,10 @@ class Service:
         # Waiting on fetches holds a place in the client's own share, not an admission slot: one
         # client's slow sources cannot turn everyone else's cached requests away.
         with self._fetching.hold(client), trace.span("fetch", adapters=len(checked.specs)):
-            fetched = await self.fetch(store, checked.specs, principal, client, deadline)
+            fetched, request_with_inputs = await asyncio.gather(
+                self.fetch(store, checked.specs, principal, client, deadline),
+                self.load_inputs(engine, checked.request, client, deadline))
+        checked = replace(checked, request=request_with_inputs)
         fetch_ms = (time.monotonic() - fetch_began) * 1000
         self.admit()
         trace.event("admitted")
@@ -159,22 +167,47 @@ class Service:
         encode_began = time.monotonic()
         with trace.span("encode", images=len(result.images), format=fmt):
             images = await asyncio.to_thread(lambda: [encode(img, fmt) for img in result.images])
-        timings = {
-            "queue_ms": round((queued.started - queued.enqueued) * 1000, 3),
-            "fetch_ms": round(fetch_ms, 3),
-            "prepare_ms": round(prepare_ms, 3),
-            "swap_ms": round(result.timings.swap_ms, 3),
-            "text_encoders_ms": round(result.swap.text_ms, 3),  # text-encoder LoRA and embeddings: part of swap_ms
-            "generate_ms": round(sum(result.timings.generate_ms), 3),
-            "encode_ms": round((time.monotonic() - encode_began) * 1000, 3),
-        }
-        timings["total_ms"] = round((time.monotonic() - began) * 1000, 3)
+        timings = stage_timings(queued, result, fetch_ms=fetch_ms, prepare_ms=prepare_ms,
+                                encode_ms=(time.monotonic() - encode_began) * 1000,
+                                total_ms=(time.monotonic() - began) * 1000)
         decode = result.timings.decode_ms
         self.metrics.observe({**timings, "decode_ms": sum(decode) if decode else None}, result.adapters)
         log.info("generated %d images in %.0f ms (queue %.0f ms, generate %.0f ms)", len(images),
                  timings["total_ms"], timings["queue_ms"], timings["generate_ms"])
         return Generated(images=images, seeds=result.seeds, adapters=result.adapters, timings=timings,
                          recompiles=result.recompiles, size=result.size, snapped_from=result.snapped_from)
+
+    async def load_inputs(self, engine, job: GenerationRequest, client: str, deadline: float) -> GenerationRequest:
+        """``job`` with its input images and mask fetched (URLs) and decoded (``server/inputs.py``)
+        on a worker thread, under ``client``'s share of decoders (429 beyond) and the request's
+        deadline (504; the thread keeps its place in the share until it ends)."""
+        if not job.images and job.mask is None:
+            return job
+        budget, policy, timeout_s = engine.image_budget, self.image_policy, self.config.input_image_fetch_deadline_s
+        hold = self._decoding.hold(client)
+
+        def load() -> GenerationRequest:
+            try:
+                images = tuple(load_image(image, label=image_label(i, len(job.images)), mode="RGB", budget=budget,
+                                          policy=policy, fetch_timeout_s=timeout_s)
+                               for i, image in enumerate(job.images))
+                mask = load_image(job.mask, label="mask", mode="L", budget=budget, policy=policy,
+                                  fetch_timeout_s=timeout_s)
+                return replace(job, images=images, mask=mask)
+            finally:
+                hold.release()
+
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(load), timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise DeadlineExceeded("the request's deadline passed while its input images were fetched and decoded") \
+                from None
+
+    @cached_property
+    def image_policy(self) -> EgressPolicy:
+        """Where input-image URLs may point: the adapter store's policy for client-chosen URLs."""
+        config = self.serving.config
+        return EgressPolicy.of(config, exclusive=True) if config is not None else EgressPolicy()
 
     def check_sources(self, principal: Principal, refs: list[str]) -> None:
         """403 for a reference outside the caller's key's sources; nothing has been fetched yet."""
@@ -275,6 +308,21 @@ class _Hold:
         if not self._released:
             self._released = True
             self._shares._release(self._client)
+
+
+def stage_timings(queued: Job, result, *, fetch_ms: float, prepare_ms: float, encode_ms: float,
+                  total_ms: float) -> dict[str, float]:
+    """Milliseconds per stage of one generation, ``total_ms`` last (the answers' ``timings``)."""
+    return {
+        "queue_ms": round((queued.started - queued.enqueued) * 1000, 3),
+        "fetch_ms": round(fetch_ms, 3),  # the adapters' fetches and the input images' fetch and decode
+        "prepare_ms": round(prepare_ms, 3),
+        "swap_ms": round(result.timings.swap_ms, 3),
+        "text_encoders_ms": round(result.swap.text_ms, 3),  # text-encoder LoRA and embeddings: part of swap_ms
+        "generate_ms": round(sum(result.timings.generate_ms), 3),
+        "encode_ms": round(encode_ms, 3),
+        "total_ms": round(total_ms, 3),
+    }
 
 
 def server_timing(timings: dict) -> str:

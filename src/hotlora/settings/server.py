@@ -84,6 +84,9 @@ class ServerConfig(EngineSettings):
     # They hold no admission slot while they wait: a slow source does not turn others away.
     max_fetching_per_client: int = setting(32, "requests one client may have waiting for their adapters' "
                                                "fetches (429 beyond)")
+    # Decoding is CPU work on the server's threads: a small share keeps one client from taking them all.
+    max_decoding_per_client: int = setting(4, "requests one client may have fetching or decoding input images "
+                                              "(429 beyond)")
     max_rebuild_attempts: int = setting(5, "consecutive failed engine rebuilds before the worker gives up (503s)")
     # engine/process.py: a crash below Python (segfault, abort, OOM kill) costs an engine restart,
     # not the server; off: the engine runs on a thread of the server's process (Ray replicas do).
