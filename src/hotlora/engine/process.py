@@ -1,6 +1,6 @@
 """The engine in its own process: the warm model lives in a spawned child, the server keeps the rest.
 
-    EngineProcess.start(model, config)   spawn the child, wait until it is warm -> the proxy
+    EngineProcess.start(model, config, stall_timeout_s=...)   spawn the child, wait until it is warm -> the proxy
     proxy.check / proxy.prepare          in the server's process, by the front the child sent
     proxy.run(p | [p])                   the request crosses to the child, its result comes back
     proxy.close()                        stop the child (killed if it does not stop in time)
@@ -51,8 +51,7 @@ from hotlora.tracing import NO_TRACE, Trace
 
 log = logging.getLogger(__name__)
 
-STALL_TIMEOUT_S = 600.0  # default: longer than any one denoising step or decode of a served model
-HELD_BYTES = 2 * 1024**3  # adapters the child keeps, so a repeated adapter crosses once
+HELD_BYTES = 2 * 1024**3  # adapters the child keeps by default (``engine_held_adapter_bytes``)
 
 
 class EngineDied(EngineError):
@@ -321,8 +320,7 @@ class EngineProcess:
         threading.Thread(target=self._watch, name="hotlora-engine-watch", daemon=True).start()
 
     @classmethod
-    def start(cls, model: str, config, *, stall_timeout_s: float = STALL_TIMEOUT_S,
-              held_bytes: int = HELD_BYTES) -> "EngineProcess":
+    def start(cls, model: str, config, *, stall_timeout_s: float, held_bytes: int = HELD_BYTES) -> "EngineProcess":
         """Spawn the child (never fork: the server's threads and torch's state do not survive a
         fork) and wait until it is warm; EngineError when it cannot start, with its exit status."""
         import torch.multiprocessing  # noqa: F401  (registers torch's reductions: tensors cross as shared memory)
@@ -474,10 +472,6 @@ class EngineProcess:
         log.error("the engine process %d %s", self.pid, exit_text(self.exit_code))
         if self.on_exit is not None:
             self.on_exit(self, exit_cause(self.exit_code))
-
-    @property
-    def alive(self) -> bool:
-        return not self._exited.is_set()
 
     def kill(self) -> None:
         if not self._exited.is_set():

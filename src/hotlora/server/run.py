@@ -100,7 +100,8 @@ def build_serving(config: ServerConfig, store_config: StoreConfig) -> Serving:
         if config.engine_process:
             from hotlora.engine.process import EngineProcess
 
-            engine = EngineProcess.start(config.model, engine_config, stall_timeout_s=config.engine_stall_timeout_s)
+            engine = EngineProcess.start(config.model, engine_config, stall_timeout_s=config.engine_stall_timeout_s,
+                                         held_bytes=config.engine_held_adapter_bytes)
         else:
             engine = Engine.from_pretrained(config.model, engine_config)
         serving.open_store(engine)

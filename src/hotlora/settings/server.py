@@ -14,7 +14,7 @@ from pydantic import create_model, field_validator, model_validator
 from hotlora.settings.base import Settings
 from hotlora.settings.engine import EngineConfig, RequestLimits, StepCache
 from hotlora.settings.fields import declared, setting
-from hotlora.settings.store import MiB, StoreConfig
+from hotlora.settings.store import GiB, MiB, StoreConfig
 
 # The nested engine groups and the prefix of their flattened names.
 NESTED = {"limits": (RequestLimits, ""), "step_cache": (StepCache, "step_cache_")}
@@ -93,6 +93,9 @@ class ServerConfig(EngineSettings):
     engine_process: bool = setting(True, "run the engine in its own process, restarted when it dies")
     engine_stall_timeout_s: float = setting(600.0, "an engine process that finishes no denoising step (or decode) "
                                                    "for this long is killed and restarted")
+    # A request whose adapter the child holds sends only its key; one it does not, the tensors.
+    engine_held_adapter_bytes: int = setting(2 * GiB, "adapters the engine process keeps after their first request, "
+                                                      "least recently used dropped beyond")
     lora_header_slot: str = setting("identity", "the slot the inference API's `lora` header fills")
     enable_fault_injection: bool = setting(False, "POST /admin/fault: for tests of the rebuild path only")
     # server/auth.py; off is logged loudly when not on loopback.
