@@ -172,3 +172,27 @@ def test_a_packed_adapter_still_serialises_and_exports(engine, tmp_path):
         assert set(got) == set(expected)
         for module, delta in expected.items():
             torch.testing.assert_close(got[module], delta, rtol=1e-5, atol=1e-6)
+
+
+def test_the_engine_process_packs_a_new_adapter_when_prepared_not_when_sent(engine, tiny_models):
+    """``EngineProcess.prepare`` (the server's pool thread) packs an adapter the child does not hold
+    into shared memory; sending it (the worker's thread) takes that pack; once held, it crosses by
+    key and is never packed again. The proxy's own state, without a child."""
+    from types import SimpleNamespace
+
+    from hotlora.engine.process import EngineProcess, Held, Packed
+    from hotlora.lru import LRU
+
+    proxy = SimpleNamespace(front=engine.front, _held=set(), _packs=LRU(max_entries=8))
+    source = tiny_models["flux"] / "adapters" / "identity-diffusers"
+    prepared = EngineProcess.prepare(proxy, "a portrait", adapters={"identity": source})
+    key = prepared.adapters["identity"].adapter.key
+    pack = proxy._packs.get(key)
+    assert isinstance(pack, Packed) and pack.buffer.is_shared()
+    wire, _ = EngineProcess._wire(proxy, prepared)
+    assert wire.adapters["identity"].adapter is pack and key in proxy._held and proxy._packs.get(key) is None
+    again = EngineProcess.prepare(proxy, "another", adapters={"identity": source})
+    assert proxy._packs.get(key) is None
+    assert isinstance(EngineProcess._wire(proxy, again)[0].adapters["identity"].adapter, Held)
+    unpacked = pack.unpack()
+    assert all(torch.equal(unpacked.modules[m].down, w.down) for m, w in prepared.adapters["identity"].adapter.modules.items())

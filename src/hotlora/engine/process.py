@@ -47,11 +47,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 from hotlora.adapters.binding import Binding
 from hotlora.errors import EngineError, HotloraError, RequestError
+from hotlora.lru import LRU
 from hotlora.tracing import NO_TRACE, Trace
 
 log = logging.getLogger(__name__)
 
 HELD_BYTES = 2 * 1024**3  # adapters the child keeps by default (``engine_held_adapter_bytes``)
+PACKS_AHEAD = 8  # adapters packed by prepare and not yet sent (at most a few requests' worth in flight)
 
 
 class EngineDied(EngineError):
@@ -215,7 +217,6 @@ def engine_main(conn, spec: ChildSpec) -> None:
     faulthandler.enable()  # a crash below Python leaves its stack in the log
     import torch.multiprocessing  # noqa: F401  (results' tensors cross as shared memory)
     from hotlora.engine.core import Engine
-    from hotlora.lru import LRU
 
     try:
         engine = Engine.from_pretrained(spec.model, spec.config)
@@ -313,6 +314,9 @@ class EngineProcess:
         self.warmup_s = described["warmup_s"]
         self.model = described["model"]
         self._held: set[tuple] = set()  # adapter keys the child holds
+        # Adapters packed by ``prepare`` for their first crossing, taken by the request that sends
+        # them; bounded, so packs of requests that never ran (cancelled, refused) are forgotten.
+        self._packs: LRU = LRU(max_entries=PACKS_AHEAD)
         self.on_exit: Callable[["EngineProcess", str], None] | None = None
         self._closing = False
         self.exit_code: int | None = None
@@ -369,7 +373,16 @@ class EngineProcess:
         return self.front.check(request, default_scale=default_scale)
 
     def prepare(self, request, *, fetched=None, **options):
-        return self.front.prepare(request, fetched=fetched, **options)
+        """``EngineFront.prepare``, then each adapter the child does not hold packed for its first
+        crossing here, on the caller's thread (the server prepares on a pool thread): at full width a
+        new adapter takes hundreds of ms to pack, which on the worker's thread would hold up every
+        queued request."""
+        prepared = self.front.prepare(request, fetched=fetched, **options)
+        for binding in prepared.adapters.values():
+            key = binding.adapter.key
+            if key not in self._held and self._packs.get(key) is None:
+                self._packs.put(key, Packed.of(binding.adapter))
+        return prepared
 
     def corrupt_a_weight(self) -> None:
         self._send(("corrupt",))
@@ -428,7 +441,7 @@ class EngineProcess:
             if key in self._held:
                 adapter = Held(key)
             else:
-                adapter = Packed.of(adapter)
+                adapter = self._packs.pop(key) or Packed.of(adapter)
                 self._held.add(key)
             bindings[slot] = Binding(adapter, binding.scale)
         wire = dataclasses.replace(request, adapters=bindings, output_type=_wire_output(request.output_type),
