@@ -187,3 +187,28 @@ def test_the_edits_route_takes_only_image_files_as_images(served):
     bad_size = httpx.post(f"{server.url}/v1/images/edits", data={"prompt": PROMPT, "size": "huge"},
                           files={"image": ("p.png", image, "image/png")}, timeout=30)
     assert bad_size.status_code == 422 and "size" in bad_size.json()["error"]["message"]
+
+
+def test_what_decoding_did_to_an_input_image_is_said_in_the_answer(served):
+    """An animated PNG's first frame is taken, a CMYK JPEG converted, a declared type the content
+    contradicts overruled: served, and each said (the JSON body's and the OpenAI answer's
+    ``input_notes``, the Hugging Face answer's header)."""
+    server, _, ready = served
+    height, width = ready["height"], ready["width"]
+    frames = [photo(height, width, 7), photo(height, width, 8)]
+    animated = io.BytesIO()
+    frames[0].save(animated, "PNG", save_all=True, append_images=frames[1:])
+    body = {"prompt": PROMPT, "num_inference_steps": 1, "images": [f"data:image/jpeg;base64,{b64(animated.getvalue())}"]}
+    answer = httpx.post(f"{server.url}/v1/generate", json=body, timeout=300)
+    assert answer.status_code == 200, answer.text
+    notes = answer.json()["input_notes"]
+    assert any("first of 2 frames" in note for note in notes) and any("declared as 'image/jpeg'" in n for n in notes)
+    cmyk = io.BytesIO()
+    frames[0].convert("CMYK").save(cmyk, "JPEG")
+    edit = httpx.post(f"{server.url}/v1/images/edits", data={"prompt": PROMPT, "num_inference_steps": "1"},
+                      files={"image": ("c.jpg", cmyk.getvalue(), "image/jpeg")}, timeout=300)
+    assert edit.status_code == 200, edit.text
+    assert any("CMYK converted" in note for note in edit.json()["input_notes"])
+    hf = httpx.post(f"{server.url}/", json={"inputs": b64(animated.getvalue()),
+                                            "parameters": {"prompt": PROMPT, "num_inference_steps": 1}}, timeout=300)
+    assert hf.status_code == 200 and "first of 2 frames" in hf.headers["x-hotlora-input-notes"]

@@ -69,6 +69,8 @@ def openai_answer(out: Generated) -> JSONResponse:
     answer = {"created": int(time.time()), "data": data, "size": out.size}
     if out.snapped_from:
         answer["snapped_from"] = out.snapped_from
+    if out.input_notes:  # hotlora's too: what decoding did to the input images
+        answer["input_notes"] = list(out.input_notes)
     return JSONResponse(answer, headers=result_headers(out))
 
 

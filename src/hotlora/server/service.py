@@ -61,11 +61,15 @@ class Generated:
     recompiles: int
     size: str  # the size served, WIDTHxHEIGHT
     snapped_from: str | None = None  # the size asked for, when size_policy "nearest" snapped it
+    # What decoding did to the input images that the client may want to know (a first frame
+    # taken, EXIF orientation applied, CMYK converted, a declared type the content contradicted).
+    input_notes: tuple[str, ...] = ()
 
     def body(self) -> dict:
         """The JSON answer's fields (images as the caller encodes them)."""
         return {"images": self.images, "seeds": self.seeds, "adapters": self.adapters, "timings": self.timings,
-                "recompiles": self.recompiles, "size": self.size, "snapped_from": self.snapped_from}
+                "recompiles": self.recompiles, "size": self.size, "snapped_from": self.snapped_from,
+                "input_notes": list(self.input_notes)}
 
 
 class Service:
@@ -175,7 +179,8 @@ class Service:
         log.info("generated %d images in %.0f ms (queue %.0f ms, generate %.0f ms)", len(images),
                  timings["total_ms"], timings["queue_ms"], timings["generate_ms"])
         return Generated(images=images, seeds=result.seeds, adapters=result.adapters, timings=timings,
-                         recompiles=result.recompiles, size=result.size, snapped_from=result.snapped_from)
+                         recompiles=result.recompiles, size=result.size, snapped_from=result.snapped_from,
+                         input_notes=input_notes(checked.request))
 
     async def load_inputs(self, engine, job: GenerationRequest, client: str, deadline: float) -> GenerationRequest:
         """``job`` with its input images and mask fetched (URLs) and decoded (``server/inputs.py``)
@@ -332,6 +337,12 @@ def server_timing(timings: dict) -> str:
 
 SIZE_HEADER = "x-hotlora-size"  # the size served, WIDTHxHEIGHT
 SNAPPED_HEADER = "x-hotlora-snapped-from"  # the size asked for, when size_policy="nearest" snapped it
+NOTES_HEADER = "x-hotlora-input-notes"  # Generated.input_notes, "; "-joined
+
+
+def input_notes(job: GenerationRequest) -> tuple[str, ...]:
+    """The decoded input images' notes (``DecodedImage.notes``), images first, then the mask."""
+    return tuple(note for image in (*job.images, job.mask) for note in getattr(image, "notes", ()))
 
 
 def result_headers(out: Generated) -> dict:
@@ -340,4 +351,6 @@ def result_headers(out: Generated) -> dict:
     headers = {"Server-Timing": server_timing(out.timings), SIZE_HEADER: out.size}
     if out.snapped_from:
         headers[SNAPPED_HEADER] = out.snapped_from
+    if out.input_notes:  # notes quote what clients declared: printable ASCII only in a header
+        headers[NOTES_HEADER] = "".join(c if " " <= c <= "~" else "?" for c in "; ".join(out.input_notes))[:2000]
     return headers
