@@ -267,7 +267,8 @@ def test_playground_inpaints_a_picked_image_with_a_painted_mask(tasks_server, br
     assert mask[0, 0] == 0 and mask[-1, -1] == 0 and mask[0, width // 2] == 0  # far from it
 
     strength = browser.find_element(By.ID, "strength")
-    assert browser.find_element(By.ID, "strength-value").text == "the server's default"
+    default = httpx.get(f"{tasks_server.url}/readyz").json()["engine"]["default_strengths"]["inpaint"]
+    assert browser.find_element(By.ID, "strength-value").text == f"the server's default ({default:g})"
     strength.send_keys(Keys.LEFT, Keys.LEFT)  # 0.6 -> 0.5: moving the slider sets it
     assert browser.find_element(By.ID, "strength-value").text == "0.5"
     browser.find_element(By.ID, "generate").click()

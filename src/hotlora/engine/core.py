@@ -164,6 +164,7 @@ class Engine:
             "defaults": {k: self.defaults[k] for k in ("num_inference_steps", "guidance_scale")},
             "request_options": list(self.family.request_options()), "cfg": self.family.cfg,
             "tasks": list(self.rules.tasks), "max_reference_images": self.rules.max_reference_images,
+            "default_strengths": dict(self.rules.strengths),  # task -> the strength a request without one runs at
             "size_policy": self.rules.size_policy, "dynamic_sizes": self.dynamic_sizes,
             "compile": self.compile_mode, "warmup_s": round(self.warmup_s, 2), "recompiles": self.recompiles,
             "mixed": self.writer.mixes_requests, "attention_backend": self.attention_backend,
