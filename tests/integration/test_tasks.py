@@ -143,7 +143,7 @@ def test_an_edit_checkpoint_serves_text_to_image(warm):
 
 
 @pytest.mark.families
-def test_edit_on_a_text_to_image_checkpoint_is_refused(tiny_models):
+def test_qwenimage_edit_on_a_text_to_image_checkpoint_is_refused(tiny_models):
     """Qwen-Image's text-to-image checkpoint has no processor (and no edit-trained transformer):
     edit is refused at start-up, naming the checkpoint that serves it."""
     from hotlora.families import UnservedModel
