@@ -22,6 +22,19 @@ def tiny_models(tmp_path_factory):
     return {family: save_tiny_model(root / family, family, target_rank=TARGET_RANK) for family in FAMILIES}
 
 
+@pytest.fixture(scope="session")
+def tiny_task_models(tiny_models, tmp_path_factory):
+    """Each family's tiny model serving every task it declares: its text-to-image one, unless its
+    edit checkpoints are another pipeline (Qwen-Image-Edit: ``ModelFamily.build_tiny_edit``)."""
+    from hotlora.families import FAMILIES, ModelFamily
+    from hotlora.testing import save_tiny_model
+
+    root = tmp_path_factory.mktemp("edit-models")
+    return {name: (save_tiny_model(root / name, name, target_rank=TARGET_RANK, edit=True)
+                   if type(family).build_tiny_edit is not ModelFamily.build_tiny_edit else tiny_models[name])
+            for name, family in FAMILIES.items()}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def many_engines_in_one_process():
     """A test session builds dozens of compiled engines in one process; they share the blocks' code

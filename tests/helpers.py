@@ -223,6 +223,22 @@ def recompiles_are_errors():
         torch._dynamo.config.error_on_recompile = previous
 
 
+@contextmanager
+def small_edit_references(area: int = 32 * 32):
+    """Qwen-Image-Edit-Plus resizes every reference to 1024 x 1024 pixels' area for its VAE whatever
+    the output size (``VAE_IMAGE_SIZE``, read at each call): 16,384 tokens a reference on the tiny
+    model, minutes a step on these CPUs. For the block, ``area`` instead, for the engine and plain
+    diffusers alike (both call the same pipeline code)."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
+
+    previous = plus.VAE_IMAGE_SIZE
+    plus.VAE_IMAGE_SIZE = area
+    try:
+        yield
+    finally:
+        plus.VAE_IMAGE_SIZE = previous
+
+
 def engine_reference(engine, model_dir, adapters, *, prompt, steps, num_images, seed=0, embeddings=(), prepare=None):
     """Plain diffusers' result for what ``engine`` was asked: its guidance and size."""
     from hotlora.testing import plain_diffusers_reference

@@ -36,7 +36,7 @@ def cmd_tiny_model(args) -> int:
     from hotlora.tiny import save_tiny_model
 
     began = time.perf_counter()
-    out = save_tiny_model(Path(args.dir), args.family, seed=args.seed)
+    out = save_tiny_model(Path(args.dir), args.family, seed=args.seed, edit=args.edit)
     print(f"tiny {args.family} pipeline written to {out} in {time.perf_counter() - began:.1f}s")
     for name in sorted((out / "adapters").iterdir()):
         print(f"  adapter: {name}")
@@ -262,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("dir")
     tiny.add_argument("--family", choices=list(FAMILIES), default=DEFAULT_FAMILY)
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--edit", action="store_true",
+                      help="the family's edit checkpoint where it is another pipeline (qwenimage: Qwen-Image-Edit-2509)")
     tiny.set_defaults(run=cmd_tiny_model)
 
     gen = sub.add_parser("generate", help="generate one pack with hot-swapped adapters")

@@ -26,8 +26,11 @@ log = logging.getLogger(__name__)
 TINY_SIZE = {family.name: family.tiny_size for family in REGISTERED}  # image side in pixels
 
 
-def build_tiny_pipeline(family: str, seed: int = 0):
-    return family_named(family).build_tiny(seed)
+def build_tiny_pipeline(family: str, seed: int = 0, edit: bool = False):
+    """The family's tiny pipeline; ``edit``: of its edit checkpoints (``ModelFamily.build_tiny_edit``),
+    where they differ from the text-to-image one."""
+    fam = family_named(family)
+    return (fam.build_tiny_edit(seed) if edit else None) or fam.build_tiny(seed)
 
 
 # ----------------------------------------------------------------------------- adapters
@@ -103,10 +106,11 @@ def write_sample_adapters(pipeline, family: str, out: Path, target_rank: int = 8
     return samples
 
 
-def save_tiny_model(directory: Path, family: str, seed: int = 0, target_rank: int = 8) -> Path:
-    """Build and save a tiny pipeline plus sample adapters under ``directory``; returns the model dir."""
+def save_tiny_model(directory: Path, family: str, seed: int = 0, target_rank: int = 8, edit: bool = False) -> Path:
+    """Build and save a tiny pipeline plus sample adapters under ``directory``; returns the model dir.
+    ``edit``: the family's edit checkpoint (``build_tiny_pipeline``)."""
     directory = Path(directory)
-    pipeline = build_tiny_pipeline(family, seed)
+    pipeline = build_tiny_pipeline(family, seed, edit)
     pipeline.save_pretrained(str(directory))
     side = TINY_SIZE[family]
     defaults = {"model_id": f"hotlora/tiny-{family}", "height": side, "width": side, "num_inference_steps": 4}

@@ -11,9 +11,9 @@ from hotlora import Engine
 from hotlora.engine.inputs import fitted
 from hotlora.engine.request import UnservedTask
 from hotlora.errors import InvalidRequest
-from hotlora.families import FAMILIES, family_named
+from hotlora.families import FAMILIES, ModelFamily, family_named
 
-from ..helpers import CORE_FAMILIES, TARGET_RANK, recompiles_are_errors
+from ..helpers import CORE_FAMILIES, TARGET_RANK, recompiles_are_errors, small_edit_references
 
 TOLERANCE = 1e-4
 PROMPT = "the same portrait, at dusk"
@@ -27,13 +27,14 @@ def task_params():
 
 
 @pytest.fixture(scope="module", params=task_params())
-def warm(request, tiny_models):
-    family = family_named(request.param)
-    engine = Engine.from_pretrained(tiny_models[request.param], target_rank=TARGET_RANK, batch_size=2, compile=True,
-                                    rank_buckets=(), tasks=tuple(family.task_pipelines),
-                                    max_reference_images=min(2, family.max_edit_references))
-    with recompiles_are_errors():
-        yield family, tiny_models[request.param], engine
+def warm(request, tiny_task_models):
+    family, model_dir = family_named(request.param), tiny_task_models[request.param]
+    with small_edit_references():
+        engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=2, compile=True,
+                                        rank_buckets=(), tasks=tuple(family.task_pipelines),
+                                        max_reference_images=min(2, family.max_edit_references))
+        with recompiles_are_errors():
+            yield family, model_dir, engine
     assert engine.recompiles == 0
 
 
@@ -50,12 +51,14 @@ def half_mask(height: int, width: int) -> Image.Image:
     return mask
 
 
-def task_case(family, engine, task):
-    """(request keywords, the variant pipeline's own image arguments) for one task."""
+def task_case(family, engine, task, references=None):
+    """(request keywords, the variant pipeline's own image arguments) for one task; an edit with
+    ``references`` images (default: as many as served)."""
     height, width = engine.height, engine.width
     if task == "edit":
+        count = references or engine.rules.max_reference_images
         references = [photo(height + 8, width * 2, 1), photo(height * 2, width, 2)]  # fitted to the served size
-        references = references[:engine.rules.max_reference_images]
+        references = references[:count]
         given = [Image.fromarray(fitted(np.asarray(r), height, width)) for r in references]
         arguments = family.task_arguments("edit", given, None, None, len(given))
         return {"task": task, "images": tuple(references)}, arguments
@@ -97,6 +100,57 @@ def test_each_task_equals_plain_diffusers_variant(warm, task):
                             output_type="latent").images
     assert (plain - result.images).abs().max().item() > 100 * TOLERANCE
     assert engine.recompiles == 0
+
+
+def test_edit_at_fewer_references(warm):
+    """Each reference count below the most served is warmed up too (another token count) and equals
+    plain diffusers' edit pipeline."""
+    family, model_dir, engine = warm
+    counts = range(1, engine.rules.max_reference_images) if "edit" in family.task_pipelines else ()
+    if not counts:
+        pytest.skip(f"{family.name} serves edits with one reference only (or none)")
+    adapters = {"identity": (model_dir / "adapters" / "identity-diffusers", 0.9),
+                "style": (model_dir / "adapters" / "style-diffusers", 0.6)}
+    for count in counts:
+        keywords, arguments = task_case(family, engine, "edit", references=count)
+        result = engine.generate(PROMPT, adapters=adapters, num_images=N, num_inference_steps=STEPS, seed=0,
+                                 output_type="latent", **keywords)
+        theirs = reference(family, engine, model_dir, "edit", adapters, arguments)
+        diff = (result.images - theirs).abs().max().item()
+        assert diff <= TOLERANCE, f"{family.name} edit, {count} reference(s): max |engine - diffusers| = {diff}"
+    assert engine.recompiles == 0
+
+
+def test_an_edit_checkpoint_serves_text_to_image(warm):
+    """A family whose edit checkpoints are another pipeline (Qwen-Image-Edit-2509's
+    QwenImageEditPlusPipeline) serves text-to-image from one through its text-to-image pipeline,
+    equal to plain diffusers loading that directory as that pipeline."""
+    from hotlora.testing import plain_diffusers_reference
+
+    family, model_dir, engine = warm
+    if type(family).build_tiny_edit is ModelFamily.build_tiny_edit:
+        pytest.skip(f"{family.name}'s edit checkpoints are its text-to-image pipeline")
+    assert type(engine.pipeline).__name__ == family.pipeline_class
+    adapters = {"identity": (model_dir / "adapters" / "identity-diffusers", 0.9)}
+    ours = engine.generate(PROMPT, adapters=adapters, num_images=2, num_inference_steps=STEPS, seed=0,
+                           output_type="latent").images
+    theirs = plain_diffusers_reference(
+        model_dir, adapters, prompt=PROMPT, num_images=2, num_inference_steps=STEPS,
+        guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=0,
+        pipeline_class=family.pipeline_class)
+    assert (ours - theirs).abs().max().item() <= TOLERANCE
+    assert engine.recompiles == 0
+
+
+@pytest.mark.families
+def test_qwenimage_edit_on_a_text_to_image_checkpoint_is_refused(tiny_models):
+    """Qwen-Image's text-to-image checkpoint has no processor (and no edit-trained transformer):
+    edit is refused at start-up, naming the checkpoint that serves it."""
+    from hotlora.families import UnservedModel
+
+    with pytest.raises(UnservedModel, match="QwenImageEditPlusPipeline"):
+        Engine.from_pretrained(tiny_models["qwenimage"], target_rank=TARGET_RANK, batch_size=1, compile=False,
+                               rank_buckets=(), tasks=("edit",))
 
 
 def test_task_pipelines_share_every_weight(warm):

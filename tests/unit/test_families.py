@@ -65,6 +65,7 @@ def test_every_lookup_finds_the_same_family(family, tmp_path):
     ("StableDiffusionImg2ImgPipeline", "sd15"), ("StableDiffusionInpaintPipeline", "sd15"),
     ("StableDiffusion3Img2ImgPipeline", "sd3"), ("StableDiffusion3InpaintPipeline", "sd3"),
     ("ChromaImg2ImgPipeline", "chroma"), ("ChromaInpaintPipeline", "chroma"),
+    ("QwenImageEditPlusPipeline", "qwenimage"), ("QwenImageEditPipeline", "qwenimage"),
 ])
 def test_task_variants_resolve_to_their_base_family(variant, expected):
     import diffusers
@@ -324,3 +325,11 @@ def test_qwen_tokenizer_keeps_more_than_qwenimage_drops():
     thinking = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
                                              add_generation_prompt=True, enable_thinking=False)
     assert thinking.endswith("<think>\n\n</think>\n\n")
+
+
+def test_a_qwen_image_edit_checkpoint_is_the_qwenimage_family():
+    """Qwen-Image-Edit-2509's model_index.json (QwenImageEditPlusPipeline over Qwen-Image's
+    transformer class) is served by the qwenimage family."""
+    index = {"_class_name": "QwenImageEditPlusPipeline", "processor": ["transformers", "Qwen2VLProcessor"],
+             "transformer": ["diffusers", "QwenImageTransformer2DModel"]}
+    assert family_of_model_index(index).name == "qwenimage"

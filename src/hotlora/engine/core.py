@@ -41,7 +41,7 @@ class Engine:
                  defaults: Mapping | None = None, store=None, **options):
         self.config = config = (config or EngineConfig()).replace(**options)
         self.warm = warm = WarmModel(pipeline, family, config, model=model, defaults=defaults)
-        self.pipeline, self.family, self.model = pipeline, family, model
+        self.pipeline, self.family, self.model = warm.pipeline, family, model  # the text-to-image one
         self.denoiser, self.defaults, self.limits = warm.denoiser, warm.defaults, config.limits
         self.height, self.width = warm.sizes[0]  # the default size
         self.resolver = AdapterResolver(warm.writer.slot_names, warm.writer.ceiling, family, store,

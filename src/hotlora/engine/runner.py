@@ -219,7 +219,11 @@ class Runner:
         repeat = warm.batch_factor(params)
         swap, timings = SwapReport(), [Timings() for _ in requests]
         call = params.pipeline_kwargs(warm.family)
-        texts = None if mixed else warm.text.prompts(first.adapters, first.prompt, first.negative_prompt)
+        # An edit's batch is one request (``batch_key``) and its pipeline takes the prompt once beside
+        # the references (Qwen-Image-Edit-Plus refuses a list of prompts): a pack's prompt, also when
+        # it runs as a mixed batch.
+        one_prompt = not mixed or params.task == "edit"
+        texts = warm.text.prompts(first.adapters, first.prompt, first.negative_prompt) if one_prompt else None
         inputs = TaskInputs(warm.family, params, requests)
 
         def before_chunk(chunk: Chunk) -> dict:
@@ -228,7 +232,7 @@ class Runner:
             size = len(samples)
             with trace.span("swap", images=size, **({"requests": len(owners)} if mixed else {})):
                 swap.add(warm.writer.bind(samples, repeat))
-                if mixed:  # each image its own prompt, encoded group by group where text states differ
+                if not one_prompt:  # each image its own prompt, encoded group by group where text states differ
                     return {"num_images_per_prompt": 1, **inputs.arguments(chunk),
                             **batch_prompts(warm.text, warm.pipeline, warm.family, owners,
                                             warm.uses_cfg(params.guidance_scale), swap)}
@@ -236,7 +240,7 @@ class Runner:
 
         warm.active_adapters = len({b.adapter.sha256 for r in requests for b in r.adapters.values()})
         with warm.section():
-            if not mixed:  # one request: its text-encoder state once, its prompt encoded by the pipeline
+            if one_prompt:  # one request: its text-encoder state once, its prompt encoded by the pipeline
                 with trace.span("swap", target="text_encoders"):
                     swap.text_ms += warm.text.apply(first.adapters)
             images = run_chunks(warm.task_pipelines[params.task], chunks, seeds=[r.seed for r in requests],

@@ -58,6 +58,7 @@ class WarmModel:
 
     def __init__(self, pipeline, family: ModelFamily, config: EngineConfig, *, model: str | None = None,
                  defaults: Mapping | None = None):
+        loaded, pipeline = pipeline, family.text_to_image_pipeline(pipeline)
         self.config, self.pipeline, self.family, self.model = config, pipeline, family, model
         family.check_engine_config(config)  # before anything is installed or compiled
         self.batch_size = config.batch_limit  # compiled for batches up to this; packs chunk by ``chunk_for``
@@ -77,7 +78,7 @@ class WarmModel:
         # Each task's pipeline made from the warm one: the same module objects (every weight, LoRA
         # slot and compiled block shared; nothing copied), the task's own __call__.
         self.task_pipelines = {"text-to-image": pipeline, **{
-            task: family.task_pipeline_type(task).from_pipe(pipeline) for task in self.tasks[1:]}}
+            task: family.task_pipeline(task, loaded) for task in self.tasks[1:]}}
         for each in self.task_pipelines.values():
             each.set_progress_bar_config(disable=True)
         self.output: OutputKind = IMAGES

@@ -69,20 +69,49 @@ QWEN_CHAT_TEMPLATE = (
 )
 
 
-def qwen_tokenizer():
+# Qwen2.5-VL's vision tokens, numbered after the text vocabulary in this order (the tiny Qwen-Image
+# text encoder's config names these ids): start, end, and the pad each image's patches replace.
+QWEN_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+
+
+def qwen_tokenizer(vision: bool = False):
     """A byte-level BPE tokenizer of the Qwen kind (Qwen2Tokenizer) with no merges: every byte is one
     token, so Qwen-Image's prompt template is far more than the 34 tokens its pipeline drops.
-    ChatML special tokens after the bytes; the chat template handles ``enable_thinking``."""
+    ChatML special tokens after the bytes; the chat template handles ``enable_thinking``.
+    ``vision``: Qwen's vision tokens too (the same ids before them), ``<|image_pad|>`` named the
+    tokenizer's ``image_token``, where a processor looks for it."""
     from transformers import Qwen2Tokenizer
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     vocab = {char: i for i, char in enumerate(bytes_to_unicode().values())}
-    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"):
+    specials = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+    for special in specials + (QWEN_VISION_TOKENS if vision else ()):
         vocab[special] = len(vocab)
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=131072)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=131072,
+                               **({"extra_special_tokens": {"image_token": "<|image_pad|>"}} if vision else {}))
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>",
+                                                                *(QWEN_VISION_TOKENS if vision else ())]})
     tokenizer.chat_template = QWEN_CHAT_TEMPLATE
     return tokenizer
+
+
+def qwen_vl_processor(tokenizer, max_pixels: int):
+    """An image processor and ``tokenizer`` (``qwen_tokenizer(vision=True)``) as one processor, as
+    the Qwen-Image-Edit pipelines call it: ``processor(text=..., images=..., padding=True)``, each
+    ``<|image_pad|>`` expanded to the image's merged patches. ``max_pixels`` bounds what the vision
+    tower sees (the pipelines hand it 384 x 384 or more).
+
+    Qwen-Image-Edit checkpoints ship a ``Qwen2VLProcessor``, whose constructor and loader require
+    transformers' video processor and so torchvision, which does not import beside this torch build.
+    ``PaddleOCRVLProcessor`` is transformers' processor of a Qwen2-VL-derived model without video:
+    the same ``ProcessorMixin.__call__``, the same expansion (``image_grid_thw.prod() //
+    merge_size**2``), over the same ``Qwen2VLImageProcessor`` (its PIL backend)."""
+    from transformers import PaddleOCRVLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=max_pixels, patch_size=14, merge_size=2,
+                                               temporal_patch_size=2)
+    return PaddleOCRVLProcessor(image_processor=image_processor, tokenizer=tokenizer)
 
 
 def save_kohya_layout(path, sd: Mapping, alpha: float, keep=lambda module: True):
@@ -123,3 +152,4 @@ def musubi_and_comfy_samples(linears, out, rank: int, attention_only, keep) -> d
     toolkit = save_prefixed_layout(out / "style-comfy.safetensors", random_lora(linears, rank, seed=5,
                                                                                 modules=attention_only))
     return {"style-kohya": musubi, "style-comfy": toolkit}
+

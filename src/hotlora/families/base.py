@@ -179,6 +179,18 @@ class ModelFamily:
 
         return getattr(diffusers, self.task_pipelines[task])
 
+    def text_to_image_pipeline(self, loaded):
+        """The pipeline text-to-image runs on, from the one a model directory loads as (its
+        model_index.json's class): itself, unless that pipeline cannot make an image from text
+        alone (a Qwen-Image-Edit checkpoint's edit pipeline needs a reference image)."""
+        return loaded
+
+    def task_pipeline(self, task: str, loaded):
+        """``task``'s pipeline on the loaded pipeline's components (``from_pipe``: every module
+        shared, nothing copied). ``dtype`` is passed on: ``from_pipe`` otherwise casts the shared
+        modules to float32 in place."""
+        return self.task_pipeline_type(task).from_pipe(loaded, dtype=loaded.dtype)
+
     def default_strength(self, task: str) -> float | None:
         """The strength a request of ``task`` runs with when it sets none: the task pipeline's own
         default (diffusers': 0.6 for Flux img2img, 0.3 for SDXL's); None where it takes no strength."""
@@ -307,6 +319,11 @@ class ModelFamily:
         """A real diffusers pipeline of this family from small configs, seeded random weights and
         tokenizers made in memory (nothing downloaded)."""
         raise NotImplementedError(f"{self.name}: no tiny offline model")
+
+    def build_tiny_edit(self, seed: int = 0):
+        """The tiny model of this family's edit checkpoints where they are another pipeline than the
+        text-to-image one (Qwen-Image-Edit); None: ``build_tiny`` serves every declared task."""
+        return None
 
     def trainer_lora(self, path, linears, sd, rank: int, seed: int):
         """``sd`` (a random PEFT-form LoRA over ``linears``) rewritten at ``path`` in the layout of

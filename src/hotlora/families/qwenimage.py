@@ -20,6 +20,23 @@ length is a new shape and a batch of unequal ones takes the masked path. Text po
 from 0 whatever the padding, and the mask hides padded keys, so padding further changes nothing
 (what a mixed batch's groups rely on: ``join_encoded``). Warm-up runs prompts of two lengths,
 alone and mixed (``warmup_prompts``), every dimension dynamic from the first compile.
+
+Edit: Qwen-Image-Edit-2509 / 2511 (``QwenImageEditPlusPipeline``: one to three reference images, the
+published checkpoints' model_index.json names it). A model directory of that pipeline serves the
+edit task through it and text-to-image through ``QwenImagePipeline.from_pipe`` on the same weights
+(the edit pipeline cannot run without a reference; what a diffusers user gets from the edit
+checkpoint's weights without one). The edit pipelines need what Qwen-Image's text-to-image
+checkpoint does not ship: a processor, for the Qwen2.5-VL encoder sees the references (the prompt
+embeddings depend on them, so the edit pipeline encodes its prompt itself: an edit's batch is one
+request, ``batch_key``), and a transformer trained to edit. Edit on a text-to-image directory is
+refused. The original Qwen-Image-Edit (``QwenImageEditPipeline``, one image, another prompt template
+and another reference size) is refused too: served by the Plus pipeline it would not give what its
+own pipeline gives.
+
+Reference shapes: the Plus pipeline resizes every reference to a fixed area at its own aspect
+ratio (1024 x 1024 pixels for the VAE, 384 x 384 for the vision tower, sides multiples of 32); hotlora
+fits references to the served size first (``engine.inputs.fitted``), so at each served size every
+reference has one shape, the one warm-up compiled.
 """
 
 from __future__ import annotations
@@ -39,7 +56,9 @@ class QwenImage(ModelFamily):
     base_model_markers = ("qwen-image", "qwen_image", "qwenimage")
     full_size_models = {"qwen-image": "qwen_image"}
     pipeline_class = "QwenImagePipeline"
-    task_pipelines = {"image-to-image": "QwenImageImg2ImgPipeline", "inpaint": "QwenImageInpaintPipeline"}
+    task_pipelines = {"image-to-image": "QwenImageImg2ImgPipeline", "inpaint": "QwenImageInpaintPipeline",
+                      "edit": "QwenImageEditPlusPipeline"}
+    max_edit_references = 3  # Qwen-Image-Edit-2509's model card: one to three input images
     denoiser_class = "QwenImageTransformer2DModel"
     # Qwen-Image's model card: 50 steps, true_cfg_scale 4.0, 1328 x 1328 for 1:1.
     default_steps, default_guidance = 50, 4.0
@@ -51,6 +70,30 @@ class QwenImage(ModelFamily):
     prompt_argument_of = {"text_encoder": "prompt"}
     tiny_size = 32
     compile_dynamic = True  # prompt lengths reach the blocks: one dynamic graph per code path
+
+    def text_to_image_pipeline(self, loaded):
+        from diffusers import QwenImagePipeline
+
+        if isinstance(loaded, QwenImagePipeline):
+            return loaded
+        return QwenImagePipeline.from_pipe(loaded, dtype=loaded.dtype)
+
+    def task_pipeline(self, task: str, loaded):
+        if task == "edit":
+            from hotlora.families import UnservedModel
+
+            kind = type(loaded).__name__
+            if kind == "QwenImageEditPipeline":
+                raise UnservedModel("edit on the original Qwen-Image-Edit (QwenImageEditPipeline) is not served: hotlora "
+                                    "serves Qwen-Image edits through QwenImageEditPlusPipeline (Qwen-Image-Edit-2509 "
+                                    "or 2511), and the original checkpoint's own pipeline uses another prompt template "
+                                    "and reference size")
+            if getattr(loaded, "processor", None) is None:
+                raise UnservedModel(f"edit needs a Qwen-Image-Edit checkpoint (model_index.json naming "
+                                    f"QwenImageEditPlusPipeline, e.g. Qwen-Image-Edit-2509): this model ({kind}) has no "
+                                    f"processor for its text encoder to see the reference images, and its transformer "
+                                    f"is not trained to edit")
+        return super().task_pipeline(task, loaded)
 
     def call_arguments(self, guidance_scale: float) -> dict[str, Any]:
         return {"true_cfg_scale": guidance_scale}
@@ -113,6 +156,15 @@ class QwenImage(ModelFamily):
                 denoiser["num_attention_heads"] * denoiser["attention_head_dim"])
 
     def build_tiny(self, seed: int = 0):
+        return self._build_tiny(seed, edit=False)
+
+    def build_tiny_edit(self, seed: int = 0):
+        """A tiny Qwen-Image-Edit-2509: the text-to-image model's components (the same seeded weights)
+        as a QwenImageEditPlusPipeline, with the processor its checkpoints add (``qwen_vl_processor``:
+        the vision tower sees at most 56 x 56 pixels of each reference)."""
+        return self._build_tiny(seed, edit=True)
+
+    def _build_tiny(self, seed: int, edit: bool):
         import torch
         from diffusers import (
             AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel,
@@ -146,8 +198,17 @@ class QwenImage(ModelFamily):
             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         )
         text_encoder = Qwen2_5_VLForConditionalGeneration(config)
-        return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
-                                 tokenizer=tokenizer, transformer=transformer)
+        components = dict(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+                          tokenizer=tokenizer, transformer=transformer)
+        if not edit:
+            return QwenImagePipeline(**components)
+        from diffusers import QwenImageEditPlusPipeline
+
+        from hotlora.families._tiny import qwen_vl_processor
+
+        tokenizer = qwen_tokenizer(vision=True)  # the same ids, plus the vision tokens the config numbers
+        return QwenImageEditPlusPipeline(**{**components, "tokenizer": tokenizer},
+                                         processor=qwen_vl_processor(tokenizer, max_pixels=56 * 56))
 
     def trainer_lora(self, path: Path, linears, sd, rank: int, seed: int) -> Path:
         """musubi-tuner's layout (``networks/lora_qwen_image.py``): kohya names over the
