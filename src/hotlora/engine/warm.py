@@ -95,9 +95,10 @@ class WarmModel:
         if unserved:
             from hotlora.families import UnservedModel
 
-            raise UnservedModel(f"the {self.family.name} family does not serve {', '.join(unserved)}: diffusers has "
-                                f"no such pipeline for it that hotlora declares (served tasks: "
-                                f"{', '.join(self.family.served_tasks())})")
+            why = "; ".join(f"{task}: {self.family.refused_tasks.get(task, 'diffusers has no such pipeline for it that hotlora declares')}"
+                            for task in unserved)
+            raise UnservedModel(f"the {self.family.name} family does not serve {', '.join(unserved)} ({why}; served "
+                                f"tasks: {', '.join(self.family.served_tasks())})")
         if "edit" in config.tasks and config.max_reference_images > self.family.max_edit_references:
             from hotlora.families import UnservedModel
 

@@ -168,6 +168,9 @@ class ModelFamily:
     # Task -> the diffusers pipeline class that runs it on this family's components (made from the
     # warm pipeline with ``from_pipe``: every weight, LoRA slot and compiled block shared).
     task_pipelines: ClassVar[Mapping[str, str]] = {}
+    # Task -> why it is not served although diffusers has a pipeline for it (the pipeline cannot run
+    # on this family's models): said by the engine that is asked for it.
+    refused_tasks: ClassVar[Mapping[str, str]] = {}
     # The reference images the edit pipeline takes with one prompt (Kontext: one; Flux.2: several).
     max_edit_references: ClassVar[int] = 1
 
