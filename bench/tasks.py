@@ -100,9 +100,10 @@ def storage(t):
     return t.untyped_storage().data_ptr()
 
 
-def meta_pipelines(name: str):
+def meta_pipelines(name: str, plain: bool = False):
     """The published model ``name`` as its family's pipeline on the meta device (bfloat16), and each
-    of the family's task pipelines made from it with ``from_pipe``."""
+    of the family's task pipelines made from it as the engine makes them (``shared_pipeline``: with
+    ``from_pipe``, every dtype kept), or, ``plain``, by ``from_pipe`` as it is (no ``torch_dtype``)."""
     import diffusers
     import torch
 
@@ -115,13 +116,20 @@ def meta_pipelines(name: str):
     base_class = spec.family.pipeline_type
     accepted = inspect.signature(base_class.__init__).parameters
     modules = {k: v for k, v in vars(parts).items() if isinstance(v, torch.nn.Module)}
-    # The scheduler and tokenizers hold no tensors: the published scheduler class with its defaults,
-    # no tokenizers (the plan's stand-ins are no tokenizer class a pipeline takes).
-    published = importlib.import_module(f"hotlora.fullsize.{full_size_model(name)[1]}").MODEL_INDEX
-    scheduler = getattr(diffusers, published["scheduler"][1])()
+    # The scheduler and tokenizers hold no tensors: the published scheduler (SDXL's module names no
+    # class for it in MODEL_INDEX: its scheduler_config.json's, Euler), no tokenizers (the plan's
+    # stand-ins are no tokenizer class a pipeline takes).
+    published = importlib.import_module(f"hotlora.fullsize.{full_size_model(name)[1]}")
+    scheduler_class = getattr(published, "MODEL_INDEX", {}).get("scheduler", ["diffusers", "EulerDiscreteScheduler"])[1]
+    scheduler = getattr(diffusers, scheduler_class).from_config(getattr(published, "SCHEDULER", {}))
     base = base_class(scheduler=scheduler, **{p: modules.get(p) for p, v in accepted.items()
                                               if p not in ("self", "scheduler") and v.kind == v.POSITIONAL_OR_KEYWORD})
-    return base, {task: spec.family.task_pipeline_type(task).from_pipe(base) for task in spec.family.task_pipelines}
+    from hotlora.engine.warm import shared_pipeline
+
+    def made(cls):
+        return cls.from_pipe(base) if plain else shared_pipeline(cls, base, torch.bfloat16)
+
+    return base, {task: made(spec.family.task_pipeline_type(task)) for task in spec.family.task_pipelines}
 
 
 def memory_rows(engine, model: Path, full_size: bool) -> tuple[list, dict]:
@@ -136,15 +144,20 @@ def memory_rows(engine, model: Path, full_size: bool) -> tuple[list, dict]:
         full, _ = tensor_bytes(second, storage)
         shared = unshared_bytes(pipeline, base, storage)
         data[f"tiny-flux {task}"] = {"from_pipe_unshared_bytes": shared, "from_pretrained_bytes": full}
-        rows.append(["tiny Flux (float32)", type(pipeline).__name__, shared, f"{full:,}"])
+        rows.append(["tiny Flux (float32)", type(pipeline).__name__, shared, f"{full:,}", "-"])
         del second
     for name in FULL_SIZE if full_size else ():
         base, tasks = meta_pipelines(name)
+        # from_pipe as it is, on a fresh base: it casts the new pipeline, shared modules and all, to float32.
+        plain_base, _ = meta_pipelines(name, plain=True)
+        cast, _ = tensor_bytes(plain_base, id)
         for task, pipeline in tasks.items():
             full, _ = tensor_bytes(pipeline, id)  # what a second from_pretrained pipeline would hold again
             shared = unshared_bytes(pipeline, base, id)
-            data[f"{name} {task}"] = {"from_pipe_unshared_bytes": shared, "from_pretrained_bytes": full}
-            rows.append([f"{name} (bfloat16, meta)", type(pipeline).__name__, shared, f"{full / 2**30:.2f} GiB"])
+            data[f"{name} {task}"] = {"from_pipe_unshared_bytes": shared, "from_pretrained_bytes": full,
+                                      "plain_from_pipe_warm_bytes_after": cast}
+            rows.append([f"{name} (bfloat16, meta)", type(pipeline).__name__, shared, f"{full / 2**30:.2f} GiB",
+                         f"{cast / 2**30:.2f} GiB"])
     return rows, data
 
 
@@ -228,14 +241,17 @@ def main() -> None:
                              "hotlora compiled (ms)", "speedup"], rows)
              + f"\n\nRecompiles of the compiled engine after warm-up, over every task: {recompiles}.\n\n"
              + markdown_table(["model", "task pipeline", "from_pipe: bytes not shared with the warm pipeline",
-                               "a second from_pretrained pipeline: bytes"], memory))
+                               "a second from_pretrained pipeline: bytes",
+                               "the warm pipeline after a plain from_pipe (no torch_dtype)"], memory))
     description = (f"Tiny Flux {width}x{height}, float32, {args.images} images x {args.steps} steps per request "
                    f"(image-to-image and inpaint at strength {args.strength}: fewer steps run), both slots filled; "
                    f"{args.requests} requests x {args.rounds} rounds per task and way (after one untimed request), "
                    "orders alternating; median ms per request. diffusers: the task's own pipeline, "
                    "from_pretrained, load_lora_weights x2 + set_adapters, eager. hotlora: one warm engine serving "
                    "all four tasks (from_pipe). Speedup = diffusers ms / hotlora ms. Memory: parameters and "
-                   "buffers; the full-size rows are the published architectures built on the meta device.")
+                   "buffers; the full-size rows are the published architectures built on the meta device. The "
+                   "last column: diffusers' from_pipe without torch_dtype casts the pipeline it makes, the shared "
+                   "modules included, to float32 (what the engine's shared_pipeline prevents).")
     write_results(args.out, "tasks", {"args": {k: str(v) for k, v in vars(args).items()}, "speed": speed,
                                       "recompiles": recompiles, "memory": memory_data}, table, description)
 

@@ -250,3 +250,14 @@ def test_a_refused_task_is_refused_with_its_reason(tiny_models, name):
         with pytest.raises(UnservedModel, match=f"does not serve {task} .*{re.escape(reason)}"):
             Engine.from_pretrained(tiny_models[name], target_rank=TARGET_RANK, batch_size=1, compile=False,
                                    rank_buckets=(), tasks=(task,))
+
+
+def test_task_pipelines_leave_every_dtype_as_loaded(tiny_models):
+    """``from_pipe`` casts the pipeline it makes, shared modules included, to float32 unless told a
+    dtype: a bfloat16 engine serving tasks keeps every tensor bfloat16, and the same storage."""
+    engine = Engine.from_pretrained(tiny_models["flux"], target_rank=TARGET_RANK, batch_size=1, compile=False,
+                                    rank_buckets=(), tasks=("image-to-image",), dtype=torch.bfloat16)
+    for pipeline in engine.warm.task_pipelines.values():
+        dtypes = {t.dtype for m in pipeline.components.values() if isinstance(m, torch.nn.Module)
+                  for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()}
+        assert dtypes == {torch.bfloat16}, f"{type(pipeline).__name__}: {dtypes}"
