@@ -14,8 +14,8 @@ task (text-to-image, image-to-image, inpaint, edit):
   (``tasks=...``, each task's pipeline made from the warm one with ``from_pipe``),
   ``engine.generate`` per request.
 
-Milliseconds per request (median), ratios against ``diffusers`` measured in the same run; rounds
-alternate the order of the ways.
+Milliseconds per request (median), ratios against ``diffusers`` measured in the same run; the
+ways take turns request by request, and rounds alternate their order.
 
 Memory: the bytes of parameters and buffers of each task pipeline that are not shared with the
 warm pipeline (the engine's ``from_pipe`` pipelines: tensors compared by storage), against a
@@ -216,11 +216,13 @@ def main() -> None:
     for task in TASKS:  # one untimed request each: first-call costs (allocations, lazy imports) out of the figures
         for label in labels:
             way(label, task, 0)()
+    # The ways take turns request by request (a shared machine's load then falls on all of them alike),
+    # in an order that alternates each round.
     for round_ in range(args.rounds):
         order = labels if round_ % 2 == 0 else tuple(reversed(labels))
         for task in TASKS:
-            for label in order:
-                for i in range(args.requests):
+            for i in range(args.requests):
+                for label in order:
                     call = way(label, task, 1 + i)
                     began = time.perf_counter()
                     call()
@@ -246,7 +248,7 @@ def main() -> None:
     description = (f"Tiny Flux {width}x{height}, float32, {args.images} images x {args.steps} steps per request "
                    f"(image-to-image and inpaint at strength {args.strength}: fewer steps run), both slots filled; "
                    f"{args.requests} requests x {args.rounds} rounds per task and way (after one untimed request), "
-                   "orders alternating; median ms per request. diffusers: the task's own pipeline, "
+                   "the ways taking turns request by request, orders alternating; median ms per request. diffusers: the task's own pipeline, "
                    "from_pretrained, load_lora_weights x2 + set_adapters, eager. hotlora: one warm engine serving "
                    "all four tasks (from_pipe). Speedup = diffusers ms / hotlora ms. Memory: parameters and "
                    "buffers; the full-size rows are the published architectures built on the meta device. The "
