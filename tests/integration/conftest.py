@@ -39,11 +39,22 @@ def mixed(request, tiny_models, tmp_path_factory):
     from hotlora import Engine
     from hotlora.testing import random_lora, save_diffusers_lora
 
-    from ..helpers import TARGET_RANK
+    from hotlora.engine.request import IMAGE_TASKS
+
+    from ..helpers import CORE_FAMILIES, TARGET_RANK
 
     family = request.param
-    engine = Engine.from_pretrained(tiny_models[family], target_rank=TARGET_RANK, batch_size=MIXED_BATCH, compile=True,
-                                    mixed=True)
+    # The core families' engines serve image-to-image and inpaint too (their mixed batches of different
+    # input images: tests/integration/test_tasks.py): a few more warm-up passes on graphs that exist
+    # anyway, far cheaper than a second compiled engine per family.
+    tasks = [task for task in IMAGE_TASKS if task in family_named(family).task_pipelines and family in CORE_FAMILIES]
+    import torch
+
+    # Warm-up compiles by definition: a module that asks for this engine may hold recompiles as errors
+    # already (test_tasks.py's own engine does, for the module's life).
+    with torch._dynamo.config.patch(error_on_recompile=False):
+        engine = Engine.from_pretrained(tiny_models[family], target_rank=TARGET_RANK, batch_size=MIXED_BATCH,
+                                        compile=True, mixed=True, tasks=tuple(tasks))
     pool_dir = tmp_path_factory.mktemp(f"mixed-{family}")
     linears = dict(engine.ceiling.modules)
     rng = random.Random(f"pool-{family}")

@@ -2,6 +2,8 @@
 the warm pipeline with ``from_pipe``, equal to plain diffusers' variant pipeline with the same
 adapters (float32, within 1e-4) and compiling nothing after warm-up (``error_on_recompile``)."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -80,7 +82,7 @@ def reference(family, engine, model_dir, task, adapters, arguments, seed=0):
 
 
 @pytest.mark.parametrize("task", ["image-to-image", "inpaint", "edit"])
-def test_each_task_equals_plain_diffusers_variant(warm, task):
+def test_each_task_equals_plain_diffusers_variant(warm, task, record_property):
     family, model_dir, engine = warm
     if task not in family.task_pipelines:
         pytest.skip(f"diffusers has no {task} pipeline hotlora declares for {family.name}")
@@ -91,6 +93,7 @@ def test_each_task_equals_plain_diffusers_variant(warm, task):
                              output_type="latent", **keywords)
     theirs = reference(family, engine, model_dir, task, adapters, arguments)
     diff = (result.images - theirs).abs().max().item()
+    record_property("max_abs_diff", diff)  # the figure a family's report quotes (--junitxml)
     assert diff <= TOLERANCE, f"{family.name} {task}: max |engine - diffusers| = {diff}"
     # The step clock saw each chunk's last step: the family counts the steps a strength leaves as its
     # pipelines do (else no chunk's decode is timed apart).
@@ -226,3 +229,89 @@ def test_input_image_bytes_are_decoded_under_the_request_limits(tiny_models):
     assert prepared.images[0].shape == (40, 40, 3) and prepared.images[0].dtype == np.uint8
     with pytest.raises(RequestTooLarge, match="input_image_max_side"):
         engine.prepare(PROMPT, task="image-to-image", images=(png(48),), num_inference_steps=STEPS)
+
+
+@pytest.mark.parametrize("task", ["image-to-image", "inpaint"])
+@pytest.mark.parametrize("mixed", CORE_FAMILIES, indirect=True)
+def test_requests_with_different_input_images_share_one_forward_batch(mixed, task):
+    """Requests of one task with different input images (masks, adapters, prompts, seeds) have equal
+    batch keys, so the worker packs them into ONE forward pass of a mixed engine (conftest's
+    ``mixed``, which serves the core families' image tasks); each request's images equal that
+    request run alone, and plain diffusers' variant pipeline with its adapters; nothing compiles.
+    An input image of another size packs too: the engine resizes every input to the served size with
+    the task pipeline's own image processor (``runner.at_served_size``), so the denoiser's shapes
+    match. Plain diffusers gets the image as it is where its pipeline takes a size (and resizes it
+    itself), else (SDXL's image-to-image) the image resized by that processor: unresized it would
+    denoise at the input's size."""
+    import inspect
+
+    from hotlora.testing import plain_diffusers_reference
+
+    from .conftest import MIXED_BATCH
+
+    name, model_dir, engine, pool = mixed
+    family = family_named(name)
+    height, width = engine.height, engine.width
+    strength = 0.6
+    cases = [  # (prompt, adapters, images, seed, input image); MIXED_BATCH images in all
+        ("a cat", {"identity": (pool[0], 0.9), "style": (pool[1], 0.5)}, 1, 11, photo(height, width, 3)),
+        ("a red house", {"style": (pool[2], 1.1)}, 1, 40, photo(2 * height, 2 * width, 4)),
+        ("an astronaut", {"identity": (pool[3], 0.7)}, 1, 7, photo(height, width, 5)),
+    ]
+    assert sum(images for _, _, images, _, _ in cases) == MIXED_BATCH
+    masks = [half_mask(*image.size[::-1]).rotate(90 * i) if task == "inpaint" else None
+             for i, (*_, image) in enumerate(cases)]
+
+    def prepared(i):
+        prompt, adapters, images, seed, image = cases[i]
+        return engine.prepare(prompt, adapters=adapters, num_images=images, seed=seed, num_inference_steps=STEPS,
+                              output_type="latent", task=task, images=(image,), mask=masks[i], strength=strength)
+
+    with recompiles_are_errors():
+        requests = [prepared(i) for i in range(len(cases))]
+        assert len({r.batch_key() for r in requests}) == 1, "the worker would not pack these requests"
+        together = engine.run(requests)
+        alone = [engine.run(prepared(i)).images for i in range(len(cases))]
+    for i, (prompt, adapters, images, seed, image) in enumerate(cases):
+        assert together[i].timings.chunks == [MIXED_BATCH], "not one forward pass"
+        diff = (together[i].images - alone[i]).abs().max().item()
+        assert diff <= TOLERANCE, f"{name} {task} request {i}: packed vs alone differ by {diff}"
+        pipeline, mask = engine.warm.task_pipelines[task], masks[i]
+        if "height" not in inspect.signature(type(pipeline).__call__).parameters:
+            image = pipeline.image_processor.resize(image, height, width)
+            mask = None if mask is None else pipeline.mask_processor.resize(mask, height, width)
+        arguments = family.task_arguments(task, [image] * images, None if mask is None else [mask] * images,
+                                          strength, 1)
+        theirs = plain_diffusers_reference(
+            model_dir, {slot: (str(path), scale) for slot, (path, scale) in adapters.items()}, prompt=prompt,
+            num_images=images, num_inference_steps=STEPS, guidance_scale=engine.defaults["guidance_scale"],
+            height=height, width=width, seed=seed, pipeline_class=family.task_pipelines[task],
+            task_arguments=arguments)
+        diff = (together[i].images - theirs).abs().max().item()
+        assert diff <= TOLERANCE, f"{name} {task} request {i}: packed vs plain diffusers differ by {diff}"
+    assert engine.recompiles == 0
+
+
+
+@pytest.mark.parametrize("name", [name for name, family in FAMILIES.items() if family.refused_tasks])
+def test_a_refused_task_is_refused_with_its_reason(tiny_models, name):
+    """A task diffusers has a pipeline for but that cannot run on the family's models (the family's
+    ``refused_tasks``) is refused at start-up, saying why, before anything is warmed up."""
+    from hotlora.families import UnservedModel
+
+    family = family_named(name)
+    for task, reason in family.refused_tasks.items():
+        with pytest.raises(UnservedModel, match=f"does not serve {task} .*{re.escape(reason)}"):
+            Engine.from_pretrained(tiny_models[name], target_rank=TARGET_RANK, batch_size=1, compile=False,
+                                   rank_buckets=(), tasks=(task,))
+
+
+def test_task_pipelines_leave_every_dtype_as_loaded(tiny_models):
+    """``from_pipe`` casts the pipeline it makes, shared modules included, to float32 unless told a
+    dtype: a bfloat16 engine serving tasks keeps every tensor bfloat16, and the same storage."""
+    engine = Engine.from_pretrained(tiny_models["flux"], target_rank=TARGET_RANK, batch_size=1, compile=False,
+                                    rank_buckets=(), tasks=("image-to-image",), dtype=torch.bfloat16)
+    for pipeline in engine.warm.task_pipelines.values():
+        dtypes = {t.dtype for m in pipeline.components.values() if isinstance(m, torch.nn.Module)
+                  for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()}
+        assert dtypes == {torch.bfloat16}, f"{type(pipeline).__name__}: {dtypes}"

@@ -5,7 +5,13 @@ cannot serve it. Tiny pipelines built in memory, nothing compiled or run."""
 import pytest
 import torch
 
+from hotlora.engine.warm import shared_pipeline
 from hotlora.families import UnservedModel, family_named
+
+
+def share(dtype=torch.float32):
+    """What the warm model passes a family's ``task_pipeline``: its dtype-keeping ``from_pipe``."""
+    return lambda cls, source: shared_pipeline(cls, source, dtype)
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +24,7 @@ def test_task_pipelines_keep_the_serving_dtype():
     bfloat16 engine serving image-to-image would have lost its dtype."""
     family = family_named("qwenimage")
     pipeline = family.build_tiny(seed=0).to(torch.bfloat16)
-    variant = family.task_pipeline("image-to-image", pipeline)
+    variant = family.task_pipeline("image-to-image", pipeline, share(torch.bfloat16))
     assert type(variant).__name__ == "QwenImageImg2ImgPipeline"
     assert variant.transformer is pipeline.transformer
     assert pipeline.transformer.dtype == pipeline.vae.dtype == torch.bfloat16
@@ -30,7 +36,7 @@ def test_an_edit_checkpoint_serves_text_to_image_through_the_text_to_image_pipel
     assert type(text_to_image).__name__ == "QwenImagePipeline"
     for name in ("transformer", "vae", "text_encoder", "tokenizer", "scheduler"):
         assert getattr(text_to_image, name) is getattr(qwen_edit, name)
-    edit = family.task_pipeline("edit", qwen_edit)
+    edit = family.task_pipeline("edit", qwen_edit, share())
     assert type(edit).__name__ == "QwenImageEditPlusPipeline"
     assert edit.processor is qwen_edit.processor and edit.transformer is qwen_edit.transformer
     assert family.text_to_image_pipeline(text_to_image) is text_to_image  # a text-to-image one is served as it is
@@ -41,10 +47,10 @@ def test_edit_is_refused_without_an_edit_checkpoint(qwen_edit):
 
     family = family_named("qwenimage")
     with pytest.raises(UnservedModel, match="no processor"):
-        family.task_pipeline("edit", family.build_tiny(seed=0))
+        family.task_pipeline("edit", family.build_tiny(seed=0), share())
     original = QwenImageEditPipeline.from_pipe(qwen_edit)  # the original Qwen-Image-Edit's pipeline
     with pytest.raises(UnservedModel, match="QwenImageEditPipeline"):
-        family.task_pipeline("edit", original)
+        family.task_pipeline("edit", original, share())
 
 
 def test_the_tiny_processor_expands_each_reference_to_its_patches(qwen_edit):

@@ -7,8 +7,9 @@ pickle as they are to the engine process, where ``as_pil`` makes the images the 
 
 An edit's reference images are fitted to the served size here (centre crop to its aspect ratio,
 then a Lanczos resize): the reference tokens the denoiser sees then have the shape warm-up
-compiled, whatever size the client sent. Image-to-image and inpaint inputs go to the pipeline
-as they are: its own image processor resizes them to the size served, as plain diffusers does.
+compiled, whatever size the client sent. Image-to-image and inpaint inputs are resized to the
+size served by the task pipeline's own image processor, as the pipelines that take a size do it
+(``runner.at_served_size``: SDXL's and SD1.5's image-to-image pipelines take none).
 """
 
 from __future__ import annotations

@@ -192,8 +192,13 @@ class PreparedRequest:
         return self.params.snapped_from
 
     def batch_key(self) -> tuple:
-        """Requests with equal keys can share one forward batch. An edit's references are the
-        pipeline's for every prompt of its call (``image``), so an edit shares its batch with none."""
+        """Requests with equal keys can share one forward batch: image-to-image and inpaint requests
+        with different input images too (one image per batch position; the runner resizes each to
+        the served size). An edit's references are the pipeline's for every prompt of its call
+        (``image``: Flux.2's pipelines take a list as several references of EVERY prompt, so two
+        edits in one call would each see the other's), so an edit shares its batch with none.
+        Kontext could take one reference per batch position (an ``image`` list as long as the
+        batch); the families do not declare that yet."""
         return (self.params, self.output_type, *((id(self),) if self.params.task == "edit" else ()))
 
 

@@ -171,15 +171,32 @@ def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], outpu
     return [output.join(own) for own in pieces]
 
 
+def at_served_size(processor, image, height: int, width: int):
+    """``image`` resized to ``width`` x ``height`` by the task pipeline's own image processor, as the
+    pipelines that take ``height`` / ``width`` resize their inputs (``VaeImageProcessor.resize``):
+    then an image already that size passes them unchanged. Why not leave it to the pipeline: SDXL's
+    and SD1.5's image-to-image pipelines take no size and denoise at the input image's (a shape
+    warm-up never compiled, and in a batch every image is resized to the first one's size)."""
+    if image.size == (width, height):
+        return image
+    return processor.resize(image, height, width)
+
+
 class TaskInputs:
     """A run's input images as its task pipeline takes them, per chunk (``ModelFamily.task_arguments``):
-    each request's arrays made PIL images once. Image-to-image and inpaint pass one image (and
-    mask) per image of the chunk, in order; an edit its request's references once."""
+    each request's arrays made PIL images once, image-to-image and inpaint inputs at the served size
+    (``at_served_size``). Image-to-image and inpaint pass one image (and mask) per image of the
+    chunk, in order; an edit its request's references once (fitted to the served size in prepare)."""
 
-    def __init__(self, family, params, requests: Sequence[PreparedRequest]):
+    def __init__(self, family, params, requests: Sequence[PreparedRequest], pipeline):
         self.family, self.params = family, params
         self.images = [[as_pil(x) for x in r.images] for r in requests]
         self.masks = [None if r.mask is None else as_pil(r.mask) for r in requests]
+        if params.task in IMAGE_TASKS:
+            size = params.height, params.width
+            self.images = [[at_served_size(pipeline.image_processor, x, *size) for x in own] for own in self.images]
+            masks = getattr(pipeline, "mask_processor", pipeline.image_processor)
+            self.masks = [None if m is None else at_served_size(masks, m, *size) for m in self.masks]
 
     def arguments(self, chunk: Chunk) -> dict:
         if not self.images or not self.images[0]:
@@ -224,7 +241,7 @@ class Runner:
         # it runs as a mixed batch.
         one_prompt = not mixed or params.task == "edit"
         texts = warm.text.prompts(first.adapters, first.prompt, first.negative_prompt) if one_prompt else None
-        inputs = TaskInputs(warm.family, params, requests)
+        inputs = TaskInputs(warm.family, params, requests, warm.task_pipelines[params.task])
 
         def before_chunk(chunk: Chunk) -> dict:
             owners = [requests[part.request] for part in chunk]

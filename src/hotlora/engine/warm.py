@@ -52,6 +52,30 @@ def load_model(model: str | os.PathLike, config: EngineConfig) -> tuple[object, 
     return load_pipeline(model, dtype=dtype, device=device)
 
 
+def shared_pipeline(cls, pipeline, dtype: torch.dtype):
+    """``cls.from_pipe(pipeline)`` with every module's tensors left in the dtype they are in.
+
+    ``from_pipe`` ends with ``.to(dtype)`` on the new pipeline, i.e. on the SHARED modules, float32
+    unless told: the first task pipeline of a bfloat16 engine would turn its denoiser, slots and
+    encoders into float32 (twice the memory, another precision than warm-up compiled). Told the
+    denoiser's dtype it casts nothing in that dtype; a tensor kept in another one (transformers'
+    ``_keep_in_fp32_modules`` under float16) gets its own storage back (no copy is made)."""
+    modules = [m for m in pipeline.components.values() if isinstance(m, torch.nn.Module)]
+    kept = [(module, name, tensor, tensor.data if is_parameter else tensor)
+            for component in modules for module in component.modules()
+            for is_parameter, tensors in ((True, module._parameters), (False, module._buffers))
+            for name, tensor in tensors.items()
+            if tensor is not None and tensor.is_floating_point() and tensor.dtype != dtype]
+    made = cls.from_pipe(pipeline, dtype=dtype)
+    for module, name, tensor, original in kept:
+        if isinstance(tensor, torch.nn.Parameter):
+            tensor.data = original  # nn.Module.to swapped the parameter's data (or the parameter)
+            module._parameters[name] = tensor
+        else:
+            module._buffers[name] = original
+    return made
+
+
 class WarmModel:
     """A pipeline of a registered family, warm: see the module docstring. ``defaults``: the saved
     model's own defaults (its ``hotlora.json``) over the family's."""
@@ -78,7 +102,8 @@ class WarmModel:
         # Each task's pipeline made from the warm one: the same module objects (every weight, LoRA
         # slot and compiled block shared; nothing copied), the task's own __call__.
         self.task_pipelines = {"text-to-image": pipeline, **{
-            task: family.task_pipeline(task, loaded) for task in self.tasks[1:]}}
+            task: family.task_pipeline(task, loaded, share=lambda cls, source: shared_pipeline(
+                cls, source, self.denoiser.dtype)) for task in self.tasks[1:]}}
         for each in self.task_pipelines.values():
             each.set_progress_bar_config(disable=True)
         self.output: OutputKind = IMAGES
@@ -96,9 +121,10 @@ class WarmModel:
         if unserved:
             from hotlora.families import UnservedModel
 
-            raise UnservedModel(f"the {self.family.name} family does not serve {', '.join(unserved)}: diffusers has "
-                                f"no such pipeline for it that hotlora declares (served tasks: "
-                                f"{', '.join(self.family.served_tasks())})")
+            why = "; ".join(f"{task}: {self.family.refused_tasks.get(task, 'diffusers has no such pipeline for it that hotlora declares')}"
+                            for task in unserved)
+            raise UnservedModel(f"the {self.family.name} family does not serve {', '.join(unserved)} ({why}; served "
+                                f"tasks: {', '.join(self.family.served_tasks())})")
         if "edit" in config.tasks and config.max_reference_images > self.family.max_edit_references:
             from hotlora.families import UnservedModel
 

@@ -168,6 +168,9 @@ class ModelFamily:
     # Task -> the diffusers pipeline class that runs it on this family's components (made from the
     # warm pipeline with ``from_pipe``: every weight, LoRA slot and compiled block shared).
     task_pipelines: ClassVar[Mapping[str, str]] = {}
+    # Task -> why it is not served although diffusers has a pipeline for it (the pipeline cannot run
+    # on this family's models): said by the engine that is asked for it.
+    refused_tasks: ClassVar[Mapping[str, str]] = {}
     # The reference images the edit pipeline takes with one prompt (Kontext: one; Flux.2: several).
     max_edit_references: ClassVar[int] = 1
 
@@ -185,11 +188,10 @@ class ModelFamily:
         alone (a Qwen-Image-Edit checkpoint's edit pipeline needs a reference image)."""
         return loaded
 
-    def task_pipeline(self, task: str, loaded):
-        """``task``'s pipeline on the loaded pipeline's components (``from_pipe``: every module
-        shared, nothing copied). ``dtype`` is passed on: ``from_pipe`` otherwise casts the shared
-        modules to float32 in place."""
-        return self.task_pipeline_type(task).from_pipe(loaded, dtype=loaded.dtype)
+    def task_pipeline(self, task: str, loaded, share):
+        """``task``'s pipeline on the loaded pipeline's components: ``share(cls, loaded)``, the
+        engine's ``from_pipe`` that shares every module and keeps every dtype (``warm.shared_pipeline``)."""
+        return share(self.task_pipeline_type(task), loaded)
 
     def default_strength(self, task: str) -> float | None:
         """The strength a request of ``task`` runs with when it sets none: the task pipeline's own

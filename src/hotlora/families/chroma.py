@@ -24,7 +24,12 @@ class Chroma(Flux):
     lora_key_pattern = Flux.lora_key_pattern + r"|distilled_guidance_layer"
     base_model_markers = ("chroma",)
     pipeline_class = "ChromaPipeline"
-    task_pipelines = {"image-to-image": "ChromaImg2ImgPipeline", "inpaint": "ChromaInpaintPipeline"}
+    task_pipelines = {"image-to-image": "ChromaImg2ImgPipeline"}
+    # Checked in diffusers 0.42.1: ChromaInpaintPipeline.__call__ reads the transformer's
+    # ``config.guidance_embeds`` (copied from Flux's), which ChromaTransformer2DModel's config never has,
+    # so every call raises AttributeError, on the published Chroma1-HD as on the tiny model.
+    refused_tasks = {"inpaint": "diffusers' ChromaInpaintPipeline reads transformer.config.guidance_embeds, which "
+                                "Chroma's transformer does not have: every call fails (diffusers 0.42)"}
     denoiser_class = "ChromaTransformer2DModel"
     default_steps, default_guidance = 35, 5.0  # ChromaPipeline.__call__'s defaults (the model card: 26-40 steps)
     cfg = "true"

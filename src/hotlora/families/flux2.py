@@ -60,6 +60,24 @@ def qwen3_tokenizer():
                           pad="<|endoftext|>")
 
 
+def large_enough(image):
+    """``image`` as the Flux.2 pipelines take a reference: each side at least the image processor's
+    ``min_side_length``; a smaller one scaled up (Lanczos, aspect kept, sides rounded up)."""
+    import inspect
+    import math
+
+    from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
+    from PIL import Image
+
+    least = inspect.signature(Flux2ImageProcessor.check_image_input).parameters["min_side_length"].default
+    width, height = image.size
+    if min(width, height) >= least:
+        return image
+    scale = least / min(width, height)
+    return image.resize((max(least, math.ceil(width * scale)), max(least, math.ceil(height * scale))),
+                        Image.Resampling.LANCZOS)
+
+
 def mistral_tokenizer():
     """A tokenizer in place of Flux.2 dev's PixtralProcessor (which needs torchvision): the
     pipeline only calls ``apply_chat_template`` on text-only conversations, which a tokenizer does."""
@@ -75,6 +93,17 @@ class _Flux2Base(ModelFamily):
     tiny_size = 32
     lora_key_pattern = r"to_qkv_mlp_proj|(ff|ff_context)[._]linear_(in|out)|stream_modulation"
     text_encoder_layers: int  # the deepest hidden state the pipeline taps, i.e. the encoder's layers
+
+    def task_arguments(self, task, images, masks, strength, references):
+        arguments = super().task_arguments(task, images, masks, strength, references)
+        if task == "edit":
+            # References come fitted to the served size; the Flux.2 pipelines refuse a reference with a
+            # side under their image processor's minimum (``check_image_input``: 64 px), which a small
+            # served size is. Such a reference is scaled up (aspect kept) to the least size the pipeline
+            # takes: the same for every request at that served size, so its token count was warmed up.
+            arguments["image"] = ([large_enough(image) for image in arguments["image"]]
+                                  if isinstance(arguments["image"], list) else large_enough(arguments["image"]))
+        return arguments
 
     def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
         denoiser = configs["transformer"]

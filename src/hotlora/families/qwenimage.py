@@ -78,7 +78,7 @@ class QwenImage(ModelFamily):
             return loaded
         return QwenImagePipeline.from_pipe(loaded, dtype=loaded.dtype)
 
-    def task_pipeline(self, task: str, loaded):
+    def task_pipeline(self, task: str, loaded, share):
         if task == "edit":
             from hotlora.families import UnservedModel
 
@@ -93,7 +93,7 @@ class QwenImage(ModelFamily):
                                     f"QwenImageEditPlusPipeline, e.g. Qwen-Image-Edit-2509): this model ({kind}) has no "
                                     f"processor for its text encoder to see the reference images, and its transformer "
                                     f"is not trained to edit")
-        return super().task_pipeline(task, loaded)
+        return super().task_pipeline(task, loaded, share)
 
     def call_arguments(self, guidance_scale: float) -> dict[str, Any]:
         return {"true_cfg_scale": guidance_scale}

@@ -63,8 +63,10 @@ class StableDiffusion3(ModelFamily):
         torch.manual_seed(seed)
         # Two blocks: SD3.5's (qk RMS norm, block 0 with SD3.5 medium's second attention) and the
         # last one, which updates no context (context_pre_only). pooled: both CLIPs' projections.
+        # 16 latent channels, as SD3 and SD3.5 have: StableDiffusion3InpaintPipeline refuses any
+        # transformer but one of 16 (or 33, an inpainting model's) input channels.
         transformer = SD3Transformer2DModel(
-            sample_size=16, patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=16,
+            sample_size=16, patch_size=2, in_channels=16, out_channels=16, num_layers=2, attention_head_dim=16,
             num_attention_heads=2, caption_projection_dim=32, joint_attention_dim=64, pooled_projection_dim=64,
             pos_embed_max_size=32, qk_norm="rms_norm", dual_attention_layers=(0,),
         )
@@ -74,7 +76,7 @@ class StableDiffusion3(ModelFamily):
         )
         vae = AutoencoderKL(
             sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4,), layers_per_block=1,
-            latent_channels=4, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
+            latent_channels=16, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
             shift_factor=0.0609, scaling_factor=1.5035,
         )
         return StableDiffusion3Pipeline(
