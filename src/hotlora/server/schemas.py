@@ -179,20 +179,12 @@ class OpenAIImagesRequest(SizedRequest):
                                  width=width, seed=self.seed or 0, num_inference_steps=self.num_inference_steps)
 
 
-class OpenAIEditsRequest(SizedRequest):
-    """``POST /v1/images/edits`` (OpenAI images API, multipart): the form's fields; the uploaded
-    ``image`` files (one or several) and ``mask`` come beside them (``to_request``). hotlora's
-    extensions: ``adapters``, ``seed``, ``strength``, ``task`` (default: a mask inpaints, else
-    edit where served, else image-to-image)."""
+class OpenAIEditsRequest(OpenAIImagesRequest):
+    """``POST /v1/images/edits`` (OpenAI images API, multipart): the generations request's fields
+    as form fields; the uploaded ``image`` files (one or several) and ``mask`` come beside them
+    (``to_request``). hotlora's extensions beyond the generations ones: ``strength``, ``task``
+    (default: a mask inpaints, else edit where served, else image-to-image)."""
 
-    model_config = ConfigDict(extra="ignore")
-    prompt: Prompt
-    n: int = 1
-    response_format: Literal["b64_json", "url"] = "b64_json"
-    model: str | None = None
-    adapters: Adapters = Field(default_factory=dict)
-    seed: int | None = None
-    num_inference_steps: int | None = None
     strength: Strength | None = None
     task: Task | None = None
 
