@@ -36,6 +36,15 @@ def warm(request, tiny_models):
     assert engine.recompiles == 0
 
 
+def tolerance(engine) -> float:
+    """``TOLERANCE`` per forward pass. Under classifier-free guidance each step's prediction is
+    ``uncond + g x (cond - uncond)``, so the compiled kernels' rounding in the two passes reaches the
+    latents scaled by up to the guidance ``g`` (measured: Sana at guidance 4.5 within 2.9e-4 on an
+    AVX-512/AMX Xeon, within 1e-4 on other CPUs)."""
+    guidance = engine.defaults["guidance_scale"]
+    return TOLERANCE * max(1.0, guidance) if engine.family.cfg != "none" else TOLERANCE
+
+
 def reference(engine, model_dir, adapters, num_images=N, seed=0):
     return engine_reference(engine, model_dir, adapters, prompt=PROMPT, steps=STEPS, num_images=num_images, seed=seed)
 
@@ -85,7 +94,7 @@ def test_hot_swapped_engine_equals_plain_diffusers(warm, tmp_path):
     family, model_dir, engine = warm
     linears = dict(engine.ceiling.modules)
     base = served(engine, {})
-    torch.testing.assert_close(base, reference(engine, model_dir, {}), atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(base, reference(engine, model_dir, {}), atol=tolerance(engine), rtol=0)
     writes = {"packed": 0, "per module": 0}
     for i, pair in enumerate(random_pairs(family, model_dir, linears, tmp_path)):
         result = engine.generate(PROMPT, adapters=as_request(pair), num_images=N, num_inference_steps=STEPS,
@@ -95,7 +104,7 @@ def test_hot_swapped_engine_equals_plain_diffusers(warm, tmp_path):
         writes["per module"] += result.swap.per_module_writes
         theirs = reference(engine, model_dir, pair)
         diff = (ours - theirs).abs().max().item()
-        assert diff <= TOLERANCE, f"pair {i}: max |engine - diffusers| = {diff}"
+        assert diff <= tolerance(engine), f"pair {i}: max |engine - diffusers| = {diff}"
         scales = [scale for source, scale in pair.values() if source is not None]
         if max(scales) > 0.1:
             # The test can fail: the adapters must visibly move the output.
@@ -160,7 +169,7 @@ def test_rejections_leave_the_engine_warm_and_unchanged(warm, tmp_path):
     for a, b in zip(before, slot_snapshot(engine)):
         assert torch.equal(a, b), "a rejected request changed slot weights"
     # The next valid request is still exact.
-    torch.testing.assert_close(served(engine, good), reference(engine, model_dir, good), atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(served(engine, good), reference(engine, model_dir, good), atol=tolerance(engine), rtol=0)
 
 
 def test_each_check_runs_once_per_request_through_the_python_api(warm, monkeypatch):

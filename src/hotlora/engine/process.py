@@ -1,6 +1,6 @@
 """The engine in its own process: the warm model lives in a spawned child, the server keeps the rest.
 
-    EngineProcess.start(model, config, stall_timeout_s=...)   spawn the child, wait until it is warm -> the proxy
+    EngineProcess.start(model, config, stall_timeout_s=..., held_bytes=...) spawn the child, wait until it is warm -> the proxy
     proxy.check / proxy.prepare          in the server's process, by the front the child sent
     proxy.run(p | [p])                   the request crosses to the child, its result comes back
     proxy.close()                        stop the child (killed if it does not stop in time)
@@ -52,7 +52,6 @@ from hotlora.tracing import NO_TRACE, Trace
 
 log = logging.getLogger(__name__)
 
-HELD_BYTES = 2 * 1024**3  # adapters the child keeps by default (``engine_held_adapter_bytes``)
 PACKS_AHEAD = 8  # adapters packed by prepare and not yet sent (at most a few requests' worth in flight)
 
 
@@ -194,7 +193,7 @@ class ChildSpec:
     config: Any  # EngineConfig
     log_level: int  # the root logger's
     hotlora_log_level: int  # hotlora's own loggers' (``hotlora serve`` shows them at INFO)
-    held_bytes: int = HELD_BYTES
+    held_bytes: int  # adapters the child keeps (``engine_held_adapter_bytes``)
 
 
 def _die_with_parent() -> None:
@@ -303,7 +302,7 @@ class EngineProcess:
     _jobs = itertools.count(1)
 
     def __init__(self, process, conn, front, described: dict, pid: int, started_s: float,
-                 stall_timeout_s: float):
+                 stall_timeout_s: float, held_bytes: int):
         self.process, self._conn, self.front = process, conn, front
         self.pid, self.started_s, self.stall_timeout_s = pid, started_s, stall_timeout_s
         self.family, self.rules, self.resolver = front.family, front.rules, front.resolver
@@ -315,8 +314,9 @@ class EngineProcess:
         self.model = described["model"]
         self._held: set[tuple] = set()  # adapter keys the child holds
         # Adapters packed by ``prepare`` for their first crossing, taken by the request that sends
-        # them; bounded, so packs of requests that never ran (cancelled, refused) are forgotten.
-        self._packs: LRU = LRU(max_entries=PACKS_AHEAD)
+        # them; bounded by count and by the child's own bound on bytes, so packs of requests that
+        # never ran (cancelled, refused) are forgotten and shared memory cannot pile up.
+        self._packs: LRU = LRU(max_entries=PACKS_AHEAD, max_cost=held_bytes, cost=lambda pack: pack.buffer.nbytes)
         self.on_exit: Callable[["EngineProcess", str], None] | None = None
         self._closing = False
         self.exit_code: int | None = None
@@ -324,7 +324,7 @@ class EngineProcess:
         threading.Thread(target=self._watch, name="hotlora-engine-watch", daemon=True).start()
 
     @classmethod
-    def start(cls, model: str, config, *, stall_timeout_s: float, held_bytes: int = HELD_BYTES) -> "EngineProcess":
+    def start(cls, model: str, config, *, stall_timeout_s: float, held_bytes: int) -> "EngineProcess":
         """Spawn the child (never fork: the server's threads and torch's state do not survive a
         fork) and wait until it is warm; EngineError when it cannot start, with its exit status."""
         import torch.multiprocessing  # noqa: F401  (registers torch's reductions: tensors cross as shared memory)
@@ -350,7 +350,7 @@ class EngineProcess:
         _, front, described, pid = message
         seconds = time.perf_counter() - began
         log.info("engine process %d warm in %.1fs", pid, seconds)
-        return cls(process, ours, front, described, pid, seconds, stall_timeout_s)
+        return cls(process, ours, front, described, pid, seconds, stall_timeout_s, held_bytes)
 
     # ------------------------------------------------------------------ what the server asks
 

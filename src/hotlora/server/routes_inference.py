@@ -64,17 +64,7 @@ async def inference_api(service: Service, request: Request) -> Response:
     if media.startswith("image/"):
         raise InvalidRequest("an image body alone is not a request: the image-to-image task sends "
                              '{"inputs": base64 image, "parameters": {"prompt": ...}} as application/json')
-    schema = HFImageRequest if is_json and b'"prompt"' in raw and is_image_task(raw) else HFRequest
-    try:
-        if is_json:
-            body = schema.model_validate_json(raw)
-        else:
-            body = HFRequest(inputs=raw.decode("utf-8"))
-    except ValidationError as exc:  # the same formatter as every other schema error
-        expected = EXPECTED_IMAGE if schema is HFImageRequest else EXPECTED
-        raise InvalidRequest(f"{expected}; {validation_error(exc.errors())}") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InvalidRequest(f"{EXPECTED}: {exc}") from None
+    body = hf_body(json_of(raw) if is_json else {"inputs": decoded_prompt(raw)})
     header = request.headers.get("lora")
     if header and len(header) > MAX_REF_CHARS:
         raise RequestTooLarge(f"the lora header has {len(header)} characters; the limit is {MAX_REF_CHARS}")
@@ -83,11 +73,30 @@ async def inference_api(service: Service, request: Request) -> Response:
     return Response(out.images[0], media_type=MEDIA_TYPES[fmt], headers=result_headers(out))
 
 
-def is_image_task(raw: bytes) -> bool:
-    """Whether a JSON body is the image-to-image task's: a ``parameters.prompt`` beside ``inputs``."""
+def json_of(raw: bytes):
+    """The body parsed once (an image task's holds megabytes of base64)."""
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):  # not JSON, or nested past the parser: the schema's own error follows
-        return False
+        return json.loads(raw)
+    except RecursionError:
+        raise InvalidRequest(f"{EXPECTED}: the JSON is nested too deeply") from None
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise InvalidRequest(f"{EXPECTED}: the body is not JSON ({exc})") from None
+
+
+def hf_body(data) -> HFRequest | HFImageRequest:
+    """The text-to-image task's request or, with a ``parameters.prompt`` beside ``inputs``, the
+    image-to-image task's."""
     parameters = data.get("parameters") if isinstance(data, dict) else None
-    return isinstance(parameters, dict) and "prompt" in parameters
+    schema = HFImageRequest if isinstance(parameters, dict) and "prompt" in parameters else HFRequest
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:  # the same formatter as every other schema error
+        expected = EXPECTED_IMAGE if schema is HFImageRequest else EXPECTED
+        raise InvalidRequest(f"{expected}; {validation_error(exc.errors())}") from None
+
+
+def decoded_prompt(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"{EXPECTED}: {exc}") from None

@@ -4,7 +4,7 @@ import no torch, so neither does this module (the Ray ingress validates bodies w
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -173,10 +173,15 @@ class OpenAIImagesRequest(SizedRequest):
     seed: int | None = None  # extension
     num_inference_steps: int | None = None  # extension
 
-    def to_request(self) -> GenerationRequest:
+    def to_request(self, images: Sequence[ImageInput] = (), mask: ImageInput | None = None) -> GenerationRequest:
+        """The engine's request; ``images`` and ``mask``: an edits form's uploads."""
         height, width = self.dimensions()
         return GenerationRequest(prompt=self.prompt, adapters=specs(self.adapters), num_images=self.n, height=height,
-                                 width=width, seed=self.seed or 0, num_inference_steps=self.num_inference_steps)
+                                 width=width, seed=self.seed or 0, num_inference_steps=self.num_inference_steps,
+                                 **self.task_fields(images, mask))
+
+    def task_fields(self, images: Sequence[ImageInput], mask: ImageInput | None) -> dict:
+        return image_inputs(None, images, mask, None)
 
 
 class OpenAIEditsRequest(OpenAIImagesRequest):
@@ -188,11 +193,8 @@ class OpenAIEditsRequest(OpenAIImagesRequest):
     strength: Strength | None = None
     task: Task | None = None
 
-    def to_request(self, images: list[ImageInput], mask: ImageInput | None) -> GenerationRequest:
-        height, width = self.dimensions()
-        return GenerationRequest(prompt=self.prompt, adapters=specs(self.adapters), num_images=self.n, height=height,
-                                 width=width, seed=self.seed or 0, num_inference_steps=self.num_inference_steps,
-                                 **image_inputs(self.task, images, mask, self.strength))
+    def task_fields(self, images: Sequence[ImageInput], mask: ImageInput | None) -> dict:
+        return image_inputs(self.task, images, mask, self.strength)
 
 
 def image_inputs(task, images, mask, strength) -> dict:
