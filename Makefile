@@ -38,8 +38,11 @@ $(PROMTOOL):
 lint: install
 	$(VENV)/bin/ruff check src tests bench
 
+# Two test processes (CI has 2 cores): most of a test's time is compiling, one Python thread each.
+# A module's tests stay in one process (its compiled engines are module fixtures; tests/conftest.py).
+TEST_WORKERS ?= 2
 test: lint $(BROWSER) $(PROMTOOL)
-	$(PY) -m pytest -q -ra --durations=25
+	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 # The per-family modules (fused, auto, int8, bf16, formats, mixed batches, the three APIs, Ray) for every family beyond
 # flux and sdxl; `make test` runs the correctness contract for all of them. Not part of `make test`.

@@ -11,6 +11,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from .helpers import TARGET_RANK  # noqa: E402
 
 
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (``make test`` runs two processes): a module's tests run in one process,
+    which then compiles its engine fixtures once; the Ray tests all in one, one local cluster at a
+    time on the machine."""
+    for item in items:
+        group = "ray" if "tests/ray/" in item.nodeid else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Every registered family's tiny pipeline, saved once per session (built offline, loaded via

@@ -139,7 +139,9 @@ def test_a_slow_drip_source_is_cut_at_the_deadline_and_cached_requests_never_wai
         quick_s = time.perf_counter() - began
         answers = [f.result(timeout=60) for f in dripping]
     assert quick.status_code == 200
-    assert quick_s < DEADLINE_S  # did not wait for any download (figures: docs/robustness.md)
+    # It did not wait for any download (figures: docs/robustness.md): its fetch stage, as the server
+    # timed it, is a fraction of the deadline, whatever the machine's load made its generation take.
+    assert quick.json()["timings"]["fetch_ms"] < DEADLINE_S * 1000 / 4, (quick_s, quick.json()["timings"])
     # One client (one peer, no keys) holds half the fetch workers: its downloads that ran were cut at
     # the deadline (502); the rest spent that deadline queued behind them and were told to retry (429).
     for answer in answers:
