@@ -52,7 +52,8 @@ class Engine:
         rules = RequestRules(family, self.defaults, self.limits, warm.sizes, warm.size_multiple,
                              sizes_only=config.compile or bool(config.sizes), size_policy=config.size_policy,
                              tasks=warm.tasks, max_reference_images=config.max_reference_images,
-                             strengths={task: family.default_strength(task) for task in warm.tasks})
+                             strengths={task: family.default_strength(task) for task in warm.tasks},
+                             frames=warm.frames)
         self.runner = Runner(warm)
         self.front = EngineFront(family, rules, self.resolver, warm.text.checks)
 
