@@ -68,3 +68,44 @@ def test_wan_is_served_and_its_experts_are_no_text_encoders():
     assert "num_frames" in wan.request_options() and wan.defaults["num_frames"] == 81
     # Image-to-video shares the mixin and the denoiser class, but is another task: not claimed.
     assert wan.matches(diffusers.WanImageToVideoPipeline) == 0
+
+
+def test_a_two_expert_wan_is_refused_at_start_up():
+    """Wan 2.2 A14B's low-noise expert would get no LoRA slots: refused, not served half-adapted."""
+    from diffusers import WanPipeline
+
+    from hotlora.families import UnservedModel
+
+    wan = family_named("wan")
+    one = wan.build_tiny()
+    assert wan.text_to_image_pipeline(one) is one
+    two = WanPipeline(**{**one.components, "transformer_2": wan.build_tiny(seed=1).transformer}, boundary_ratio=0.875)
+    with pytest.raises(UnservedModel, match=r"two-expert .*transformer_2, boundary_ratio=0.875"):
+        wan.text_to_image_pipeline(two)
+
+
+def test_videos_are_finished_as_frames():
+    """The frames output kind: "pil" one list of PIL frames per video, "uint8" one (B, T, H, W, C)
+    tensor that ``pil_images`` (the engine process's other side) turns into the same frames, both
+    from the pixels diffusers' own video post-processing gives."""
+    import numpy as np
+    import torch
+    from diffusers.video_processor import VideoProcessor
+
+    from hotlora.engine.results import FRAMES, IMAGES, output_kind, pil_images
+
+    assert output_kind(family_named("wan")) is FRAMES and output_kind(family_named("flux")) is IMAGES
+    assert (FRAMES.attribute, FRAMES.per_prompt) == ("frames", "num_videos_per_prompt")
+    processor = VideoProcessor(vae_scale_factor=8)
+    decoded = torch.rand(2, 3, 5, 16, 24, generator=torch.Generator().manual_seed(0)) * 2 - 1  # (B, C, T, H, W)
+    pt = processor.postprocess_video(decoded, output_type="pt")  # what the pipeline is asked for
+    pipeline = type("Pipeline", (), {"video_processor": processor})()
+    assert FRAMES.pipeline_output_type("pil") == "pt" and FRAMES.pipeline_output_type("latent") == "latent"
+    videos = FRAMES.finish(pipeline, FRAMES.join([pt[:1], pt[1:]]), "pil")
+    theirs = processor.postprocess_video(decoded, output_type="pil")
+    assert [len(v) for v in videos] == [5, 5] and videos[0][0].size == (24, 16)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for v, w in zip(videos, theirs) for a, b in zip(v, w))
+    shipped = FRAMES.finish(pipeline, pt, "uint8")
+    assert shipped.dtype == torch.uint8 and tuple(shipped.shape) == (2, 5, 16, 24, 3)
+    again = pil_images(shipped)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for v, w in zip(again, videos) for a, b in zip(v, w))

@@ -57,6 +57,18 @@ class Wan(ModelFamily):
         family does not serve."""
         return 2 * (self.pipeline_class in {cls.__name__ for cls in pipeline_type.__mro__})
 
+    def text_to_image_pipeline(self, loaded):
+        """The loaded pipeline, unless it has Wan 2.2's second expert (A14B: ``transformer_2`` with a
+        ``boundary_ratio``), which is refused at start-up: serving it with slots on ``transformer``
+        alone would run every low-noise step without the request's LoRA, and uncompiled."""
+        if getattr(loaded, "transformer_2", None) is not None:
+            from hotlora.families import UnservedModel
+
+            raise UnservedModel(
+                f"a Wan 2.2 two-expert model (transformer_2, boundary_ratio={loaded.config.boundary_ratio}) is not "
+                "served yet: the wan family puts LoRA slots on one transformer (Wan 2.1, Wan 2.2 TI2V-5B)")
+        return loaded
+
     def vae_scale_factor(self, pipeline) -> int:
         """WanPipeline has no ``vae_scale_factor``: its spatial factor (the temporal one is 4)."""
         return pipeline.vae_scale_factor_spatial
