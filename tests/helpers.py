@@ -35,15 +35,18 @@ GENERATE_STEPS = 3  # denoising steps of an e2e ``generate`` request unless the 
 CORE_FAMILIES = ("flux", "sdxl")
 
 
-def family_params(every: bool = False, mixed: bool = False) -> list:
+def family_params(every: bool = False, mixed: bool = False, images: bool = False) -> list:
     """The registered families as pytest parameters; beyond CORE_FAMILIES marked ``families``
-    unless ``every``. ``mixed``: only those that serve mixed batches (not the generic ones)."""
+    unless ``every``. ``mixed``: only those that serve mixed batches (not the generic ones).
+    ``images``: only those whose pipelines make images (the HTTP APIs' responses are images; a
+    video family's frames go out through the jobs API)."""
     import pytest
 
     from hotlora.families import FAMILIES
 
     return [pytest.param(name, id=name, marks=() if every or name in CORE_FAMILIES else pytest.mark.families)
-            for name, family in FAMILIES.items() if family.mixed_batches or not mixed]
+            for name, family in FAMILIES.items()
+            if (family.mixed_batches or not mixed) and not (images and family.video)]
 
 
 def dead_pid() -> int:

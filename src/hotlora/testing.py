@@ -103,7 +103,7 @@ def save_pivotal_lora(path: Path, family: str, denoiser_sd: Mapping[str, torch.T
 def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: int, num_inference_steps: int,
                               guidance_scale: float, height: int, width: int, seed: int, output_type="latent",
                               embeddings=(), prepare=None, pipeline_class: str | None = None,
-                              task_arguments: Mapping | None = None):
+                              task_arguments: Mapping | None = None, num_frames: int | None = None):
     """What a fresh, plain diffusers pipeline gives: ``load_lora_weights`` per adapter, then
     ``set_adapters`` with the scales, one batch, image i seeded ``seed + i``. The correctness
     contract compares the warm engine against exactly this.
@@ -113,10 +113,14 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
     advanced training scripts' model cards show. ``prepare(pipeline)``: called once before any
     adapter is loaded (e.g. torchao's ``quantize_`` on the denoiser). ``pipeline_class``: a
     diffusers pipeline class name to load the model as (a task's variant: FluxImg2ImgPipeline),
-    called with ``task_arguments`` too (image, mask_image, strength)."""
+    called with ``task_arguments`` too (image, mask_image, strength). A video family's pipeline is
+    asked for ``num_frames`` (default: the model's ``hotlora.json``, else the family's), its
+    samples through the family's output kind (``num_videos_per_prompt``, ``.frames``)."""
     import diffusers
 
+    from hotlora.engine.results import output_kind
     from hotlora.families import family_of_pipeline
+    from hotlora.settings import read_model_defaults
 
     loader = getattr(diffusers, pipeline_class or "DiffusionPipeline")
     pipeline = loader.from_pretrained(str(model_dir), local_files_only=True)
@@ -142,10 +146,15 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
                                             tokenizer=getattr(pipeline, family.tokenizer_of[encoder]))
     generators = [torch.Generator().manual_seed(seed + i) for i in range(num_images)]
     negative = family.default_negative_prompt(guidance_scale)
-    return pipeline(prompt=prompt, num_images_per_prompt=num_images, generator=generators,
+    if family.video and num_frames is None:
+        num_frames = {**family.defaults, **read_model_defaults(str(model_dir))}["num_frames"]
+    kind = output_kind(family)
+    made = pipeline(prompt=prompt, **{kind.per_prompt: num_images}, generator=generators,
                     num_inference_steps=num_inference_steps, height=height, width=width, output_type=output_type,
                     **({} if negative is None else {"negative_prompt": negative}),
-                    **family.call_arguments(guidance_scale), **(task_arguments or {})).images
+                    **({} if num_frames is None else {"num_frames": num_frames}),
+                    **family.call_arguments(guidance_scale), **(task_arguments or {}))
+    return getattr(made, kind.attribute)
 
 
 def controlled_lora(denoiser: torch.nn.Module, magnitude: float, rank: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:

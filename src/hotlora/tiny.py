@@ -113,7 +113,8 @@ def save_tiny_model(directory: Path, family: str, seed: int = 0, target_rank: in
     pipeline = build_tiny_pipeline(family, seed, edit)
     pipeline.save_pretrained(str(directory))
     side = TINY_SIZE[family]
-    defaults = {"model_id": f"hotlora/tiny-{family}", "height": side, "width": side, "num_inference_steps": 4}
+    defaults = {"model_id": f"hotlora/tiny-{family}", "height": side, "width": side, "num_inference_steps": 4,
+                **family_named(family).tiny_defaults()}
     (directory / "hotlora.json").write_text(json.dumps(defaults))
     write_sample_adapters(pipeline, family, directory / "adapters", target_rank=target_rank)
     return directory

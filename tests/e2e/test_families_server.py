@@ -29,7 +29,7 @@ def hf_client(monkeypatch):
     return InferenceClient
 
 
-@pytest.mark.parametrize("family", family_params())
+@pytest.mark.parametrize("family", family_params(images=True))
 def test_each_family_is_served_over_the_three_apis(family, tiny_models, tmp_path, start_server, hf_client):
     from hotlora.testing import plain_diffusers_reference
 

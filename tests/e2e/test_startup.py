@@ -16,14 +16,14 @@ def serve(model, port) -> subprocess.Popen:
 
 
 def test_a_model_no_family_serves_exits_before_listening(tmp_path):
-    model = tmp_path / "tiny-wan"
+    model = tmp_path / "tiny-cogvideox"
     model.mkdir()
-    (model / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline",
-                                                       "transformer": ["diffusers", "WanTransformer3DModel"]}))
+    (model / "model_index.json").write_text(json.dumps({"_class_name": "CogVideoXPipeline",
+                                                       "transformer": ["diffusers", "CogVideoXTransformer3DModel"]}))
     done = subprocess.run([sys.executable, "-m", "hotlora.cli", "serve", "--model", str(model), "--port",
                            str(free_port())], capture_output=True, text=True, timeout=EXIT_TIMEOUT_S)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "WanPipeline is not a pipeline hotlora serves" in done.stderr
+    assert "CogVideoXPipeline is not a pipeline hotlora serves" in done.stderr
     assert "video pipeline" in done.stderr and "hotlora families" in done.stderr
 
 

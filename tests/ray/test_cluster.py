@@ -100,7 +100,7 @@ def test_the_edge_refuses_what_no_replica_could_serve(cluster):
     assert missing.json()["type"] == "AdapterNotFound"
 
 
-@pytest.mark.parametrize("family", family_params())
+@pytest.mark.parametrize("family", family_params(images=True))
 def test_results_through_the_cluster_equal_the_single_process_engine(cluster, tiny_models, family):
     url, config = cluster
     response = generate(url, "identity-peft", model=family, n=3, seed=11)

@@ -70,7 +70,7 @@ def test_the_declared_cfg_style_is_what_the_tiny_pipeline_does(family, tmp_path)
     ("BriaFiboPipeline", "no text-encoder LoRA: text_encoder"),
     ("SanaSprintPipeline", "no tiny model of it is tested"),
     ("Krea2Pipeline", "no tiny model of it is tested"),
-    ("WanPipeline", "video families are not served yet"),
+    ("CogVideoXPipeline", "of no served video family"),
 ])
 def test_an_unclaimed_pipeline_is_refused_naming_what_it_misses(pipeline, missing):
     import diffusers

@@ -12,7 +12,7 @@ from hotlora.families.recognize import families_of_keys, families_of_metadata, f
 
 
 @pytest.mark.parametrize("pipeline, reason", [
-    ("WanPipeline", "video pipeline (WanLoraLoaderMixin); video families are not served yet"),
+    ("CogVideoXPipeline", "video pipeline (CogVideoXLoraLoaderMixin) of no served video family (served: wan"),
     ("LTXPipeline", "video pipeline"),
     ("DDPMPipeline", "no diffusers LoRA loader mixin"),
 ])

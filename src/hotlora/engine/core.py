@@ -52,7 +52,8 @@ class Engine:
         rules = RequestRules(family, self.defaults, self.limits, warm.sizes, warm.size_multiple,
                              sizes_only=config.compile or bool(config.sizes), size_policy=config.size_policy,
                              tasks=warm.tasks, max_reference_images=config.max_reference_images,
-                             strengths={task: family.default_strength(task) for task in warm.tasks})
+                             strengths={task: family.default_strength(task) for task in warm.tasks},
+                             frames=warm.frames)
         self.runner = Runner(warm)
         self.front = EngineFront(family, rules, self.resolver, warm.text.checks)
 
@@ -172,6 +173,7 @@ class Engine:
             "base_quantization": self.quantization or "none", "denoiser_bytes": self.denoiser_bytes,
             "slot_bytes": writer["slot_bytes"], "rank_buckets": writer.get("rank_buckets", []),
             "writer": writer["writer"], "sizes": list(self.rules.size_names()),  # WIDTHxHEIGHT, default first
+            "frames": list(self.rules.frames),  # a video family's frame counts served, default first
             # fused and auto mode: where the pristine weights live, their bytes, one adapter set per
             # forward batch; auto mode: its floor and the forward batches each path served
             **{k: writer[k] for k in ("restore", "pristine_bytes", "one_adapter_set_per_batch", "fused_min_kept",

@@ -96,6 +96,7 @@ class CallParams:
     references: int = 0  # the input images a request gives (edit: its reference images)
     # The steps a strength leaves to run (``ModelFamily.denoising_steps``); None: all of them.
     strength_steps: int | None = field(default=None, compare=False)
+    num_frames: int | None = None  # a video family's frames per video; None for images
 
     @property
     def denoising_steps(self) -> int:
@@ -115,6 +116,7 @@ class CallParams:
     def pipeline_kwargs(self, family) -> dict:
         """The pipeline's arguments for these parameters (guidance the family's way: ``call_arguments``)."""
         return {"num_inference_steps": self.num_inference_steps, "height": self.height, "width": self.width,
+                **({} if self.num_frames is None else {"num_frames": self.num_frames}),
                 **family.call_arguments(self.guidance_scale)}
 
 
@@ -148,6 +150,7 @@ class GenerationRequest:
     images: tuple = field(default=(), compare=False)
     mask: object = field(default=None, compare=False)
     strength: float | None = None
+    num_frames: int | None = None  # a video family's frames per video (None: the engine's default)
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
     trace: Trace = field(default=NO_TRACE, compare=False)
 
@@ -218,6 +221,8 @@ class RequestRules:
     tasks: tuple[str, ...] = (TEXT_TO_IMAGE,)  # warmed up (EngineConfig.tasks)
     max_reference_images: int = 1
     strengths: Mapping = field(default_factory=dict)  # task -> the strength a request without one runs at
+    # A video family's frame counts warmed up, the default first (a compiled engine serves only these).
+    frames: tuple[int, ...] = ()
 
     def sizes_text(self) -> str:
         return ", ".join(self.size_names())
@@ -239,7 +244,7 @@ class RequestRules:
         """``check`` on a request's parameters."""
         r = request
         params = self.check(r.prompt, r.num_images, r.num_inference_steps, r.guidance_scale, r.height, r.width, r.seed,
-                            r.output_type, r.negative_prompt)
+                            r.output_type, r.negative_prompt, r.num_frames)
         return self.check_task(params, r.task, len(r.images), r.mask is not None, r.strength)
 
     def implied_task(self, images: int, mask: bool) -> str:
@@ -299,7 +304,7 @@ class RequestRules:
                        strength_steps=self.family.denoising_steps(params.num_inference_steps, strength))
 
     def check(self, prompt, num_images=1, steps=None, guidance=None, height=None, width=None, seed=0,
-              output_type="pil", negative_prompt=None) -> CallParams:
+              output_type="pil", negative_prompt=None, num_frames=None) -> CallParams:
         """Every problem at once (InvalidRequest), or a work / length / pixel bound (RequestTooLarge),
         or a size not served (UnservedShape, policy "refuse"). The CallParams returned hold the size
         served: the one asked for, or the nearest served one (policy "nearest"; ``requested`` and
@@ -318,7 +323,8 @@ class RequestRules:
         steps = self.defaults["num_inference_steps"] if steps is None else steps
         if not (isinstance(steps, int) and 1 <= steps <= limits.max_steps):
             problems.append(f"num_inference_steps must be an integer in 1..{limits.max_steps}")
-        problems += self._untaken(negative_prompt=negative_prompt, guidance_scale=guidance)
+        problems += self._untaken(negative_prompt=negative_prompt, guidance_scale=guidance, num_frames=num_frames)
+        frames = self._frames(num_frames, problems)
         guidance = self.defaults["guidance_scale"] if guidance is None else guidance
         if not (isinstance(guidance, (int, float)) and math.isfinite(guidance) and 0 <= guidance <= 50):
             problems.append("guidance_scale must be a finite number in 0..50")
@@ -335,6 +341,9 @@ class RequestRules:
             problems.append(f"output_type must be one of {', '.join(OUTPUT_TYPES)}")
         if problems:
             raise InvalidRequest("; ".join(problems))
+        if frames is not None and self.sizes_only and self.frames and frames not in self.frames:
+            raise UnservedShape(f"{frames} frames is not served by this warm engine; served frame counts: "
+                                f"{', '.join(map(str, self.frames))}", self.size_names())
         requested = None
         if self.sizes_only and (height, width) not in self.sizes:
             if self.size_policy != "nearest":
@@ -347,10 +356,30 @@ class RequestRules:
             raise RequestTooLarge(
                 f"size {format_size(height, width)} (width x height) is {height * width:,} pixels; this engine "
                 f"serves at most {limits.max_pixels:,} (max_pixels) at a size it was not configured with")
-        work = height * width * num_images * steps
-        if work > limits.max_work:
-            raise RequestTooLarge(
-                f"the request asks for {work:,} pixel-steps (height x width x images x steps = {height} x {width} x "
-                f"{num_images} x {steps}); the limit is {limits.max_work:,}")
+        self._bound_work(height, width, num_images, steps, frames)
         return CallParams(num_inference_steps=steps, guidance_scale=float(guidance), height=height, width=width,
-                          requested=requested)
+                          requested=requested, num_frames=frames)
+
+    def _bound_work(self, height: int, width: int, num_images: int, steps: int, frames: int | None) -> None:
+        """RequestTooLarge past ``max_work`` pixel-steps (a video's every frame counted)."""
+        work = height * width * num_images * steps * (frames or 1)
+        if work > self.limits.max_work:
+            named, given = ("height x width x images x steps", f"{height} x {width} x {num_images} x {steps}")
+            if frames is not None:
+                named, given = ("height x width x videos x steps x frames", f"{given} x {frames}")
+            raise RequestTooLarge(f"the request asks for {work:,} pixel-steps ({named} = {given}); the limit is "
+                                  f"{self.limits.max_work:,}")
+
+    def _frames(self, num_frames, problems: list) -> int | None:
+        """A video family's frame count for the request (the default when it gives none), its
+        problems added to ``problems``; None for an image family. A count the family's VAE cannot
+        make is an InvalidRequest naming the rule; a valid one not warmed up an UnservedShape
+        (raised after every other problem was collected: it is the engine's limit, not the
+        request's mistake)."""
+        if not self.family.video:
+            return None
+        if num_frames is None:
+            return self.frames[0] if self.frames else self.defaults["num_frames"]
+        wrong = self.family.frame_problems(num_frames)
+        problems += wrong
+        return None if wrong else num_frames

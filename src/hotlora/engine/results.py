@@ -1,6 +1,6 @@
 """What a run gives back: one ``GenerationResult`` per request, made by ``build_result`` (the one
-result builder), for the warm model's output kind (``IMAGES``: a batch of images on dim 0; a
-video family adds frames)."""
+result builder), for the warm model's output kind (``IMAGES``: a batch of images on dim 0;
+``FRAMES``: a batch of videos on dim 0, each a sequence of frames), the family's ``output_kind``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 
 @dataclass(kw_only=True)
 class GenerationResult:
-    images: Any  # list[PIL.Image] for "pil", else one array/tensor with the pack on dim 0
+    # list[PIL.Image] for "pil" (a video family: one list of frames per video), else one array or
+    # tensor with the pack on dim 0
+    images: Any
     seeds: list[int]
     timings: Timings
     swap: SwapReport
@@ -34,6 +36,8 @@ class OutputKind(Protocol):
     """What a pipeline gives back, as the runner asks for it, joins its chunks and finishes it."""
 
     name: str
+    attribute: str  # of the pipeline's output: ``.images``, ``.frames``
+    per_prompt: str  # the pipeline's argument for samples per prompt
 
     def pipeline_output_type(self, output_type: str) -> str:
         """The ``output_type`` the pipeline is called with for a request's ``output_type``."""
@@ -50,7 +54,7 @@ class Images:
     before anything is encoded) and made PIL last. "uint8" (what an engine process sends for
     "pil"): the same pixels as one (B, H, W, C) uint8 tensor, made PIL on the other side."""
 
-    name = "images"
+    name, attribute, per_prompt = "images", "images", "num_images_per_prompt"
 
     def pipeline_output_type(self, output_type: str) -> str:
         return "pt" if output_type in ("pil", "uint8") else output_type
@@ -73,17 +77,46 @@ class Images:
         return output
 
 
+class Frames(Images):
+    """A batch of videos on dim 0, as video pipelines return them (``.frames``). "pt": (B, T, C, H, W)
+    in [0, 1] (diffusers' ``postprocess_video``), "np" (B, T, H, W, C), "latent" the latents; "pil" is
+    asked as "pt" (checked for NaN first) and made one list of PIL frames per video; "uint8" (what an
+    engine process sends for "pil"): the same pixels as one (B, T, H, W, C) uint8 tensor. Chunks join
+    on dim 0 as images do."""
+
+    name, attribute, per_prompt = "frames", "frames", "num_videos_per_prompt"
+
+    def finish(self, pipeline, output, output_type: str) -> Any:
+        if output_type not in ("pil", "uint8"):
+            return output
+        processor = pipeline.video_processor
+        if output_type == "pil":
+            return [processor.numpy_to_pil(processor.pt_to_numpy(video)) for video in output]
+        return torch.stack([torch.from_numpy((processor.pt_to_numpy(video) * 255).round().astype("uint8"))
+                            for video in output])
+
+
 def pil_images(pixels) -> list:
-    """A (B, H, W, C) uint8 batch as PIL images, as diffusers' ``numpy_to_pil`` makes them."""
+    """A (B, H, W, C) uint8 batch as PIL images, as diffusers' ``numpy_to_pil`` makes them; a
+    (B, T, H, W, C) batch of videos as one list of frames per video."""
     from PIL import Image
 
     array = pixels.numpy() if isinstance(pixels, torch.Tensor) else pixels
+    if array.ndim == 5:
+        return [pil_images(video) for video in array]
     if array.shape[-1] == 1:
         return [Image.fromarray(image.squeeze(), mode="L") for image in array]
     return [Image.fromarray(image) for image in array]
 
 
 IMAGES = Images()
+FRAMES = Frames()
+OUTPUT_KINDS: dict[str, OutputKind] = {kind.name: kind for kind in (IMAGES, FRAMES)}
+
+
+def output_kind(family) -> OutputKind:
+    """The output kind a family's pipeline makes (``ModelFamily.output_kind``)."""
+    return OUTPUT_KINDS[family.output_kind]
 
 
 def build_result(warm: WarmModel, request: PreparedRequest, output, ran: Timings, swap: SwapReport,

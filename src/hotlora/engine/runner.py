@@ -147,7 +147,8 @@ def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], outpu
     parts joined in order. Image i of request r draws its noise from seed ``seeds[r] + i``.
 
     ``before_chunk(chunk)``: the chunk's own pipeline arguments (its prompts, its writer bound);
-    default: ``num_images_per_prompt`` of its size. ``progress(done, total)`` is called after every
+    default: samples per prompt (``output.per_prompt``: ``num_images_per_prompt``,
+    ``num_videos_per_prompt``) of its size. ``output`` also names the pipeline output's attribute. ``progress(done, total)`` is called after every
     denoising step of every chunk. Each chunk's time goes to the ``timings`` of every request it
     carries (and to ``trace`` as a denoise and a decode span). ``steps``: the denoising steps each
     call runs (default: all of ``num_inference_steps``; fewer with an image-to-image strength).
@@ -156,12 +157,13 @@ def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], outpu
     pieces: list[list] = [[] for _ in seeds]
     for index, chunk in enumerate(chunks):
         size = sum(part.count for part in chunk)
-        arguments = before_chunk(chunk) if before_chunk is not None else {"num_images_per_prompt": size}
+        arguments = before_chunk(chunk) if before_chunk is not None else {output.per_prompt: size}
         began = time.perf_counter()
         clock = DenoiseClock(pipeline.device, steps, progress, index * steps, len(chunks) * steps)
         generators = [g for part in chunk for g in image_generators(seeds[part.request], part.start, part.count)]
-        images = pipeline(generator=generators, output_type=output_type, callback_on_step_end=clock, **call_kwargs,
-                          **arguments).images
+        made = pipeline(generator=generators, output_type=output_type, callback_on_step_end=clock, **call_kwargs,
+                        **arguments)
+        images = getattr(made, output.attribute)
         synchronize(pipeline.device)
         split_chunk([timings[part.request] for part in chunk], trace, began, time.perf_counter(), clock, size)
         offset = 0
@@ -242,6 +244,7 @@ class Runner:
         one_prompt = not mixed or params.task == "edit"
         texts = warm.text.prompts(first.adapters, first.prompt, first.negative_prompt) if one_prompt else None
         inputs = TaskInputs(warm.family, params, requests, warm.task_pipelines[params.task])
+        per_prompt = warm.output.per_prompt
 
         def before_chunk(chunk: Chunk) -> dict:
             owners = [requests[part.request] for part in chunk]
@@ -250,10 +253,10 @@ class Runner:
             with trace.span("swap", images=size, **({"requests": len(owners)} if mixed else {})):
                 swap.add(warm.writer.bind(samples, repeat))
                 if not one_prompt:  # each image its own prompt, encoded group by group where text states differ
-                    return {"num_images_per_prompt": 1, **inputs.arguments(chunk),
+                    return {per_prompt: 1, **inputs.arguments(chunk),
                             **batch_prompts(warm.text, warm.pipeline, warm.family, owners,
                                             warm.uses_cfg(params.guidance_scale), swap)}
-            return {"num_images_per_prompt": size, **inputs.arguments(chunk), **texts}
+            return {per_prompt: size, **inputs.arguments(chunk), **texts}
 
         warm.active_adapters = len({b.adapter.sha256 for r in requests for b in r.adapters.values()})
         with warm.section():

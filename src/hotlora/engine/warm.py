@@ -29,7 +29,7 @@ from hotlora.engine.pipeline import (
 )
 from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
 from hotlora.engine.request import CallParams, UnservedShape
-from hotlora.engine.results import IMAGES, OutputKind
+from hotlora.engine.results import OutputKind, output_kind
 from hotlora.engine.stepcache import apply_step_cache
 from hotlora.engine.warmup import (
     chunk_key, idle_passes, measured_chunks, passes_key, passes_path, save_idle_passes, warm_up,
@@ -89,8 +89,9 @@ class WarmModel:
         self.chunks: dict[str, dict] = {}  # batch_size="auto": the measured choice per size and CFG mode
         self.denoiser = getattr(pipeline, family.denoiser)
         self.defaults = {**family.defaults, **(defaults or {})}
-        self.size_multiple = family.size_multiple(self.pipeline.vae_scale_factor)
+        self.size_multiple = family.size_multiple(family.vae_scale_factor(self.pipeline))
         self.sizes = self._served_sizes(config, self.size_multiple)
+        self.frames = self._served_frames(config)
         served = [model, Path(model).name if model else None, self.defaults.get("model_id"),
                   *self.defaults.get("base_model_aliases", [])]
         self.quantization = quantize_denoiser(self.denoiser, config.base_quantization)  # before LoRA and compile
@@ -106,14 +107,15 @@ class WarmModel:
                 cls, source, self.denoiser.dtype)) for task in self.tasks[1:]}}
         for each in self.task_pipelines.values():
             each.set_progress_bar_config(disable=True)
-        self.output: OutputKind = IMAGES
+        self.output: OutputKind = output_kind(family)
         self._lock = threading.Lock()  # one run at a time: the writer's tensors are shared state
         self._recompiles, self.compile_mode = 0, None
         self.active_adapters = 0  # distinct adapters bound by the last forward batch (a gauge for metrics)
         self.warmup_s, self.compile_artifacts_loaded, self.warmup_skipped = 0.0, False, 0
         self.attention_backend = set_attention_backend(self.denoiser, config.attention_backend)
         self.step_cache = config.step_cache
-        self.dynamic_sizes = family.dynamic_sizes if len(self.sizes) > 1 else None
+        # Several frame counts change the token count as several sizes do.
+        self.dynamic_sizes = family.dynamic_sizes if len(self.sizes) * max(1, len(self.frames)) > 1 else None
         self._make_warm()
 
     def _served_tasks(self, config: EngineConfig) -> tuple[str, ...]:
@@ -131,6 +133,19 @@ class WarmModel:
             raise UnservedModel(f"max_reference_images={config.max_reference_images}: the {self.family.name} family's "
                                 f"edit pipeline takes at most {self.family.max_edit_references} reference image(s)")
         return tuple(config.tasks)
+
+    def _served_frames(self, config: EngineConfig) -> tuple[int, ...]:
+        """A video family's frame counts served (each warmed up), the default first: ``frames``, else
+        the model's default (its ``hotlora.json``, else the family's). Empty for an image family."""
+        if not self.family.video:
+            if config.frames:
+                raise ValueError(f"frames={list(config.frames)}: the {self.family.name} family makes images")
+            return ()
+        frames = config.frames or (self.defaults["num_frames"],)
+        wrong = [problem for count in frames for problem in self.family.frame_problems(count)]
+        if wrong:
+            raise ValueError(f"frames: {'; '.join(wrong)}")
+        return tuple(frames)
 
     def _served_sizes(self, config: EngineConfig, multiple: int) -> tuple[tuple[int, int], ...]:
         """The (height, width) sizes served, the default first (see ``EngineConfig.sizes``)."""
@@ -153,7 +168,8 @@ class WarmModel:
         config, artifacts = self.config, None
         fingerprint = None if config.compile_cache_dir is None else config.fingerprint(  # artifacts, chunk sizes
             self.model, self.family.name, sizes=self.served_sizes, dynamic_sizes=self.dynamic_sizes,
-            attention=self.attention_backend, dtype=str(self.denoiser.dtype))
+            attention=self.attention_backend, dtype=str(self.denoiser.dtype),
+            **({"frames": list(self.frames)} if self.frames else {}))  # an image family keeps its key
         if fingerprint is not None:  # what a killed predecessor was writing there
             sweep_compile_cache(config.compile_cache_dir)
         if config.compile and fingerprint is not None:
@@ -162,7 +178,7 @@ class WarmModel:
         states = len(self.writer.warmup_states())
         # Graphs per (state, size): one state's batch and CFG variants (dynamo's default limit, 8). Dynamic
         # sizes: the first size compiles static graphs, the second dynamic ones every later size reuses.
-        sizes = len(self.served_sizes)
+        sizes = len(self.served_sizes) * max(1, len(self.frames))  # shapes: every size at every frame count
         graph_sizes = min(sizes, 2) if self.dynamic_sizes else sizes
         # Every compiled engine of a process adds graphs to the blocks' shared code objects: cover them all.
         needed = _GRAPHS_ALLOTTED[0] = _GRAPHS_ALLOTTED[0] + self.family.graphs_per_state * states * graph_sizes

@@ -81,15 +81,15 @@ def warm_up(warm, *, skip: frozenset = frozenset(), after_state: Callable[[], ob
     with duck:
         for state, passes in planned_passes(warm):
             warm.writer.enter(state)
-            for name, (height, width, scale, batch, prompt, task, references) in passes:
+            for name, (height, width, scale, batch, prompt, task, references, frames) in passes:
                 if name in skip:
                     continue
-                log.info("warm-up: %s%s, batch %d, guidance %.1f, writer state %s (%s)",
-                         format_size(height, width), "" if task == TEXT_TO_IMAGE else f", {task}", batch, scale, state,
-                         warm.compile_mode or "eager")
+                log.info("warm-up: %s%s%s, batch %d, guidance %.1f, writer state %s (%s)",
+                         format_size(height, width), "" if frames is None else f" x {frames} frames",
+                         "" if task == TEXT_TO_IMAGE else f", {task}", batch, scale, state, warm.compile_mode or "eager")
                 graphs = graph_count()
                 task_keywords = {} if task == TEXT_TO_IMAGE else {"task": task, "references": references}
-                _run(warm, batch, height, width, scale, prompt, **task_keywords)
+                _run(warm, batch, height, width, scale, prompt, **task_keywords, frames=frames)
                 compiled[name] = graph_count() - graphs
             if after_state is not None:
                 after_state()
@@ -102,7 +102,8 @@ def warm_up(warm, *, skip: frozenset = frozenset(), after_state: Callable[[], ob
 
 def planned_passes(warm) -> list[tuple[object, list[tuple[str, tuple]]]]:
     """Warm-up's passes in the order they run, per writer state: (name, (height, width, guidance,
-    batch, prompt)) each."""
+    batch, prompt, task, references, frames)) each; ``frames``: every frame count a video family
+    serves (each is another token count), None for images."""
     batches = sorted({1, warm.batch_size, max(1, warm.batch_size - 1)})
     # Eager, no state compiles anything: one state pages the model in (the rest would only cost time).
     states = warm.writer.warmup_states() if warm.compile_mode else warm.writer.warmup_states()[:1]
@@ -112,23 +113,26 @@ def planned_passes(warm) -> list[tuple[object, list[tuple[str, tuple]]]]:
     tasks = [(TEXT_TO_IMAGE, 0, prompts)] + [
         (task, references, prompts[:1]) for task in warm.tasks[1:]
         for references in (range(1, warm.config.max_reference_images + 1) if task == "edit" else (1,))]
-    return [(state, [(pass_name(state, height, width, scale, batch, index, task, references),
-                      (height, width, scale, batch, prompt, task, references))
+    frame_counts = warm.frames or (None,)
+    return [(state, [(pass_name(state, height, width, scale, batch, index, task, references, frames),
+                      (height, width, scale, batch, prompt, task, references, frames))
                      for task, references, task_prompts in tasks
-                     for height, width in warm.served_sizes for scale in guidance_scales(warm)
+                     for height, width in warm.served_sizes for frames in frame_counts
+                     for scale in guidance_scales(warm)
                      for batch in batches for index, prompt in enumerate(task_prompts)])
             for state in states]
 
 
 def pass_name(state, height: int, width: int, scale: float, batch: int, prompt_index: int,
-              task: str = TEXT_TO_IMAGE, references: int = 0) -> str:
+              task: str = TEXT_TO_IMAGE, references: int = 0, frames: int | None = None) -> str:
     """One warm-up pass, as the saved record names it."""
-    name = f"state={state} size={format_size(height, width)} guidance={scale:g} batch={batch} prompt={prompt_index}"
+    size = format_size(height, width) + ("" if frames is None else f"x{frames}f")
+    name = f"state={state} size={size} guidance={scale:g} batch={batch} prompt={prompt_index}"
     return name if task == TEXT_TO_IMAGE else f"{name} task={task} references={references}"
 
 
 def _run(warm, batch: int, height: int, width: int, scale: float, prompt: str | tuple = "warm-up",
-         task: str = TEXT_TO_IMAGE, references: int = 0) -> None:
+         task: str = TEXT_TO_IMAGE, references: int = 0, frames: int | None = None) -> None:
     """One warm-up call; a tuple ``prompt`` is one prompt per image (cycled), as a mixed batch runs.
     A task beyond text-to-image runs its pipeline on grey input images (and a half mask) at the
     served size, with its default strength (``warmup_strength``)."""
@@ -141,8 +145,11 @@ def _run(warm, batch: int, height: int, width: int, scale: float, prompt: str | 
     inputs = {} if task == TEXT_TO_IMAGE else family.task_arguments(
         task, *warmup_inputs(task, height, width, batch if task in IMAGE_TASKS else references),
         warmup_strength(family, task), references)
+    if frames is None and warm.frames:  # the chunk-size measurement: the default frame count
+        frames = warm.frames[0]
     warm.task_pipelines[task](
-        prompt=prompt, num_images_per_prompt=1 if per_image else batch, num_inference_steps=TIMED_STEPS,
+        prompt=prompt, **{warm.output.per_prompt: 1 if per_image else batch}, num_inference_steps=TIMED_STEPS,
+        **({} if frames is None else {"num_frames": frames}),
         height=height, width=width, generator=[torch.Generator().manual_seed(i) for i in range(batch)],
         output_type="latent", **({} if negative is None else {"negative_prompt": negative}),
         **family.call_arguments(scale), **inputs)

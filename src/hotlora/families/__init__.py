@@ -22,10 +22,11 @@ from hotlora.families.qwenimage import QwenImage
 from hotlora.families.sd3 import StableDiffusion3
 from hotlora.families.sd15 import StableDiffusion15
 from hotlora.families.sdxl import StableDiffusionXL
+from hotlora.families.wan import Wan
 from hotlora.families.zimage import ZImage
 
 REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL(), StableDiffusion15(), StableDiffusion3(), ZImage(),
-                                       QwenImage(), Flux2(), Flux2Klein(), Flux2KleinBase(), Chroma())
+                                       QwenImage(), Flux2(), Flux2Klein(), Flux2KleinBase(), Chroma(), Wan())
 # The generic families (families.generic: pipelines served from diffusers' facts) come last, and
 # family_of_class only looks at them when no explicit family matches.
 REGISTERED += GENERIC_FAMILIES
@@ -45,8 +46,9 @@ def why_unserved(pipeline_type: type) -> str:
     if not mixins:
         return "it has no diffusers LoRA loader mixin, so diffusers loads no LoRA into it"
     module = getattr(pipeline_type, "__module__", "")
-    if any(part in module.lower() for part in ("video", "wan", "ltx", "hunyuan", "mochi", "cogvideo", "skyreels")):
-        return f"it is a video pipeline ({mixins[0]}); video families are not served yet"
+    if any(part in module.lower() for part in ("video", "ltx", "hunyuan", "mochi", "cogvideo", "skyreels")):
+        served = ", ".join(f"{f.name} ({f.pipeline_class})" for f in REGISTERED if f.video)
+        return f"it is a video pipeline ({mixins[0]}) of no served video family (served: {served})"
     problems = convention_problems(pipeline_type)
     if problems:
         return (f"no registered family uses its LoRA mixin {mixins[0]} with its denoiser, and the generic family "

@@ -31,6 +31,9 @@ class ModelFamily:
     name: ClassVar[str]
     pipeline_class: ClassVar[str]  # the text-to-image pipeline; its LoRA mixin owns the converters
     denoiser_class: ClassVar[str]  # the denoiser's diffusers class (a model_index.json names it)
+    # Loadable modules of the LoRA mixin that are further denoisers, not text encoders (Wan 2.2's
+    # low-noise expert ``transformer_2``): the mixin does not say which of its modules is which.
+    other_denoisers: ClassVar[tuple[str, ...]] = ()
     default_steps: ClassVar[int]
     default_guidance: ClassVar[float]
     default_size: ClassVar[tuple[int, int]] = (1024, 1024)  # (height, width) of the published models
@@ -76,6 +79,15 @@ class ModelFamily:
     # Whether the banks writer (``mixed=True``: several requests' adapters in one forward batch) can
     # serve it: that needs the batch layout of its forward passes and ``encode_prompts``.
     mixed_batches: ClassVar[bool] = True
+    # What the pipeline makes: "images" (``.images``, ``num_images_per_prompt``) or "frames" (a
+    # video family: ``.frames``, ``num_videos_per_prompt``); the engine's output kind of that name
+    # (``engine.results.output_kind``) joins, finishes and names them.
+    output_kind: ClassVar[str] = "images"
+    # Video families: the frames a video has when a request and the model say nothing, and the
+    # VAE's temporal factor t (a count must be t*k + 1: the first frame is kept, the rest compressed
+    # t to 1). None / 0 for image families, whose requests take no ``num_frames``.
+    default_frames: ClassVar[int | None] = None
+    frame_multiple: ClassVar[int] = 0
 
     def __repr__(self) -> str:
         return f"<ModelFamily {self.name}>"
@@ -108,8 +120,10 @@ class ModelFamily:
 
     @cached_property
     def lora_text_encoders(self) -> tuple[str, ...]:
-        """Text encoders diffusers loads LoRA into: the mixin's loadable modules less the denoiser."""
-        return tuple(m for m in self.lora_mixin._lora_loadable_modules if m != self.denoiser)
+        """Text encoders diffusers loads LoRA into: the mixin's loadable modules less the denoisers
+        (``denoiser`` and ``other_denoisers``)."""
+        return tuple(m for m in self.lora_mixin._lora_loadable_modules
+                     if m != self.denoiser and m not in self.other_denoisers)
 
     @property
     def text_encoders(self) -> tuple[str, ...]:
@@ -237,7 +251,29 @@ class ModelFamily:
 
     @property
     def defaults(self) -> dict[str, Any]:
-        return {"num_inference_steps": self.default_steps, "guidance_scale": self.default_guidance}
+        return {"num_inference_steps": self.default_steps, "guidance_scale": self.default_guidance,
+                **({"num_frames": self.default_frames} if self.video else {})}
+
+    @property
+    def video(self) -> bool:
+        """Whether requests take ``num_frames`` (the pipeline makes videos)."""
+        return self.default_frames is not None
+
+    def frame_problems(self, num_frames) -> list[str]:
+        """What is wrong with a frame count for this family's pipeline (its VAE's 4k + 1 rule), as
+        problems for one InvalidRequest; the pipeline itself would round it silently."""
+        if not (isinstance(num_frames, int) and not isinstance(num_frames, bool) and num_frames >= 1):
+            return ["num_frames must be a positive integer"]
+        t = self.frame_multiple
+        if t and (num_frames - 1) % t:
+            lower = (num_frames - 1) // t * t + 1
+            return [f"num_frames must be {t}k + 1 (1, {t + 1}, {2 * t + 1}, ...) for the {self.name} family's "
+                    f"video VAE, got {num_frames} (nearest: {lower} or {lower + t})"]
+        return []
+
+    def vae_scale_factor(self, pipeline) -> int:
+        """Pixels per latent pixel, spatially (``pipeline.vae_scale_factor`` where the pipeline has one)."""
+        return pipeline.vae_scale_factor
 
     def size_multiple(self, vae_scale_factor: int) -> int:
         """Height and width in pixels must be multiples of this."""
@@ -277,7 +313,7 @@ class ModelFamily:
         """What a request of this family may set (the 422 for an option it does not take lists them)."""
         return ("prompt", *(("negative_prompt",) if self.negative_prompts else ()), "num_images",
                 "num_inference_steps", *(("guidance_scale",) if self.takes_guidance else ()), "height", "width",
-                "seed", "output_type")
+                *(("num_frames",) if self.video else ()), "seed", "output_type")
 
     def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
         """The pipeline's own ``encode_prompt`` on one group of prompts (one text-encoder state):
@@ -321,6 +357,11 @@ class ModelFamily:
         """A real diffusers pipeline of this family from small configs, seeded random weights and
         tokenizers made in memory (nothing downloaded)."""
         raise NotImplementedError(f"{self.name}: no tiny offline model")
+
+    def tiny_defaults(self) -> dict[str, Any]:
+        """The tiny model's ``hotlora.json`` defaults beyond its size and steps (a video family's
+        frame count)."""
+        return {}
 
     def build_tiny_edit(self, seed: int = 0):
         """The tiny model of this family's edit checkpoints where they are another pipeline than the

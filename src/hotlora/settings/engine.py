@@ -47,6 +47,24 @@ def parse_size(text: str) -> tuple[int, int]:
     return height, width
 
 
+def parse_frames(value) -> tuple[int, ...]:
+    """``"81,49"`` or a sequence of ints -> (81, 49), duplicates dropped, order kept."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    frames = []
+    for item in items:
+        if isinstance(item, str) and not item.strip():
+            continue
+        try:
+            count = int(item)
+        except (TypeError, ValueError):
+            raise ValueError(f"frame count {item!r} is not an integer") from None
+        if count < 1:
+            raise ValueError(f"frame count {count} must be positive")
+        if count not in frames:
+            frames.append(count)
+    return tuple(frames)
+
+
 def parse_sizes(value) -> tuple[tuple[int, int], ...]:
     """Sizes as (height, width) pairs, in order, without repeats: from pairs, ``"WxH"`` strings, or
     one comma-separated string of them (a config file, an environment variable, a flag)."""
@@ -184,6 +202,9 @@ class EngineConfig(Settings):
     sizes: tuple[tuple[int, int], ...] = setting((), "sizes served without compiling, WIDTHxHEIGHT, the default "
                                                      "first, e.g. 1024x1024,832x1216 (default: height x width)",
                                                  parse=parse_sizes)
+    # Video families: every frame count is warmed up at every size and part of the compile fingerprint.
+    frames: tuple[int, ...] = setting((), "video families: frame counts served without compiling, the default first, "
+                                          "e.g. 81,49 (default: the model's; each 4k + 1)", parse=parse_frames)
     size_policy: str = setting("refuse", "a request at a size not served: refuse (422 listing the sizes) or "
                                          "nearest (snapped to the closest aspect ratio, and said so)",
                                choices=SIZE_POLICIES)
@@ -282,7 +303,7 @@ class EngineConfig(Settings):
     # What the compiled graphs depend on; request limits, the device and the cache folder do not.
     # The sizes enter resolved (``sizes=``, the default one resolved from the model), like the dtype.
     FINGERPRINT_EXCLUDES: ClassVar[frozenset] = frozenset({
-        "limits", "compile_cache_dir", "device", "dtype", "height", "width", "sizes", "size_policy",
+        "limits", "compile_cache_dir", "device", "dtype", "height", "width", "sizes", "frames", "size_policy",
         "attention_backend", "text_encoder_lora", "embedding_rows", "fused_min_kept",
         "chunk_budget_s", "tasks", "max_reference_images"})  # text encoders run eagerly; tasks: see fingerprint
 

@@ -1,0 +1,120 @@
+"""Wan (WanPipeline): text-to-video. A 3-D transformer over (1, 2, 2) latent patches of every frame,
+a UMT5 text encoder, a causal video VAE (8x spatial, 4x temporal); diffusers loads LoRA into the
+transformer only (``WanLoraLoaderMixin``).
+
+Guidance, read from ``WanPipeline.__call__``: classifier-free guidance for ``guidance_scale > 1``
+as a SECOND forward pass on the negative prompt's embeddings (true CFG: the batch stays single).
+A missing negative prompt is encoded as "". Prompts are padded to ``max_sequence_length`` (512)
+with zeros after the text encoder: one text shape whatever the prompt.
+
+Frames: the VAE compresses time by 4 keeping the first frame, so a video has 4k + 1 frames; the
+pipeline silently rounds any other count (with a log warning). A request is refused instead
+(``frame_problems``): a rounded count would be a video the client did not ask for, and a shape the
+warm-up never compiled.
+
+Wan 2.2 adds ``transformer_2`` (the low-noise expert below ``boundary_ratio``): the mixin names
+both transformers loadable, neither of them a text encoder (``lora_text_encoders``). This family
+serves one transformer (Wan 2.1, and Wan 2.2's TI2V-5B which has no second expert).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from hotlora.families.base import ModelFamily
+
+TEXT_TOKENS = 512  # WanPipeline.__call__'s max_sequence_length: every prompt is padded to it
+
+
+class Wan(ModelFamily):
+    name = "wan"
+    pipeline_class = "WanPipeline"
+    denoiser_class = "WanTransformer3DModel"
+    # The mixin's loadable modules are the two experts, no text encoder: Wan 2.2's low-noise one is
+    # the second (``load_lora_weights(..., load_into_transformer_2=True)``).
+    other_denoisers = ("transformer_2",)
+    lora_key_pattern = r"blocks[._]\d+[._](attn1|attn2|ffn)|condition_embedder"
+    base_model_markers = ("wan2", "wan-2", "wan_2", "wan 2")
+    # The Wan 2.1 T2V model card: 50 steps, guidance 5.0, 480 x 832 (the 1.3B model's size), 81 frames at 16 fps.
+    default_steps, default_guidance = 50, 5.0
+    default_size = (480, 832)
+    default_frames = 81
+    fps = 16
+    output_kind = "frames"
+    frame_multiple = 4  # AutoencoderKLWan's scale_factor_temporal: frames are 4k + 1
+    cfg = "true"
+    negative_prompts = True
+    latent_multiple = 2  # patch_size (1, 2, 2)
+    tokenizer_of = {"text_encoder": "tokenizer"}
+    prompt_argument_of = {"text_encoder": "prompt"}
+    tiny_size = 16
+    tiny_frames = 5
+
+    def matches(self, pipeline_type: type, denoiser_class: str | None = None) -> int:
+        """WanPipeline (and its subclasses) only. Wan's image-to-video and video-to-video pipelines
+        share its mixin and denoiser class, which would make them variants (``ModelFamily.matches``),
+        but they are other tasks on other checkpoints (an image-conditioned transformer) that this
+        family does not serve."""
+        return 2 * (self.pipeline_class in {cls.__name__ for cls in pipeline_type.__mro__})
+
+    def text_to_image_pipeline(self, loaded):
+        """The loaded pipeline, unless it has Wan 2.2's second expert (A14B: ``transformer_2`` with a
+        ``boundary_ratio``), which is refused at start-up: serving it with slots on ``transformer``
+        alone would run every low-noise step without the request's LoRA, and uncompiled."""
+        if getattr(loaded, "transformer_2", None) is not None:
+            from hotlora.families import UnservedModel
+
+            raise UnservedModel(
+                f"a Wan 2.2 two-expert model (transformer_2, boundary_ratio={loaded.config.boundary_ratio}) is not "
+                "served yet: the wan family puts LoRA slots on one transformer (Wan 2.1, Wan 2.2 TI2V-5B)")
+        return loaded
+
+    def vae_scale_factor(self, pipeline) -> int:
+        """WanPipeline has no ``vae_scale_factor``: its spatial factor (the temporal one is 4)."""
+        return pipeline.vae_scale_factor_spatial
+
+    def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
+        """Both sides, always: true CFG keeps the batch single (``cfg`` is never True here) and the
+        pipeline reads the negative embeddings only when it guides. The pipeline's own
+        ``max_sequence_length`` (512; ``encode_prompt`` alone defaults to 226)."""
+        embeds, negative = pipeline.encode_prompt(
+            prompt=list(prompts["prompt"]), negative_prompt=prompts.get("negative_prompt") or [""] * len(prompts["prompt"]),
+            do_classifier_free_guidance=True, num_videos_per_prompt=1, max_sequence_length=TEXT_TOKENS,
+            device=pipeline.device)
+        return {"prompt_embeds": embeds, "negative_prompt_embeds": negative}
+
+    def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
+        """Every latent frame's patches (the default frame count's) in one sequence."""
+        denoiser = configs["transformer"]
+        _, ph, pw = denoiser.get("patch_size", (1, 2, 2))
+        latent_frames = (self.default_frames - 1) // self.frame_multiple + 1
+        heads, head_dim = denoiser.get("num_attention_heads", 40), denoiser.get("attention_head_dim", 128)
+        return latent_frames * latent_pixels // (ph * pw), heads * head_dim
+
+    def build_tiny(self, seed: int = 0):
+        """As diffusers' own tests/pipelines/wan/test_wan.py builds it (its transformer and VAE
+        configs), with a UMT5 encoder and a T5 tokenizer made here instead of downloaded."""
+        import torch
+        from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+        from transformers import UMT5Config, UMT5EncoderModel
+
+        from hotlora.families._tiny import t5_tokenizer
+
+        torch.manual_seed(seed)
+        vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                               temperal_downsample=[False, True, True])
+        transformer = WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+            text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+        )
+        tokenizer = t5_tokenizer()
+        text_encoder = UMT5EncoderModel(UMT5Config(
+            vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+            relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        )).eval()
+        return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
+                           scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), transformer=transformer)
+
+    def tiny_defaults(self) -> dict[str, Any]:
+        return {"num_frames": self.tiny_frames}

@@ -1,0 +1,111 @@
+"""Video families' frame counts: a request's ``num_frames`` is checked against the VAE's 4k + 1 rule
+and the counts a compiled engine warmed up, before anything reaches the model; image families take
+no ``num_frames``. Rules only: no model is built."""
+
+import pytest
+
+from hotlora.engine.request import RequestRules, UnservedShape
+from hotlora.errors import InvalidRequest
+from hotlora.families import REGISTERED, family_named, family_of_class
+from hotlora.settings import RequestLimits
+
+VIDEO = [f.name for f in REGISTERED if f.video]
+
+
+def video_rules(name, frames=(5, 9), sizes_only=True) -> RequestRules:
+    family = family_named(name)
+    return RequestRules(family, family.defaults, RequestLimits(), ((16, 16),), 16, sizes_only=sizes_only,
+                        frames=tuple(frames))
+
+
+@pytest.mark.parametrize("name", VIDEO)
+def test_a_frame_count_off_the_4k_plus_1_rule_is_refused_naming_it(name):
+    rules = video_rules(name)
+    for bad in (6, 8, 2, 80):
+        with pytest.raises(InvalidRequest, match=r"num_frames must be 4k \+ 1") as info:
+            rules.check("a cat", num_frames=bad)
+        assert not isinstance(info.value, UnservedShape), "a count the VAE cannot make is the request's mistake"
+        assert f"got {bad}" in str(info.value)
+    for bad in (0, -3, 4.0, True, "5"):
+        with pytest.raises(InvalidRequest, match="num_frames must be a positive integer"):
+            rules.check("a cat", num_frames=bad)
+
+
+@pytest.mark.parametrize("name", VIDEO)
+def test_served_frame_counts_and_the_default(name):
+    rules = video_rules(name)
+    assert rules.check("a cat").num_frames == 5  # the first served count
+    assert rules.check("a cat", num_frames=9).num_frames == 9
+    assert rules.check("a cat", num_frames=9).pipeline_kwargs(rules.family)["num_frames"] == 9
+    # A valid count that was never warmed up would compile: unserved, listing what is.
+    with pytest.raises(UnservedShape, match="13 frames is not served .* served frame counts: 5, 9"):
+        rules.check("a cat", num_frames=13)
+    # An eager engine compiles nothing: any valid count.
+    assert video_rules(name, sizes_only=False).check("a cat", num_frames=13).num_frames == 13
+    # Frames are part of the work bound.
+    with pytest.raises(InvalidRequest, match="frames"):
+        RequestRules(rules.family, rules.family.defaults, RequestLimits(max_work=16 * 16 * 4 * 8), ((16, 16),), 16,
+                     sizes_only=True, frames=(9,)).check("a cat", steps=4)
+
+
+def test_an_image_family_takes_no_num_frames():
+    family = family_named("flux")
+    rules = RequestRules(family, family.defaults, RequestLimits(), ((64, 64),), 16, sizes_only=True)
+    assert rules.check("a cat").num_frames is None
+    assert "num_frames" not in rules.check("a cat").pipeline_kwargs(family)
+    with pytest.raises(InvalidRequest, match="num_frames not taken by the flux family"):
+        rules.check("a cat", num_frames=5)
+
+
+def test_wan_is_served_and_its_experts_are_no_text_encoders():
+    import diffusers
+
+    wan = family_named("wan")
+    assert family_of_class(diffusers.WanPipeline) is wan
+    # The mixin's loadable modules are transformer and transformer_2 (Wan 2.2's second expert).
+    assert wan.lora_mixin._lora_loadable_modules == ["transformer", "transformer_2"]
+    assert wan.denoiser == "transformer" and wan.lora_text_encoders == () and wan.text_encoders == ()
+    assert "num_frames" in wan.request_options() and wan.defaults["num_frames"] == 81
+    # Image-to-video shares the mixin and the denoiser class, but is another task: not claimed.
+    assert wan.matches(diffusers.WanImageToVideoPipeline) == 0
+
+
+def test_a_two_expert_wan_is_refused_at_start_up():
+    """Wan 2.2 A14B's low-noise expert would get no LoRA slots: refused, not served half-adapted."""
+    from diffusers import WanPipeline
+
+    from hotlora.families import UnservedModel
+
+    wan = family_named("wan")
+    one = wan.build_tiny()
+    assert wan.text_to_image_pipeline(one) is one
+    two = WanPipeline(**{**one.components, "transformer_2": wan.build_tiny(seed=1).transformer}, boundary_ratio=0.875)
+    with pytest.raises(UnservedModel, match=r"two-expert .*transformer_2, boundary_ratio=0.875"):
+        wan.text_to_image_pipeline(two)
+
+
+def test_videos_are_finished_as_frames():
+    """The frames output kind: "pil" one list of PIL frames per video, "uint8" one (B, T, H, W, C)
+    tensor that ``pil_images`` (the engine process's other side) turns into the same frames, both
+    from the pixels diffusers' own video post-processing gives."""
+    import numpy as np
+    import torch
+    from diffusers.video_processor import VideoProcessor
+
+    from hotlora.engine.results import FRAMES, IMAGES, output_kind, pil_images
+
+    assert output_kind(family_named("wan")) is FRAMES and output_kind(family_named("flux")) is IMAGES
+    assert (FRAMES.attribute, FRAMES.per_prompt) == ("frames", "num_videos_per_prompt")
+    processor = VideoProcessor(vae_scale_factor=8)
+    decoded = torch.rand(2, 3, 5, 16, 24, generator=torch.Generator().manual_seed(0)) * 2 - 1  # (B, C, T, H, W)
+    pt = processor.postprocess_video(decoded, output_type="pt")  # what the pipeline is asked for
+    pipeline = type("Pipeline", (), {"video_processor": processor})()
+    assert FRAMES.pipeline_output_type("pil") == "pt" and FRAMES.pipeline_output_type("latent") == "latent"
+    videos = FRAMES.finish(pipeline, FRAMES.join([pt[:1], pt[1:]]), "pil")
+    theirs = processor.postprocess_video(decoded, output_type="pil")
+    assert [len(v) for v in videos] == [5, 5] and videos[0][0].size == (24, 16)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for v, w in zip(videos, theirs) for a, b in zip(v, w))
+    shipped = FRAMES.finish(pipeline, pt, "uint8")
+    assert shipped.dtype == torch.uint8 and tuple(shipped.shape) == (2, 5, 16, 24, 3)
+    again = pil_images(shipped)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for v, w in zip(again, videos) for a, b in zip(v, w))
