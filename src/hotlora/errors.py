@@ -28,6 +28,9 @@
     │   ├── CrossOriginRefused    a web page's request from another origin
     │   ├── Unauthorized, Forbidden
     │   │                         no or an unknown API key; a key outside its scopes or adapter sources
+    │   ├── JobNotFound, JobNotFinished
+    │   │                         (server.jobs) no such job for this caller (another key's job too);
+    │   │                         a job's content asked for before it succeeded
     │   └── UnknownModel          a model id no deployment serves (scaleout.routing)
     ├── SourceUnavailable     a remote source failed after retries: nobody's fault here,
     │                         nothing to rebuild
@@ -148,6 +151,15 @@ class Unauthorized(RequestError):
 
 class Forbidden(RequestError):
     """A known key asking for something outside its scopes or its adapter sources."""
+
+
+class JobNotFound(RequestError):
+    """No job of this id for this caller: never created, expired, deleted, or another key's (which
+    is answered the same, so that job ids say nothing about other tenants)."""
+
+
+class JobNotFinished(RequestError):
+    """A job's content asked for while it is queued or running, or after it failed or was cancelled."""
 
 
 # ------------------------------------------------------------------ scale-out (scaleout)

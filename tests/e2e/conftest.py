@@ -55,6 +55,7 @@ def start_server():
     def start(model, tmp, *, roots=(), catalog=None, store_overrides=None, **overrides):
         settings = dict(model=str(model), target_rank=8, batch_size=3, port=free_port(), max_queue=32,
                         drain_timeout_s=60)
+        settings.setdefault("jobs_dir", str(tmp / "jobs"))  # each server its own: a start fails what it finds unfinished
         settings.update(overrides)
         store_overrides = dict(store_overrides or {})
         if store_overrides.get("allow_http"):  # the loopback test sources (drip_url): internal, so listed

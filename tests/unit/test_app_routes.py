@@ -18,6 +18,8 @@ ROUTES = {
     ("get", "/healthz"), ("get", "/readyz"), ("get", "/metrics"), ("get", "/v1/adapters"),
     ("post", "/v1/adapters/prefetch"), ("post", "/v1/generate"), ("post", "/v1/generate/stream"), ("get", "/"),
     ("post", "/"), ("post", "/models/{model_id}"), ("post", "/v1/images/generations"), ("post", "/v1/images/edits"),
+    ("get", "/v1/jobs/{job_id}"), ("get", "/v1/jobs/{job_id}/content"), ("get", "/v1/jobs/{job_id}/events"),
+    ("delete", "/v1/jobs/{job_id}"),
 }
 
 

@@ -19,16 +19,19 @@ from hotlora import __version__
 from hotlora.settings import ServerConfig
 from hotlora.engine.worker import Worker
 from hotlora.server.handlers import error_response, install_error_handlers
+from hotlora.server.jobs import Jobs, JobStore
 from hotlora.server.logs import redact_url_logs
 from hotlora.server.middleware import BodyLimit, CountRequests, browser_guards
 from hotlora.server.routes_admin import admin_routes
 from hotlora.server.routes_inference import inference_routes
+from hotlora.server.routes_jobs import jobs_routes
 from hotlora.server.routes_json import json_routes
 from hotlora.server.routes_openai import openai_routes
 from hotlora.server.routes_playground import playground_routes
 from hotlora.server.run import Serving
 from hotlora.server.service import Service
 from hotlora.server.tracing import Tracing
+from hotlora.server.webhooks import Webhooks
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +43,20 @@ def create_app(serving: Serving, config: ServerConfig, *, start_worker: bool = T
     drains it at shutdown. ``tracing``: where spans go (default: ``config.otlp_endpoint``'s
     collector, or nowhere)."""
     service = Service(serving, config, tracing)  # reads the API keys: raises AuthConfigError before anything starts
+    # Unfinished jobs a previous server left are failed now; webhooks go where client URLs may.
+    jobs = Jobs(service, JobStore(config.jobs_dir, config.jobs_max_bytes),
+                Webhooks.of(config, service.image_policy))
     redact_url_logs()  # httpx logs every adapter download's URL, presigned signature included
     serving.worker.on_event = service.metrics.on_event
-    app = FastAPI(title="hotlora", version=__version__, lifespan=_lifespan(service, start_worker))
+    app = FastAPI(title="hotlora", version=__version__, lifespan=_lifespan(service, jobs, start_worker))
     app.state.service = service
+    app.state.jobs = jobs
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, refuse=error_response, limit_of=body_limits(config))
     browser_guards(app, config, service.access.enabled, refuse=error_response)  # Host, CORS, Origin
     app.add_middleware(CountRequests, metrics=service.metrics)  # added last: outermost, sees every answer
     install_error_handlers(app)
-    for router in (admin_routes(service), json_routes(service), playground_routes(), inference_routes(service),
-                   openai_routes(service)):
+    for router in (admin_routes(service), json_routes(service, jobs), jobs_routes(jobs), playground_routes(),
+                   inference_routes(service), openai_routes(service)):
         app.include_router(router)
     return app
 
@@ -69,7 +76,7 @@ def body_limits(config: ServerConfig):
     return lambda path: larger if path in IMAGE_ROUTES or path.startswith("/models/") else config.max_body_bytes
 
 
-def _lifespan(service: Service, start_worker: bool):
+def _lifespan(service: Service, jobs: Jobs, start_worker: bool):
     worker, config = service.worker, service.config
 
     @asynccontextmanager
@@ -81,6 +88,7 @@ def _lifespan(service: Service, start_worker: bool):
         yield
         log.info("shutting down: draining the queue")
         drained = await asyncio.to_thread(worker.stop, config.drain_timeout_s)
+        await jobs.close()  # webhooks still retrying stop; unfinished jobs read as failed at the next start
         if service.store is not None:
             service.store.close()  # the fetch pool's threads
         service.tracing.shutdown()  # the spans still buffered go out

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 
 from hotlora.errors import (
     AdapterFormatError, AdapterNotFound, AdapterRejected, BodyTimeout, ClientGone, CrossOriginRefused, DeadlineExceeded,
-    EngineError, FetchersBusy, Forbidden, HotloraError, InvalidRequest, ModelsOverloaded, NotAccepting, Overloaded,
+    EngineError, FetchersBusy, Forbidden, HotloraError, InvalidRequest, JobNotFinished, JobNotFound, ModelsOverloaded, NotAccepting, Overloaded,
     ReplicasUnavailable, RequestError, RequestTooLarge, SourceUnavailable, Unauthorized, UnknownModel, UnsafeReference,
     UnsupportedMediaType,
 )
@@ -49,6 +49,8 @@ STATUS: dict[type[HotloraError], int] = {
     CrossOriginRefused: 403,
     Unauthorized: 401,
     Forbidden: 403,
+    JobNotFound: 404,
+    JobNotFinished: 409,
     UnknownModel: 404,
     ReplicasUnavailable: 503,
     ModelsOverloaded: 429,

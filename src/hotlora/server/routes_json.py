@@ -1,4 +1,5 @@
-"""hotlora's own JSON API: ``POST /v1/generate`` and its progress stream ``POST /v1/generate/stream``."""
+"""hotlora's own JSON API: ``POST /v1/generate`` (a job with ``Prefer: respond-async``) and its progress
+stream ``POST /v1/generate/stream``."""
 
 from __future__ import annotations
 
@@ -10,19 +11,29 @@ import logging
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from hotlora.errors import HotloraError
+from hotlora.errors import HotloraError, InvalidRequest
 from hotlora.server.errors import stream_error
+from hotlora.server.jobs import Jobs, view
 from hotlora.server.schemas import GenerateRequest
 from hotlora.server.service import Generated, Service, result_headers
 
 log = logging.getLogger(__name__)
 
 
-def json_routes(service: Service) -> APIRouter:
+def json_routes(service: Service, jobs: Jobs) -> APIRouter:
     router = APIRouter(dependencies=[Depends(service.access.require("generate"))])
 
     @router.post("/v1/generate")
     async def generate(body: GenerateRequest, request: Request):
+        """``Prefer: respond-async`` (RFC 7240): a job (server/jobs.py), answered 202 with its
+        ``Location``; else the generation itself."""
+        if respond_async(request):
+            record = await jobs.create(request, body.to_request(), body.output_format, retention_s=body.retention_s,
+                                       webhook=body.webhook)
+            return JSONResponse(view(record), status_code=202,
+                                headers={"Location": f"/v1/jobs/{record.id}", "Preference-Applied": "respond-async"})
+        if body.webhook is not None or body.retention_s is not None:
+            raise InvalidRequest("webhook and retention_s are a job's: send the request with 'Prefer: respond-async'")
         out = await service.generate(request, body.to_request(), fmt=body.output_format)
         return JSONResponse(json_body(out, body.output_format), headers=result_headers(out))
 
@@ -59,6 +70,12 @@ def json_routes(service: Service) -> APIRouter:
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     return router
+
+
+def respond_async(request: Request) -> bool:
+    """Whether a ``Prefer`` header asks for ``respond-async`` (among other preferences, any case)."""
+    return any(pref.split(";")[0].split("=")[0].strip().lower() == "respond-async"
+               for value in request.headers.getlist("prefer") for pref in value.split(","))
 
 
 def json_body(out: Generated, fmt: str) -> dict:

@@ -65,6 +65,10 @@ class GenerateRequest(BaseModel):
     images: Annotated[list[ImageText], Field(max_length=MAX_INPUT_IMAGES)] = Field(default_factory=list)
     mask: ImageText | None = None
     strength: Strength | None = None
+    # A job's (``Prefer: respond-async``; server/jobs.py): where its completion is announced
+    # (server/webhooks.py) and how long it is kept once finished (the server's default and most bound it).
+    webhook: Annotated[str, Field(min_length=1, max_length=MAX_REF_CHARS)] | None = None
+    retention_s: float | None = Field(default=None, gt=0)
 
     def to_request(self, progress=None) -> GenerationRequest:
         return GenerationRequest(prompt=self.prompt, adapters=specs(self.adapters), num_images=self.num_images,

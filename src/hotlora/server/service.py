@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 from fastapi import Request
 
@@ -32,7 +32,7 @@ from hotlora.adapters.store.egress import EgressPolicy
 from hotlora.adapters.store.references import redact_reference
 from hotlora.settings import ServerConfig
 from hotlora.engine.request import AdapterSpec, GenerationRequest
-from hotlora.engine.worker import DeadlineExceeded, Job, NotAccepting, Overloaded, Worker
+from hotlora.engine.worker import ClientGone, DeadlineExceeded, Job, NotAccepting, Overloaded, Worker
 from hotlora.errors import HotloraError
 from hotlora.server.access import Access
 from hotlora.server.auth import Principal
@@ -70,6 +70,15 @@ class Generated:
         return {"images": self.images, "seeds": self.seeds, "adapters": self.adapters, "timings": self.timings,
                 "recompiles": self.recompiles, "size": self.size, "snapped_from": self.snapped_from,
                 "input_notes": list(self.input_notes)}
+
+
+class Checked(NamedTuple):
+    """A request ``Service.check`` passed: the engine and store it was checked against, and what
+    ``Engine.check`` made of it."""
+
+    engine: object
+    store: object
+    checked: object
 
 
 class Service:
@@ -122,23 +131,42 @@ class Service:
         translation of its body (``output_type`` "pil": encoded here).
         One trace per call when tracing is on (``server/tracing.py``)."""
         route = request.scope.get("route")
-        with self.tracing.request(request.headers, request.method, route.path if route else request.url.path) as trace:
-            return await self._generate(request, replace(job, trace=trace), fmt, trace)
-
-    async def _generate(self, request: Request, job: GenerationRequest, fmt: str, trace: Trace) -> Generated:
         began = time.monotonic()
+        with self.tracing.request(request.headers, request.method, route.path if route else request.url.path) as trace:
+            job = replace(job, trace=trace)
+            principal, client = self.access.principal_of(request), self.access.client_of(request)
+            with trace.span("admission"):
+                checked = self.check(principal, job)
+
+            async def watch(queued: Job) -> None:  # a client that hung up: dropped before it starts
+                if await request.is_disconnected():
+                    queued.cancelled.set()
+
+            return await self.run(checked, fmt, principal=principal, client=client, trace=trace, began=began,
+                                  watch=watch)
+
+    def check(self, principal: Principal, job: GenerationRequest) -> "Checked":
+        """Everything refused before a fetch: the caller's sources (403), the engine's parameter and
+        spec checks (``Engine.check``); a job (``server/jobs.py``) is refused by it before its 202."""
+        self.check_sources(principal, [spec.ref for spec in job.adapters.values()])  # before any fetch
+        if not self.worker.ready:
+            raise NotAccepting(self.worker.why_not_ready())
+        engine, store = self.worker.engine, self.store
+        if engine is None or store is None:
+            raise NotAccepting(self.worker.why_not_ready())
+        # Parameters and specs first: bad ones never wait for a download.
+        return Checked(engine, store, engine.check(job, default_scale=store.default_scale))
+
+    async def run(self, checked: "Checked", fmt: str, *, principal: Principal, client: str, trace: Trace,
+                  began: float, watch, wait_for_admission: bool = False,
+                  cancelled: threading.Event | None = None) -> Generated:
+        """Fetch, prepare, queue, wait, encode what ``check`` passed. ``began``: its arrival
+        (monotonic; the deadline counts from it); ``watch(queued)``: awaited every ``POLL_S`` on the
+        worker's queue. A job (server/jobs.py) waits for admission (``wait_for_admission``) where a
+        request gets a 429, and is dropped before it starts once ``cancelled`` is set (ClientGone)."""
+        engine, store, checked = checked
+        job = checked.request
         deadline = began + (job.timeout_s or self.config.request_timeout_s)  # the fetch wait counts too
-        principal = self.access.principal_of(request)
-        client = self.access.client_of(request)
-        with trace.span("admission"):
-            self.check_sources(principal, [spec.ref for spec in job.adapters.values()])  # before any fetch
-            if not self.worker.ready:
-                raise NotAccepting(self.worker.why_not_ready())
-            engine, store = self.worker.engine, self.store
-            if engine is None or store is None:
-                raise NotAccepting(self.worker.why_not_ready())
-            # Parameters and specs first: bad ones never wait for a download.
-            checked = engine.check(job, default_scale=store.default_scale)
         fetch_began = time.monotonic()
         # Waiting on fetches holds a place in the client's own share, not an admission slot: one
         # client's slow sources cannot turn everyone else's cached requests away.
@@ -148,21 +176,23 @@ class Service:
                 self.load_inputs(engine, checked.request, client, deadline))
         checked = replace(checked, request=request_with_inputs)
         fetch_ms = (time.monotonic() - fetch_began) * 1000
-        self.admit()
+        if wait_for_admission:
+            await self.admit_by(deadline, cancelled)
+        else:
+            self.admit()
         trace.event("admitted")
         queued = None
         try:
             prepare_began = time.monotonic()
             prepared = await asyncio.to_thread(engine.prepare, checked, fetched=fetched)
             prepare_ms = (time.monotonic() - prepare_began) * 1000  # validation and layout, apart from the fetch
-            queued = Job(prepared, deadline=deadline)
+            queued = Job(prepared, deadline=deadline, **({"cancelled": cancelled} if cancelled is not None else {}))
             future = asyncio.wrap_future(self.worker.submit(queued))
             while True:
                 done, _ = await asyncio.wait({future}, timeout=POLL_S)
                 if done:
                     break
-                if await request.is_disconnected():
-                    queued.cancelled.set()
+                await watch(queued)
             result = future.result()
         finally:
             self.release()
@@ -181,6 +211,20 @@ class Service:
         return Generated(images=images, seeds=result.seeds, adapters=result.adapters, timings=timings,
                          recompiles=result.recompiles, size=result.size, snapped_from=result.snapped_from,
                          input_notes=input_notes(checked.request))
+
+    async def admit_by(self, deadline: float, cancelled: threading.Event | None = None) -> None:
+        """``admit``, waiting for a slot while the queue is full (a job's way: it was accepted
+        with a 202, so a full queue delays it instead of failing it) until ``deadline`` (504)."""
+        while True:
+            if cancelled is not None and cancelled.is_set():
+                raise ClientGone("the job was cancelled before it started")
+            try:
+                return self.admit()
+            except Overloaded:
+                if time.monotonic() + POLL_S > deadline:
+                    raise DeadlineExceeded("the job's deadline passed while it waited for a place in the queue") \
+                        from None
+            await asyncio.sleep(POLL_S)
 
     async def load_inputs(self, engine, job: GenerationRequest, client: str, deadline: float) -> GenerationRequest:
         """``job`` with its input images and mask fetched (URLs) and decoded (``server/inputs.py``)

@@ -117,6 +117,26 @@ class ServerConfig(EngineSettings):
     otlp_endpoint: str | None = setting(None, "OpenTelemetry collector's OTLP/HTTP address (e.g. "
                                               "http://collector:4318): one trace per generation; default off")
 
+    # server/jobs.py: jobs (``Prefer: respond-async``) outlive their request; records and results on disk.
+    jobs_dir: str = setting(".cache/hotlora/jobs", "where jobs' records and results are kept (a restart "
+                                                   "answers unfinished ones as failed)")
+    job_retention_s: float = setting(3600.0, "how long a finished job and its result are kept when the job "
+                                             "asks for no retention_s")
+    job_max_retention_s: float = setting(86400.0, "the longest retention_s a job may ask for (422 beyond)")
+    # The oldest finished jobs are evicted first; one result alone over the bound fails its job.
+    jobs_max_bytes: int = setting(2 * GiB, "jobs' results kept on disk, all together")
+    max_jobs_per_client: int = setting(16, "unfinished jobs one client (API key, else peer address) may have "
+                                           "(429 beyond)")
+    # server/webhooks.py: Standard Webhooks signatures. No secret, no webhooks (a job asking for one is a
+    # 422); destinations under the store's egress policy for client URLs (allowed_hosts, allow_http).
+    # No flag: a flag's value is readable by every local user.
+    webhook_secret: str | None = setting(None, "the Standard Webhooks signing secret (whsec_<base64>): "
+                                               "HOTLORA_WEBHOOK_SECRET or a config file only; unset: no webhooks",
+                                         flag=False)
+    webhook_max_attempts: int = setting(5, "deliveries tried per webhook (exponential backoff between them)")
+    webhook_backoff_s: float = setting(2.0, "the wait before a webhook's second attempt; doubled after each")
+    webhook_timeout_s: float = setting(10.0, "seconds one webhook delivery may take")
+
     def engine_config(self) -> EngineConfig:
         """The engine's options, regrouped as ``EngineConfig`` nests them."""
         options = {name: getattr(self, name) for name in EngineConfig.model_fields if name not in NESTED}
@@ -151,5 +171,15 @@ class ServerConfig(EngineSettings):
     def _refuse_impossible(self) -> "ServerConfig":
         if self.auth not in ("auto", "on", "off"):
             raise ValueError(f"auth must be auto, on or off, got {self.auth!r}")
+        if self.job_retention_s > self.job_max_retention_s:
+            raise ValueError(f"job_retention_s ({self.job_retention_s}) exceeds job_max_retention_s "
+                             f"({self.job_max_retention_s})")
+        if self.webhook_secret is not None:
+            from standardwebhooks import Webhook
+
+            try:
+                Webhook(self.webhook_secret)
+            except Exception:  # the library's own errors (bad base64, empty): never echo the secret
+                raise ValueError("webhook_secret is not a Standard Webhooks secret (whsec_<base64>)") from None
         self.engine_config()  # an impossible engine is refused now, not when the model loads
         return self
