@@ -25,8 +25,8 @@ def fake_timer(monkeypatch):
     ticks = {"t": 0.0}
     real_run = warmup._run
 
-    def run(engine, batch, *args):
-        real_run(engine, batch, *args)
+    def run(engine, batch, *args, **keywords):
+        real_run(engine, batch, *args, **keywords)
         ticks["t"] += per_batch[batch]
 
     monkeypatch.setattr(warmup, "_run", run)
