@@ -20,6 +20,8 @@ ROUTES = {
     ("post", "/"), ("post", "/models/{model_id}"), ("post", "/v1/images/generations"), ("post", "/v1/images/edits"),
     ("get", "/v1/jobs/{job_id}"), ("get", "/v1/jobs/{job_id}/content"), ("get", "/v1/jobs/{job_id}/events"),
     ("delete", "/v1/jobs/{job_id}"),
+    ("post", "/v1/videos"), ("get", "/v1/videos"), ("get", "/v1/videos/{video_id}"),
+    ("get", "/v1/videos/{video_id}/content"), ("delete", "/v1/videos/{video_id}"),
 }
 
 

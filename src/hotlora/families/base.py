@@ -88,6 +88,9 @@ class ModelFamily:
     # t to 1). None / 0 for image families, whose requests take no ``num_frames``.
     default_frames: ClassVar[int | None] = None
     frame_multiple: ClassVar[int] = 0
+    # A video family's frame rate: what its videos are timed at when encoded (the model card's)
+    # and how OpenAI's videos API's ``seconds`` becomes a frame count (server/routes_videos.py).
+    fps: ClassVar[int | None] = None
 
     def __repr__(self) -> str:
         return f"<ModelFamily {self.name}>"

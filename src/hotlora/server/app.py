@@ -28,6 +28,7 @@ from hotlora.server.routes_jobs import jobs_routes
 from hotlora.server.routes_json import json_routes
 from hotlora.server.routes_openai import openai_routes
 from hotlora.server.routes_playground import playground_routes
+from hotlora.server.routes_videos import videos_routes
 from hotlora.server.run import Serving
 from hotlora.server.service import Service
 from hotlora.server.tracing import Tracing
@@ -56,7 +57,7 @@ def create_app(serving: Serving, config: ServerConfig, *, start_worker: bool = T
     app.add_middleware(CountRequests, metrics=service.metrics)  # added last: outermost, sees every answer
     install_error_handlers(app)
     for router in (admin_routes(service), json_routes(service, jobs), jobs_routes(jobs), playground_routes(),
-                   inference_routes(service), openai_routes(service)):
+                   inference_routes(service), openai_routes(service), videos_routes(jobs)):
         app.include_router(router)
     return app
 

@@ -5,7 +5,7 @@ ingress (``scaleout/routing.py``, ``scaleout/ingress.py``) answers in exactly th
 does without importing the server. The two shapes:
 
 * hotlora's own APIs: ``{"error": message, "type": ExceptionName}``
-* the OpenAI images API (paths under ``/v1/images``): ``{"error": {"message": ..., "type": ...}}``
+* the OpenAI images and videos APIs (paths under ``/v1/images``, ``/v1/videos``): ``{"error": {"message": ..., "type": ...}}``
 
 The errors carry no HTTP: ``STATUS`` maps each ``HotloraError`` class to its status, looked up
 along the exception's MRO (a subclass answers as its nearest listed ancestor: ``UnservedShape`` as
@@ -29,7 +29,7 @@ from hotlora.errors import (
     UnsupportedMediaType,
 )
 
-OPENAI_PREFIX = "/v1/images"  # the routes that answer in the OpenAI error shape
+OPENAI_PREFIX = ("/v1/images", "/v1/videos")  # the routes that answer in the OpenAI error shape
 
 STATUS: dict[type[HotloraError], int] = {
     RequestError: 400,

@@ -18,11 +18,12 @@ def encode(image, fmt: str) -> bytes:
     return buffer.getvalue()
 
 
-def format_from_accept(accept: str | None) -> str:
-    """The first image type the Accept header asks for that we can make; PNG otherwise."""
+def format_from_accept(accept: str | None, media_types=MEDIA_TYPES) -> str | None:
+    """The first of ``media_types`` (format -> media type) the Accept header asks for; None when
+    it names none of them (the model's default format then)."""
     for part in (accept or "").split(","):
         media = part.split(";")[0].strip().lower()
-        for fmt, media_type in MEDIA_TYPES.items():
+        for fmt, media_type in media_types.items():
             if media == media_type:
                 return fmt
-    return "png"
+    return None

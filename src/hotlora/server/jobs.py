@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from hotlora.engine.request import GenerationRequest
 from hotlora.errors import ClientGone, HotloraError, InvalidRequest, JobNotFinished, JobNotFound, Overloaded
 from hotlora.server.errors import error_body, status_of
+from hotlora.server.outputs import output_format
 from hotlora.server.jobstore import JobRecord, JobStore, Status, new_id, view
 from hotlora.server.service import Generated, Service
 from hotlora.tracing import NO_TRACE
@@ -69,10 +70,12 @@ class Jobs:
             raise InvalidRequest(f"retention_s {asked} exceeds this server's most, {self.config.job_max_retention_s}")
         return asked
 
-    async def create(self, request, job: GenerationRequest, fmt: str, *, retention_s: float | None = None,
-                     webhook: str | None = None, kind: str = "images", params: dict | None = None) -> JobRecord:
-        """Check ``job`` as a direct request is checked (its errors answered now), then run it in
-        the background; the record as it stands (queued)."""
+    async def create(self, request, job: GenerationRequest, fmt: str | None, *, retention_s: float | None = None,
+                     webhook: str | None = None, kind: str | None = None, params: dict | None = None) -> JobRecord:
+        """Check ``job`` as a direct request is checked (its errors answered now, its format too:
+        ``Service.output_format``), then run it in the background; the record as it stands (queued).
+        ``kind``: "images" or "video", the one the route serves (422 for a model of the other);
+        None: the served model's."""
         principal, client = self.service.access.principal_of(request), self.service.access.client_of(request)
         retention = self.retention(retention_s)
         if webhook is not None:
@@ -82,16 +85,20 @@ class Jobs:
         if self.store.unfinished(client) >= self.config.max_jobs_per_client:
             raise Overloaded(f"this client has {self.config.max_jobs_per_client} unfinished jobs, the most it may "
                              "have; wait for one to finish", retry_after_s=5)
-        record = JobRecord(id=new_id(), owner=client, kind=kind, created_at=self.store.clock(), retention_s=retention,
-                           webhook=webhook, params=params or {})
-        live = Live()
+        job_id = new_id()
         loop = asyncio.get_running_loop()
         began = time.monotonic()
 
         def progress(done: int, total: int) -> None:  # called on the worker thread
-            loop.call_soon_threadsafe(self._progress, record.id, done, total)
+            loop.call_soon_threadsafe(self._progress, job_id, done, total)
 
         checked = self.service.check(principal, replace(job, progress=progress, trace=NO_TRACE))
+        output = {"images": "images", "video": "frames"}.get(kind) if kind is not None else None
+        fmt = output_format(checked.engine, fmt, output)
+        kind = "video" if checked.engine.family.output_kind == "frames" else "images"
+        record = JobRecord(id=job_id, owner=client, kind=kind, created_at=self.store.clock(), retention_s=retention,
+                           webhook=webhook, params=params or {})
+        live = Live()
         self.store.save(record)
         self._live[record.id] = live
         live.task = loop.create_task(self._run(record.id, checked, fmt, principal, client, began))
@@ -133,7 +140,7 @@ class Jobs:
                     files = {f"{i}.{fmt}": data for i, data in enumerate(out.images)}
                     meta = {**out.body(), "format": fmt}
                     del meta["images"]
-                    await asyncio.to_thread(self.store.put_result, record, files, f"image/{fmt}", meta)
+                    await asyncio.to_thread(self.store.put_result, record, files, out.media_type, meta)
             except ClientGone:
                 self._finish(job_id, "cancelled")
             except HotloraError as exc:
@@ -196,7 +203,6 @@ class Jobs:
             raise JobNotFinished(f"job {record.id} is {record.status}; its content exists once it has succeeded")
         files = self.store.read_result(record)
         meta = dict(record.result["meta"])
-        meta.pop("format", None)
         meta["input_notes"] = tuple(meta.get("input_notes") or ())
         return Generated(images=files, **meta), files
 

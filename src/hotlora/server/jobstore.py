@@ -116,6 +116,13 @@ class JobStore:
         with self._lock:
             return self._records.get(job_id)
 
+    def owned(self, owner: str, kind: str | None = None) -> list[JobRecord]:
+        """``owner``'s jobs (of ``kind``), oldest first."""
+        self.sweep()
+        with self._lock:
+            records = [r for r in self._records.values() if r.owner == owner and kind in (None, r.kind)]
+        return sorted(records, key=lambda r: (r.created_at, r.id))
+
     def unfinished(self, owner: str) -> int:
         with self._lock:
             return sum(1 for r in self._records.values() if r.owner == owner and not r.finished)
@@ -206,7 +213,7 @@ VIDEO_STATUS = {"queued": "queued", "running": "in_progress", "succeeded": "comp
 def video_object(record: JobRecord) -> dict:
     """A job as OpenAI's videos API answers ``POST /v1/videos`` and ``GET /v1/videos/{id}``
     (``{id, object: "video", status, progress (0-100), created_at, completed_at, expires_at,
-    model, seconds, size, error}``; times in whole seconds). ``/content`` is the job's MP4."""
+    model, seconds, size, prompt, error}``; times in whole seconds). ``/content`` is the job's MP4."""
     progress = round(100 * record.step / record.total) if record.total else (100 if record.status == "succeeded" else 0)
     error = None
     if record.status == "cancelled":
@@ -218,4 +225,4 @@ def video_object(record: JobRecord) -> dict:
             "completed_at": int(record.finished_at) if record.status == "succeeded" else None,
             "expires_at": int(record.expires_at) if record.expires_at is not None else None,
             "model": record.params.get("model"), "seconds": record.params.get("seconds"),
-            "size": record.params.get("size"), "error": error}
+            "size": record.params.get("size"), "prompt": record.params.get("prompt"), "error": error}

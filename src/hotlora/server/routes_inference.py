@@ -23,7 +23,8 @@ from pydantic import ValidationError
 
 from hotlora.errors import InvalidRequest, RequestTooLarge, UnsupportedMediaType
 from hotlora.server.errors import validation_error
-from hotlora.server.images import MEDIA_TYPES, format_from_accept
+from hotlora.server.images import format_from_accept
+from hotlora.server.outputs import media_types
 from hotlora.server.schemas import MAX_REF_CHARS, HFImageRequest, HFRequest
 from hotlora.server.service import Service, result_headers
 
@@ -68,9 +69,10 @@ async def inference_api(service: Service, request: Request) -> Response:
     header = request.headers.get("lora")
     if header and len(header) > MAX_REF_CHARS:
         raise RequestTooLarge(f"the lora header has {len(header)} characters; the limit is {MAX_REF_CHARS}")
-    fmt = format_from_accept(request.headers.get("accept"))
+    # What the Accept header names among what the model makes; nothing named: the model's default.
+    fmt = format_from_accept(request.headers.get("accept"), media_types(service.worker.engine))
     out = await service.generate(request, body.to_request(header, service.config.lora_header_slot), fmt=fmt)
-    return Response(out.images[0], media_type=MEDIA_TYPES[fmt], headers=result_headers(out))
+    return Response(out.images[0], media_type=out.media_type, headers=result_headers(out))
 
 
 def json_of(raw: bytes):

@@ -35,7 +35,7 @@ def json_routes(service: Service, jobs: Jobs) -> APIRouter:
         if body.webhook is not None or body.retention_s is not None:
             raise InvalidRequest("webhook and retention_s are a job's: send the request with 'Prefer: respond-async'")
         out = await service.generate(request, body.to_request(), fmt=body.output_format)
-        return JSONResponse(json_body(out, body.output_format), headers=result_headers(out))
+        return JSONResponse(json_body(out), headers=result_headers(out))
 
     @router.post("/v1/generate/stream")
     async def generate_stream(body: GenerateRequest, request: Request):
@@ -50,7 +50,7 @@ def json_routes(service: Service, jobs: Jobs) -> APIRouter:
         async def run():
             try:
                 out = await service.generate(request, body.to_request(progress), fmt=body.output_format)
-                await events.put(("result", json_body(out, body.output_format)))
+                await events.put(("result", json_body(out)))
             except Exception as exc:  # the stream must end with an answer, whatever happened
                 if not isinstance(exc, HotloraError):
                     log.exception("stream generation failed")
@@ -78,6 +78,6 @@ def respond_async(request: Request) -> bool:
                for value in request.headers.getlist("prefer") for pref in value.split(","))
 
 
-def json_body(out: Generated, fmt: str) -> dict:
-    """The /v1/generate body: the service's answer with the images base64-encoded."""
-    return {**out.body(), "images": [base64.b64encode(b).decode() for b in out.images], "format": fmt}
+def json_body(out: Generated) -> dict:
+    """The /v1/generate body: the service's answer with the images (a video model's videos) base64-encoded."""
+    return {**out.body(), "images": [base64.b64encode(b).decode() for b in out.images], "format": out.format}

@@ -32,7 +32,7 @@ def openai_routes(service: Service) -> APIRouter:
     @router.post("/v1/images/generations")
     async def openai_images(body: OpenAIImagesRequest, request: Request):
         refuse_url_format(body.response_format)
-        out = await service.generate(request, body.to_request(), fmt="png")
+        out = await service.generate(request, body.to_request(), fmt="png", kind="images")
         return openai_answer(out)
 
     @router.post("/v1/images/edits")
@@ -51,7 +51,7 @@ def openai_routes(service: Service) -> APIRouter:
         finally:
             await form.close()
         refuse_url_format(body.response_format)
-        out = await service.generate(request, body.to_request(images, mask), fmt="png")
+        out = await service.generate(request, body.to_request(images, mask), fmt="png", kind="images")
         return openai_answer(out)
 
     return router

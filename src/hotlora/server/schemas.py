@@ -13,7 +13,9 @@ from hotlora.engine.request import AdapterSpec, GenerationRequest
 from hotlora.errors import InvalidRequest
 from hotlora.server.inputs import ImageInput
 
-Format = Literal["png", "jpeg", "webp"]
+# What /v1/generate may ask its outputs encoded as; which of them a model makes is its output
+# kind's (``Service.output_format``: images png/jpeg/webp, a video mp4/webp/png frames).
+Format = Literal["png", "jpeg", "webp", "mp4"]
 # Every field is bounded: the body cap bounds the whole, these say which field is too big.
 MAX_REF_CHARS = 4096
 MAX_PROMPT_CHARS = 10000
@@ -57,7 +59,8 @@ class GenerateRequest(BaseModel):
     width: int | None = None
     height: int | None = None
     seed: int | None = None
-    output_format: Format = "png"
+    num_frames: int | None = None  # a video model's frames per video (None: its default)
+    output_format: Format | None = None  # None: the model's default (png; a video model's mp4)
     timeout_s: float | None = Field(default=None, gt=0, le=3600)
     # Image-conditioned tasks (served when the engine was started with them): ``task`` None is
     # the one the inputs imply (a mask: inpaint; images: edit where served, else image-to-image).
@@ -75,7 +78,7 @@ class GenerateRequest(BaseModel):
                                  num_inference_steps=self.num_inference_steps, guidance_scale=self.guidance_scale,
                                  height=self.height, width=self.width, seed=self.seed or 0,
                                  negative_prompt=self.negative_prompt, timeout_s=self.timeout_s, progress=progress,
-                                 **image_inputs(self.task, self.images, self.mask, self.strength))
+                                 num_frames=self.num_frames, **image_inputs(self.task, self.images, self.mask, self.strength))
 
 
 class HFParameters(BaseModel):
@@ -199,6 +202,29 @@ class OpenAIEditsRequest(OpenAIImagesRequest):
 
     def task_fields(self, images: Sequence[ImageInput], mask: ImageInput | None) -> dict:
         return image_inputs(self.task, images, mask, self.strength)
+
+
+class OpenAIVideosRequest(SizedRequest):
+    """``POST /v1/videos`` (OpenAI videos API; JSON, or multipart as the openai client sends it), with
+    hotlora's ``adapters``, ``seed``, ``num_inference_steps`` and ``negative_prompt`` as extensions.
+    ``seconds`` (OpenAI writes it as a string, "4") becomes a frame count at the route
+    (``routes_videos.frames_for``): it needs the served model's frame rate."""
+
+    model_config = ConfigDict(extra="ignore")
+    prompt: Prompt
+    model: Annotated[str, Field(max_length=256)] | None = None
+    seconds: Annotated[str, Field(max_length=16)] | float | None = None
+    negative_prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | None = None
+    adapters: Adapters = Field(default_factory=dict)
+    seed: int | None = None
+    num_inference_steps: int | None = None
+    retention_s: float | None = Field(default=None, gt=0)  # the job's (server/jobs.py)
+
+    def to_request(self, num_frames: int | None) -> GenerationRequest:
+        height, width = self.dimensions()
+        return GenerationRequest(prompt=self.prompt, adapters=specs(self.adapters), num_images=1, height=height,
+                                 width=width, seed=self.seed or 0, num_inference_steps=self.num_inference_steps,
+                                 negative_prompt=self.negative_prompt, num_frames=num_frames)
 
 
 def image_inputs(task, images, mask, strength) -> dict:

@@ -36,9 +36,10 @@ from hotlora.engine.worker import ClientGone, DeadlineExceeded, Job, NotAcceptin
 from hotlora.errors import HotloraError
 from hotlora.server.access import Access
 from hotlora.server.auth import Principal
-from hotlora.server.images import encode
+from hotlora.server import outputs
 from hotlora.server.inputs import image_label, load_image
 from hotlora.server.metrics import Metrics
+from hotlora.server.shares import Shares
 from hotlora.server.tracing import Tracing
 from hotlora.tracing import Trace, wall_ns
 
@@ -54,7 +55,7 @@ class Generated:
     """One generation as every API answers it: the images encoded, what was served and how long
     each stage took (``timings``: milliseconds per stage, ``total_ms`` last)."""
 
-    images: list[bytes]
+    images: list[bytes]  # a video model's: each video's file (MP4, WebP), or every frame's PNG in order
     seeds: list[int]
     adapters: dict[str, dict | None]  # slot -> what was served (``GenerationResult.adapters``)
     timings: dict[str, float]
@@ -64,12 +65,22 @@ class Generated:
     # What decoding did to the input images that the client may want to know (a first frame
     # taken, EXIF orientation applied, CMYK converted, a declared type the content contradicted).
     input_notes: tuple[str, ...] = ()
+    format: str = "png"  # what ``images`` are encoded as (``MEDIA_TYPES``)
+    # A video model's: the frames of each video and their rate (``format`` "png": ``frames``
+    # consecutive entries of ``images`` are one video).
+    frames: int | None = None
+    fps: int | None = None
+
+    @property
+    def media_type(self) -> str:
+        return outputs.MEDIA_TYPES[self.format]
 
     def body(self) -> dict:
-        """The JSON answer's fields (images as the caller encodes them)."""
+        """The JSON answer's fields (images as the caller encodes them); ``frames`` and ``fps`` for a video."""
         return {"images": self.images, "seeds": self.seeds, "adapters": self.adapters, "timings": self.timings,
                 "recompiles": self.recompiles, "size": self.size, "snapped_from": self.snapped_from,
-                "input_notes": list(self.input_notes)}
+                "input_notes": list(self.input_notes),
+                **({"frames": self.frames, "fps": self.fps} if self.frames is not None else {})}
 
 
 class Checked(NamedTuple):
@@ -126,9 +137,11 @@ class Service:
         """Requests admitted (past their fetch): preparing, queued or running."""
         return self._pending
 
-    async def generate(self, request: Request, job: GenerationRequest, fmt: str) -> Generated:
+    async def generate(self, request: Request, job: GenerationRequest, fmt: str | None,
+                       kind: str | None = None) -> Generated:
         """Check, fetch, prepare, queue, wait (watching the client), encode. ``job``: the route's
-        translation of its body (``output_type`` "pil": encoded here).
+        translation of its body (``output_type`` "pil": encoded here); ``fmt``: see ``output_format``;
+        ``kind``: the output kind the route serves (None: either).
         One trace per call when tracing is on (``server/tracing.py``)."""
         route = request.scope.get("route")
         began = time.monotonic()
@@ -137,6 +150,7 @@ class Service:
             principal, client = self.access.principal_of(request), self.access.client_of(request)
             with trace.span("admission"):
                 checked = self.check(principal, job)
+                fmt = outputs.output_format(checked.engine, fmt, kind)
 
             async def watch(queued: Job) -> None:  # a client that hung up: dropped before it starts
                 if await request.is_disconnected():
@@ -200,17 +214,18 @@ class Service:
                 trace.record("queue_wait", wall_ns(queued.enqueued), wall_ns(queued.started))
         encode_began = time.monotonic()
         with trace.span("encode", images=len(result.images), format=fmt):
-            images = await asyncio.to_thread(lambda: [encode(img, fmt) for img in result.images])
+            encoded = await asyncio.to_thread(outputs.encode, engine.family, result.images, fmt)
         timings = stage_timings(queued, result, fetch_ms=fetch_ms, prepare_ms=prepare_ms,
                                 encode_ms=(time.monotonic() - encode_began) * 1000,
                                 total_ms=(time.monotonic() - began) * 1000)
         decode = result.timings.decode_ms
         self.metrics.observe({**timings, "decode_ms": sum(decode) if decode else None}, result.adapters)
-        log.info("generated %d images in %.0f ms (queue %.0f ms, generate %.0f ms)", len(images),
+        log.info("generated %d images in %.0f ms (queue %.0f ms, generate %.0f ms)", len(encoded.files),
                  timings["total_ms"], timings["queue_ms"], timings["generate_ms"])
-        return Generated(images=images, seeds=result.seeds, adapters=result.adapters, timings=timings,
+        return Generated(images=encoded.files, seeds=result.seeds, adapters=result.adapters, timings=timings,
                          recompiles=result.recompiles, size=result.size, snapped_from=result.snapped_from,
-                         input_notes=input_notes(checked.request))
+                         input_notes=input_notes(checked.request), format=fmt,
+                         frames=encoded.frames, fps=encoded.fps)
 
     async def admit_by(self, deadline: float, cancelled: threading.Event | None = None) -> None:
         """``admit``, waiting for a slot while the queue is full (a job's way: it was accepted
@@ -306,57 +321,6 @@ class Service:
             self._prefetches.add(task)  # held until done: the loop keeps only weak references
             task.add_done_callback(self._prefetches.discard)
             task.add_done_callback(lambda _, hold=hold: hold.release())  # however it ends, cancelled too
-
-
-class Shares:
-    """How many of something each client holds at once, bounded per client (429 beyond)."""
-
-    def __init__(self, per_client: int, what: str):
-        self.per_client = per_client
-        self.what = what
-        self._held: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def take(self, client: str, count: int = 1) -> list["_Hold"]:
-        """``count`` places for ``client``, each released once (a context manager), or Overloaded."""
-        with self._lock:
-            held = self._held.get(client, 0)
-            if held + count > self.per_client:
-                raise Overloaded(f"this client has {held} {self.what} and asks for {count} more; at most "
-                                 f"{self.per_client}", retry_after_s=5)
-            self._held[client] = held + count
-        return [_Hold(self, client) for _ in range(count)]
-
-    def hold(self, client: str) -> "_Hold":
-        return self.take(client)[0]
-
-    def held(self, client: str) -> int:
-        with self._lock:
-            return self._held.get(client, 0)
-
-    def _release(self, client: str) -> None:
-        with self._lock:
-            self._held[client] -= 1
-            if not self._held[client]:
-                del self._held[client]
-
-
-class _Hold:
-    """One place in a client's share; released once, however often it is asked to."""
-
-    def __init__(self, shares: Shares, client: str):
-        self._shares, self._client, self._released = shares, client, False
-
-    def __enter__(self) -> "_Hold":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._shares._release(self._client)
 
 
 def stage_timings(queued: Job, result, *, fetch_ms: float, prepare_ms: float, encode_ms: float,

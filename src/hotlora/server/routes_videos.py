@@ -1,0 +1,170 @@
+"""OpenAI's videos API over the jobs (server/jobs.py; a video is a job of kind "video", one
+mechanism): ``POST /v1/videos`` (JSON, or multipart as the openai client sends it) makes a job and
+answers OpenAI's video object (``jobstore.video_object``: queued, then in_progress with a progress
+percentage, completed or failed); ``GET /v1/videos/{id}``; ``GET /v1/videos/{id}/content`` the MP4
+(``variant=thumbnail``: its first frame as WebP; ``spritesheet`` is not made); ``DELETE`` (cancels
+an unfinished video and deletes it); ``GET /v1/videos`` the caller's own. A video belongs to the
+key that made it: to any other it does not exist (404). Errors are answered in OpenAI's shape.
+
+``seconds`` -> frames: ``seconds x fps + 1`` (a video of n frames spans (n - 1) / fps seconds from
+its first frame to its last: Wan's 81 frames at 16 fps are its "5 seconds"). It must come out a
+whole frame count the engine serves, else a 422 listing the seconds served; none given: the
+engine's default frame count. Everything is checked before the job exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from hotlora.errors import InvalidRequest, JobNotFound, NotAccepting, UnsupportedMediaType
+from hotlora.server import video
+from hotlora.server.errors import validation_error
+from hotlora.server.jobs import Jobs
+from hotlora.server.jobstore import JobRecord, video_object
+from hotlora.server.routes_openai import MAX_FORM_FIELDS, place
+from hotlora.server.schemas import OpenAIVideosRequest
+
+POLL_AFTER_MS = 500  # the openai client's poll helper waits this long between polls (else 1 s)
+
+
+# Long as the other route modules' are: its routes are closures over the same jobs and service.
+def videos_routes(jobs: Jobs) -> APIRouter:
+    service = jobs.service
+    router = APIRouter(dependencies=[Depends(service.access.require("generate"))])
+
+    @router.post("/v1/videos")
+    async def create_video(request: Request):
+        body = await videos_body(request)
+        engine = service.worker.engine
+        if engine is None:
+            raise NotAccepting(service.worker.why_not_ready())
+        if engine.family.output_kind != "frames":
+            raise InvalidRequest(f"the model served here ({service.config.model}) makes images, not videos: "
+                                 "POST /v1/images/generations or /v1/generate")
+        rules, fps = engine.rules, engine.family.fps
+        frames = frames_for(body.seconds, fps, rules.frames, rules.sizes_only)
+        size = body.size if body.size not in (None, "auto") else rules.size_names()[0]
+        params = {"model": body.model or service.config.model, "seconds": seconds_of(frames, fps), "size": size,
+                  "prompt": body.prompt}
+        record = await jobs.create(request, body.to_request(frames), "mp4", retention_s=body.retention_s,
+                                   kind="video", params=params)
+        return video_object(record)
+
+    @router.get("/v1/videos")
+    async def list_videos(request: Request, limit: int = Query(20, ge=1, le=100),
+                          order: str = Query("desc", pattern="^(asc|desc)$"), after: str | None = None):
+        """OpenAI's list: newest first (``order=desc``), ``limit`` after the id ``after``."""
+        records = jobs.store.owned(service.access.client_of(request), kind="video")
+        if order == "desc":
+            records.reverse()
+        if after is not None:
+            ids = [r.id for r in records]
+            if after not in ids:
+                raise JobNotFound(f"no video {after[:64]!r}")
+            records = records[ids.index(after) + 1:]
+        page = [video_object(r) for r in records[:limit]]
+        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None, "has_more": len(records) > limit}
+
+    @router.get("/v1/videos/{video_id}")
+    async def get_video(video_id: str, request: Request):
+        record = owned_video(jobs, request, video_id)
+        headers = {} if record.finished else {"openai-poll-after-ms": str(POLL_AFTER_MS)}
+        return JSONResponse(video_object(record), headers=headers)
+
+    @router.get("/v1/videos/{video_id}/content")
+    async def video_content(video_id: str, request: Request, variant: str = "video"):
+        record = owned_video(jobs, request, video_id)
+        if variant not in ("video", "thumbnail"):
+            raise InvalidRequest(f"variant {variant[:32]!r} is not made here; variants: video (MP4), thumbnail (WebP)")
+        _, files = jobs.content(record)  # 409 until it has succeeded
+        if record.result["media_type"] != video.MEDIA_TYPES["mp4"]:  # a /v1/generate job in another format
+            raise InvalidRequest(f"this video was made as {record.result['meta'].get('format')}, not MP4: "
+                                 f"GET /v1/jobs/{record.id}/content")
+        if variant == "thumbnail":
+            return Response(await asyncio.to_thread(video.thumbnail, files[0]), media_type=video.MEDIA_TYPES["webp"])
+        return Response(files[0], media_type=video.MEDIA_TYPES["mp4"])
+
+    @router.delete("/v1/videos/{video_id}")
+    async def delete_video(video_id: str, request: Request):
+        """Deleted outright, as OpenAI does; an unfinished one is cancelled first (one already
+        running on the engine finishes there and its result is dropped)."""
+        record = owned_video(jobs, request, video_id)
+        if not record.finished:
+            jobs.cancel(request, video_id)
+        jobs.store.delete(video_id)
+        return {"id": record.id, "object": "video.deleted", "deleted": True}
+
+    return router
+
+
+def owned_video(jobs: Jobs, request: Request, video_id: str) -> JobRecord:
+    """The caller's video; JobNotFound for another key's, and for a job that is no video."""
+    record = jobs.get(request, video_id)
+    if record.kind != "video":
+        raise JobNotFound(f"no video {video_id[:64]!r}")
+    return record
+
+
+def seconds_of(frames: int, fps: int) -> str:
+    return f"{(frames - 1) / fps:g}"
+
+
+def frames_for(seconds, fps: int, served: tuple[int, ...], served_only: bool) -> int | None:
+    """The frame count ``seconds`` asks for (``seconds x fps + 1``), or None (the default) when
+    none given; a 422 naming the served seconds for one that is no whole frame count or one not
+    served (``served_only``: a compiled engine serves only the counts it warmed up)."""
+    if seconds is None or seconds == "":
+        return None
+    listed = ", ".join(f"{seconds_of(f, fps)} ({f} frames)" for f in served)
+    try:
+        value = float(seconds)
+    except ValueError:
+        raise InvalidRequest(f"seconds must be a number, got {str(seconds)[:16]!r}; served: {listed}") from None
+    exact = value * fps
+    if not (math.isfinite(exact) and exact >= 0 and abs(exact - round(exact)) < 1e-6):
+        raise InvalidRequest(f"seconds {seconds} is not a whole number of frames at {fps} fps (frames = seconds x "
+                             f"fps + 1); served: {listed}")
+    frames = round(exact) + 1
+    if served_only and frames not in served:
+        raise InvalidRequest(f"seconds {seconds} ({frames} frames at {fps} fps) is not served; served: {listed}")
+    return frames
+
+
+async def videos_body(request: Request) -> OpenAIVideosRequest:
+    """The request body: JSON, or a multipart form (the openai client's way; bracketed keys nested
+    as ``extra_body`` flattens them: ``adapters[style][ref]``). A file upload (``input_reference``:
+    image-to-video) is refused: this API serves text-to-video."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media == "application/json":
+        try:
+            fields = await request.json()
+        except ValueError:
+            raise InvalidRequest("invalid request: body: not JSON") from None
+        if not isinstance(fields, dict):
+            raise InvalidRequest("invalid request: body: a JSON object is expected")
+    elif media in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        form = await request.form(max_files=1, max_fields=MAX_FORM_FIELDS)
+        try:
+            fields = {}
+            for key, value in form.multi_items():
+                if isinstance(value, UploadFile):
+                    raise InvalidRequest(f"form field {key!r} is a file: input_reference (image-to-video) is not "
+                                         "served; this API makes videos from text")
+                place(fields, key, value)
+        finally:
+            await form.close()
+    else:
+        raise UnsupportedMediaType("POST /v1/videos takes application/json or multipart/form-data")
+    if fields.get("input_reference") is not None:
+        raise InvalidRequest("input_reference (image-to-video) is not served; this API makes videos from text")
+    try:
+        return OpenAIVideosRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise InvalidRequest(validation_error(exc.errors())) from None

@@ -1,0 +1,185 @@
+"""OpenAI's videos API against a real ``hotlora serve`` of the tiny Wan model (eager, batch 1, one
+size served), driven by the official openai client: create, poll, download the MP4 and decode it
+with PyAV, delete; another key's video does not exist; bad input is refused before any job. Also a
+video on hotlora's own /v1/generate (MP4 by default, formats checked against the output kind)."""
+
+import base64
+import io
+import re
+import time
+from fractions import Fraction
+
+import av
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from hotlora.families import FAMILIES
+from hotlora.server.auth import new_key
+
+openai = pytest.importorskip("openai")
+# The openai client marks its videos methods deprecated (OpenAI's own Sora service shuts down); the
+# API shape they speak is what this server serves.
+pytestmark = pytest.mark.filterwarnings("ignore:The Sora API is scheduled:DeprecationWarning")
+
+ALICE, ALICE_LINE = new_key("alice")
+BOB, BOB_LINE = new_key("bob")
+STEPS = 2
+FPS = FAMILIES["wan"].fps
+FRAMES = FAMILIES["wan"].tiny_frames  # the tiny model's default frame count: the one served
+SECONDS = f"{(FRAMES - 1) / FPS:g}"  # the videos API's rule: frames = seconds x fps + 1
+SIZE = f"{FAMILIES['wan'].tiny_size}x{FAMILIES['wan'].tiny_size}"
+# hotlora's extensions, as the openai client sends extra_body in its multipart form
+EXTRA = {"num_inference_steps": STEPS, "seed": 7, "adapters": {"style": "style-diffusers"}}
+
+
+@pytest.fixture(scope="module")
+def served(tiny_models, tmp_path_factory, start_server):
+    tmp = tmp_path_factory.mktemp("videos")
+    adapters = tiny_models["wan"] / "adapters"
+    return start_server(tiny_models["wan"], tmp, roots=(adapters,), catalog=str(adapters / "catalog.toml"),
+                        compile=False, batch_size=1, auth="on", api_keys=f"{ALICE_LINE}\n{BOB_LINE}",
+                        sizes=SIZE)
+
+
+def client(server, key=ALICE):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def decode(data: bytes):
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        facts = (stream.codec_context.name, stream.average_rate, stream.width, stream.height)
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    return facts, np.stack(frames)
+
+
+def until_finished(videos, video_id):
+    for _ in range(600):  # bounded: a tiny eager video takes a second or two
+        video = videos.retrieve(video_id)
+        if video.status not in ("queued", "in_progress"):
+            return video
+        time.sleep(0.1)
+    pytest.fail(f"video {video_id} never finished")
+
+
+def test_a_video_made_polled_downloaded_and_deleted_with_the_openai_client(served):
+    videos = client(served).videos
+    created = videos.create(prompt="a cat walking", seconds=SECONDS, size=SIZE, model="tiny-wan", extra_body=EXTRA)
+    assert created.object == "video" and created.status in ("queued", "in_progress") and created.id
+    assert (created.seconds, created.size, created.model, created.prompt) == (SECONDS, SIZE, "tiny-wan",
+                                                                                "a cat walking")
+    done = until_finished(videos, created.id)
+    assert done.status == "completed" and done.progress == 100 and done.error is None
+    assert done.completed_at is not None and done.expires_at > done.completed_at
+
+    mp4 = videos.download_content(created.id)
+    (codec, rate, width, height), frames = decode(mp4.read())
+    assert (codec, rate, width, height) == ("h264", Fraction(FPS), 16, 16)
+    assert frames.shape == (FRAMES, 16, 16, 3)
+    assert frames.std() > 1  # not a blank video
+
+    thumbnail = Image.open(io.BytesIO(videos.download_content(created.id, variant="thumbnail").read()))
+    assert thumbnail.format == "WEBP" and thumbnail.size == (16, 16)
+    with pytest.raises(openai.UnprocessableEntityError, match="spritesheet"):
+        videos.download_content(created.id, variant="spritesheet")
+
+    listed = videos.list()
+    assert created.id in [v.id for v in listed.data]
+    deleted = videos.delete(created.id)
+    assert deleted.deleted and deleted.id == created.id
+    with pytest.raises(openai.NotFoundError):
+        videos.retrieve(created.id)
+
+
+def test_the_same_request_makes_the_same_video_and_the_adapter_matters(served):
+    """Seeded: the job's MP4 is the request's, not any video; another adapter changes it."""
+    videos = client(served).videos
+
+    def made(**extra):
+        video = videos.create_and_poll(prompt="a cat walking", seconds=SECONDS, size=SIZE, poll_interval_ms=100,
+                                       extra_body={**EXTRA, **extra})
+        assert video.status == "completed", video.error
+        return decode(videos.download_content(video.id).read())[1].astype(int)
+
+    first, again = made(), made()
+    other = made(adapters={"identity": "identity-diffusers"})
+    assert np.array_equal(first, again)
+    assert np.abs(first - other).mean() > 0.5
+
+
+def test_another_keys_video_does_not_exist(served):
+    mine = client(served).videos.create(prompt="a cat", seconds=SECONDS, size=SIZE, extra_body=EXTRA)
+    theirs = client(served, BOB).videos
+    with pytest.raises(openai.NotFoundError):
+        theirs.retrieve(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        theirs.download_content(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        theirs.delete(mine.id)
+    assert mine.id not in [v.id for v in theirs.list().data]
+    assert until_finished(client(served).videos, mine.id).status == "completed"  # Bob's delete touched nothing
+    # A job id of the jobs resource is the video's: the same record, one mechanism.
+    job = httpx.get(f"{served.url}/v1/jobs/{mine.id}", headers={"authorization": f"Bearer {ALICE}"}, timeout=30)
+    assert job.status_code == 200 and job.json()["kind"] == "video" and job.json()["result"]["media_type"] == "video/mp4"
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"seconds": "0.3"}, "not a whole number of frames"),
+    ({"seconds": "0.5"}, re.escape(f"served: {SECONDS} ({FRAMES} frames)")),  # 9 frames: 4k + 1, but not the served count
+    ({"seconds": "soon"}, "seconds must be a number"),
+    ({"size": "32x32"}, "not served"),
+    ({"size": "big"}, "WIDTHxHEIGHT"),
+    ({"num_inference_steps": 0}, "num_inference_steps"),
+])
+def test_bad_input_is_refused_before_any_job(served, fields, message):
+    videos = client(served).videos
+    before = {v.id for v in videos.list(limit=100).data}
+    extra = {k: v for k, v in fields.items() if k not in ("seconds", "size")}
+    with pytest.raises(openai.UnprocessableEntityError, match=message) as refused:
+        videos.create(prompt="a cat", seconds=fields.get("seconds", SECONDS), size=fields.get("size", SIZE),
+                      extra_body={**EXTRA, **extra})
+    assert set(refused.value.body) == {"message", "type"}  # OpenAI's error shape (the client unwraps "error")
+    assert {v.id for v in videos.list(limit=100).data} == before
+
+
+def test_an_image_upload_and_a_body_without_a_prompt_are_refused(served):
+    headers = {"authorization": f"Bearer {ALICE}"}
+    upload = httpx.post(f"{served.url}/v1/videos", data={"prompt": "a cat"}, headers=headers, timeout=30,
+                        files={"input_reference": ("ref.png", b"\x89PNG", "image/png")})
+    assert upload.status_code == 422 and "input_reference" in upload.json()["error"]["message"]
+    empty = httpx.post(f"{served.url}/v1/videos", json={"seconds": SECONDS}, headers=headers, timeout=30)
+    assert empty.status_code == 422 and "prompt" in empty.json()["error"]["message"]
+
+
+def test_generate_answers_a_video_as_mp4_by_default_and_checks_its_format(served):
+    headers = {"authorization": f"Bearer {ALICE}"}
+    body = {"prompt": "a cat", "num_inference_steps": STEPS, "seed": 7}
+    mp4 = httpx.post(f"{served.url}/v1/generate", json=body, headers=headers, timeout=120)
+    assert mp4.status_code == 200, mp4.text
+    answer = mp4.json()
+    assert (answer["format"], answer["frames"], answer["fps"]) == ("mp4", FRAMES, FPS)
+    facts, frames = decode(base64.b64decode(answer["images"][0]))
+    assert facts == ("h264", Fraction(FPS), 16, 16) and len(frames) == FRAMES
+
+    webp = httpx.post(f"{served.url}/v1/generate", json={**body, "output_format": "webp"}, headers=headers, timeout=120)
+    animated = Image.open(io.BytesIO(base64.b64decode(webp.json()["images"][0])))
+    assert animated.format == "WEBP" and animated.n_frames == FRAMES
+    pngs = httpx.post(f"{served.url}/v1/generate", json={**body, "output_format": "png"}, headers=headers, timeout=120)
+    assert len(pngs.json()["images"]) == FRAMES  # one PNG per frame
+
+    jpeg = httpx.post(f"{served.url}/v1/generate", json={**body, "output_format": "jpeg"}, headers=headers, timeout=30)
+    assert jpeg.status_code == 422 and "mp4, webp, png" in jpeg.json()["error"]
+    images = httpx.post(f"{served.url}/v1/images/generations", json={"prompt": "a cat"}, headers=headers, timeout=30)
+    assert images.status_code == 422 and "/v1/videos" in images.json()["error"]["message"]
+
+
+def test_an_image_model_refuses_the_videos_api(tiny_models, tmp_path_factory, start_server):
+    """Cheap: the refusal comes before any generation, so an eager tiny Flux is enough."""
+    server = start_server(tiny_models["flux"], tmp_path_factory.mktemp("videos-flux"), compile=False, batch_size=1)
+    refused = httpx.post(f"{server.url}/v1/videos", json={"prompt": "a cat"}, timeout=30)
+    assert refused.status_code == 422 and "makes images" in refused.json()["error"]["message"]
+    mp4 = httpx.post(f"{server.url}/v1/generate", json={"prompt": "a cat", "output_format": "mp4",
+                                                         "num_inference_steps": 1}, timeout=30)
+    assert mp4.status_code == 422 and "png, jpeg, webp" in mp4.json()["error"]

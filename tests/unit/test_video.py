@@ -1,0 +1,93 @@
+"""The video encoder (server/video.py), checked by decoding what it made: PyAV for the MP4 (codec,
+pixel format, frame count, size, rate, the pixels themselves within H.264's loss), Pillow for the
+animated WebP and the PNG frames."""
+
+import io
+from fractions import Fraction
+
+import av
+import numpy as np
+import pytest
+from PIL import Image
+
+from hotlora.server import video
+
+
+def moving_square(frames=5, height=16, width=16):
+    """A white square walking right on grey: every frame differs, so a dropped or repeated frame shows."""
+    out = np.full((frames, height, width, 3), 64, dtype=np.uint8)
+    for t in range(frames):
+        out[t, 2:8, 2 + 2 * t:8 + 2 * t] = 255
+    return out
+
+
+def decode_mp4(data: bytes):
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        facts = {"codec": stream.codec_context.name, "pix_fmt": stream.codec_context.pix_fmt,
+                 "rate": stream.average_rate, "size": (stream.width, stream.height)}
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    return facts, np.stack(frames)
+
+
+@pytest.mark.parametrize("fps", [16, 24])
+def test_mp4_is_h264_yuv420p_at_the_rate_with_every_frame(fps):
+    frames = moving_square()
+    (data,) = video.encode(list(frames), "mp4", fps)
+    facts, decoded = decode_mp4(data)
+    assert facts == {"codec": "h264", "pix_fmt": "yuv420p", "rate": Fraction(fps), "size": (16, 16)}
+    assert decoded.shape == frames.shape
+    # Lossy, but each decoded frame is nearest its own source frame (the order and count are kept).
+    errors = np.abs(decoded.astype(int)[:, None] - frames.astype(int)[None]).mean(axis=(2, 3, 4))
+    assert list(errors.argmin(axis=1)) == list(range(len(frames)))
+    assert errors.diagonal().max() < 8
+
+
+def test_mp4_of_an_odd_size_is_padded_to_even_keeping_every_pixel():
+    frames = moving_square(frames=3, height=15, width=17)
+    facts, decoded = decode_mp4(video.encode(list(frames), "mp4", 16)[0])
+    assert facts["size"] == (18, 16)
+    assert np.abs(decoded[:, :15, :17].astype(int) - frames).mean() < 8
+    # The added column repeats the last one rather than adding a black line.
+    assert np.abs(decoded[:, :15, 17].astype(int) - frames[:, :, 16]).mean() < 8
+
+
+def test_pil_frames_and_one_array_encode_alike():
+    frames = moving_square()
+    from_pil = video.encode([Image.fromarray(f) for f in frames], "mp4", 16)[0]
+    assert decode_mp4(from_pil)[1].shape == decode_mp4(video.encode(frames, "mp4", 16)[0])[1].shape
+
+
+def test_animated_webp_has_every_frame_timed_at_the_rate():
+    frames = moving_square()
+    (data,) = video.encode(list(frames), "webp", 16)
+    image = Image.open(io.BytesIO(data))
+    assert image.format == "WEBP" and image.n_frames == len(frames) and image.size == (16, 16)
+    for t in range(len(frames)):
+        image.seek(t)
+        image.load()  # Pillow reads a frame's timing as it decodes it
+        assert image.info["duration"] == 62  # 1000 / 16, in WebP's whole milliseconds
+        assert np.abs(np.asarray(image.convert("RGB")).astype(int) - frames[t]).mean() < 8
+
+
+def test_png_frames_are_lossless_one_per_frame():
+    frames = moving_square()
+    pngs = video.encode(list(frames), "png", 16)
+    assert len(pngs) == len(frames)
+    for png, frame in zip(pngs, frames):
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(png))), frame)
+
+
+def test_thumbnail_is_the_first_frame_as_webp():
+    frames = moving_square()
+    thumbnail = Image.open(io.BytesIO(video.thumbnail(video.encode(frames, "mp4", 16)[0])))
+    assert thumbnail.format == "WEBP" and thumbnail.size == (16, 16)
+    errors = [np.abs(np.asarray(thumbnail.convert("RGB")).astype(int) - f).mean() for f in frames]
+    assert int(np.argmin(errors)) == 0
+
+
+def test_unknown_format_and_non_uint8_frames_are_refused():
+    with pytest.raises(ValueError, match="mp4, webp, png"):
+        video.encode(moving_square(), "gif", 16)
+    with pytest.raises(TypeError, match="uint8"):
+        video.encode(moving_square().astype(np.float32), "mp4", 16)
