@@ -175,6 +175,20 @@ def test_generate_answers_a_video_as_mp4_by_default_and_checks_its_format(served
     assert images.status_code == 422 and "/v1/videos" in images.json()["error"]["message"]
 
 
+def test_a_video_job_from_generate_is_served_as_mp4_and_listed_as_a_video(served):
+    headers = {"authorization": f"Bearer {ALICE}"}
+    accepted = httpx.post(f"{served.url}/v1/generate", json={"prompt": "a cat", "num_inference_steps": STEPS},
+                          headers={**headers, "prefer": "respond-async"}, timeout=30)
+    assert accepted.status_code == 202 and accepted.json()["kind"] == "video"
+    job_id = accepted.json()["id"]
+    assert until_finished(client(served).videos, job_id).status == "completed"
+    content = httpx.get(f"{served.url}/v1/jobs/{job_id}/content", headers={**headers, "accept": "video/mp4"},
+                        timeout=30)
+    assert content.headers["content-type"] == "video/mp4"
+    assert decode(content.content)[1].shape == (FRAMES, 16, 16, 3)
+    assert job_id in [v.id for v in client(served).videos.list().data]
+
+
 def test_an_image_model_refuses_the_videos_api(tiny_models, tmp_path_factory, start_server):
     """Cheap: the refusal comes before any generation, so an eager tiny Flux is enough."""
     server = start_server(tiny_models["flux"], tmp_path_factory.mktemp("videos-flux"), compile=False, batch_size=1)

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hotlora.errors import InvalidRequest
 from hotlora.server import video
+from hotlora.server.routes_videos import frames_for
 
 
 def moving_square(frames=5, height=16, width=16):
@@ -91,3 +93,15 @@ def test_unknown_format_and_non_uint8_frames_are_refused():
         video.encode(moving_square(), "gif", 16)
     with pytest.raises(TypeError, match="uint8"):
         video.encode(moving_square().astype(np.float32), "mp4", 16)
+
+
+def test_seconds_become_seconds_times_fps_plus_one_frames_of_those_served():
+    assert frames_for("5", 16, (81, 49), served_only=True) == 81  # Wan's 81 frames at 16 fps: "5 seconds"
+    assert frames_for(3, 16, (81, 49), served_only=True) == 49
+    assert frames_for(None, 16, (81,), served_only=True) is None  # the engine's default count
+    assert frames_for("2", 16, (81,), served_only=False) == 33  # an eager engine: any count (the engine checks 4k + 1)
+    with pytest.raises(InvalidRequest, match=r"served: 5 \(81 frames\), 3 \(49 frames\)"):
+        frames_for("4", 16, (81, 49), served_only=True)
+    for bad in ("0.3", "-1", "inf", "four"):
+        with pytest.raises(InvalidRequest, match="served: 5 "):
+            frames_for(bad, 16, (81,), served_only=False)
