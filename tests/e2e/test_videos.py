@@ -1,7 +1,8 @@
 """OpenAI's videos API against a real ``hotlora serve`` of the tiny Wan model (eager, batch 1, one
 size served), driven by the official openai client: create, poll, download the MP4 and decode it
 with PyAV, delete; another key's video does not exist; bad input is refused before any job. Also a
-video on hotlora's own /v1/generate (MP4 by default, formats checked against the output kind)."""
+video on hotlora's own /v1/generate (MP4 by default, formats checked against the output kind). An image
+model's refusals need no engine run: tests/unit/test_app_routes.py."""
 
 import base64
 import io
@@ -187,13 +188,3 @@ def test_a_video_job_from_generate_is_served_as_mp4_and_listed_as_a_video(served
     assert content.headers["content-type"] == "video/mp4"
     assert decode(content.content)[1].shape == (FRAMES, 16, 16, 3)
     assert job_id in [v.id for v in client(served).videos.list().data]
-
-
-def test_an_image_model_refuses_the_videos_api(tiny_models, tmp_path_factory, start_server):
-    """Cheap: the refusal comes before any generation, so an eager tiny Flux is enough."""
-    server = start_server(tiny_models["flux"], tmp_path_factory.mktemp("videos-flux"), compile=False, batch_size=1)
-    refused = httpx.post(f"{server.url}/v1/videos", json={"prompt": "a cat"}, timeout=30)
-    assert refused.status_code == 422 and "makes images" in refused.json()["error"]["message"]
-    mp4 = httpx.post(f"{server.url}/v1/generate", json={"prompt": "a cat", "output_format": "mp4",
-                                                         "num_inference_steps": 1}, timeout=30)
-    assert mp4.status_code == 422 and "png, jpeg, webp" in mp4.json()["error"]

@@ -4,14 +4,18 @@ has its status, headers and body. The e2e tests cover the answers that need a re
 
 import inspect
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 import hotlora.scaleout
 import hotlora.server
 from hotlora.settings import ServerConfig
+from hotlora.errors import InvalidRequest
 from hotlora.server.app import create_app
+from hotlora.server.outputs import output_format
 from hotlora.server.run import Serving
 
 ROUTES = {
@@ -284,3 +288,23 @@ def test_the_generation_routes_take_input_images_only_where_tasks_are_served():
     tasks = client(tasks=("image-to-image",))
     assert tasks.post("/v1/images/edits", data={"prompt": "x"}, files=files).status_code == 503
     assert tasks.post("/v1/adapters/prefetch", content=big, headers={"content-type": "application/json"}).status_code == 413
+
+
+def test_an_image_model_answers_the_videos_api_with_a_422_in_openais_shape():
+    worker = IdleWorker()
+    worker.engine = SimpleNamespace(family=SimpleNamespace(output_kind="images", fps=None))
+    refused = client(worker).post("/v1/videos", json={"prompt": "a cat", "seconds": "4"})
+    assert refused.status_code == 422
+    assert "makes images" in refused.json()["error"]["message"] and "/v1/images/generations" in refused.text
+
+
+def test_output_formats_are_those_of_the_models_output_kind():
+    images, frames = (SimpleNamespace(family=SimpleNamespace(output_kind=kind)) for kind in ("images", "frames"))
+    assert (output_format(images, None), output_format(frames, None)) == ("png", "mp4")
+    assert output_format(images, "jpeg") == "jpeg" and output_format(frames, "webp") == "webp"
+    with pytest.raises(InvalidRequest, match="png, jpeg, webp"):
+        output_format(images, "mp4")
+    with pytest.raises(InvalidRequest, match="mp4, webp, png"):
+        output_format(frames, "jpeg")
+    with pytest.raises(InvalidRequest, match="POST /v1/videos"):
+        output_format(frames, "png", kind="images")  # the OpenAI images routes on a video model
