@@ -113,6 +113,8 @@ def test_the_same_request_makes_the_same_video_and_the_adapter_matters(served):
 def test_another_keys_video_does_not_exist(served):
     mine = client(served).videos.create(prompt="a cat", seconds=SECONDS, size=SIZE, extra_body=EXTRA)
     theirs = client(served, BOB).videos
+    # No model asked for: the served one by its id, never its path on the server's disk.
+    assert mine.model == "hotlora/tiny-wan"  # the tiny model's hotlora.json model_id
     with pytest.raises(openai.NotFoundError):
         theirs.retrieve(mine.id)
     with pytest.raises(openai.NotFoundError):

@@ -160,7 +160,12 @@ def public_model(engine) -> dict:
     """``engine.describe()`` naming the model by its id (``hotlora.json``'s ``model_id``, a hub id,
     or the directory's name), never by its path on this machine."""
     described = engine.describe()
-    model = str(described.get("model") or "")
-    model_id = (getattr(engine, "defaults", None) or {}).get("model_id")
-    described["model"] = model_id or (Path(model).name if model and Path(model).exists() else model)
+    described["model"] = public_model_id(engine, described.get("model"))
     return described
+
+
+def public_model_id(engine, model=None) -> str:
+    """The served model's id as ``public_model`` names it (``model``: ``engine.model``, the default)."""
+    model = str((model if model is not None else getattr(engine, "model", None)) or "")
+    model_id = (getattr(engine, "defaults", None) or {}).get("model_id")
+    return model_id or (Path(model).name if model and Path(model).exists() else model)

@@ -24,6 +24,7 @@ from starlette.datastructures import UploadFile
 
 from hotlora.errors import InvalidRequest, JobNotFound, NotAccepting, UnsupportedMediaType
 from hotlora.server import video
+from hotlora.server.access import public_model_id
 from hotlora.server.errors import validation_error
 from hotlora.server.jobs import Jobs
 from hotlora.server.jobstore import JobRecord, video_object
@@ -45,12 +46,13 @@ def videos_routes(jobs: Jobs) -> APIRouter:
         if engine is None:
             raise NotAccepting(service.worker.why_not_ready())
         if engine.family.output_kind != "frames":
-            raise InvalidRequest(f"the model served here ({service.config.model}) makes images, not videos: "
+            raise InvalidRequest(f"the model served here ({public_model_id(engine)}) makes images, not videos: "
                                  "POST /v1/images/generations or /v1/generate")
         rules, fps = engine.rules, engine.family.fps
         frames = frames_for(body.seconds, fps, rules.frames, rules.sizes_only)
         size = body.size if body.size not in (None, "auto") else rules.size_names()[0]
-        params = {"model": body.model or service.config.model, "seconds": seconds_of(frames, fps), "size": size,
+        # The model asked for, else the served one by its id: a video object never shows this machine's paths.
+        params = {"model": body.model or public_model_id(engine), "seconds": seconds_of(frames, fps), "size": size,
                   "prompt": body.prompt}
         record = await jobs.create(request, body.to_request(frames), "mp4", retention_s=body.retention_s,
                                    kind="video", params=params)
