@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 from hotlora.engine.request import GenerationRequest
 from hotlora.errors import ClientGone, HotloraError, InvalidRequest, JobNotFinished, JobNotFound, Overloaded
 from hotlora.server.errors import error_body, status_of
-from hotlora.server.outputs import output_format
 from hotlora.server.jobstore import JobRecord, JobStore, Status, new_id, view
+from hotlora.server.outputs import output_format
 from hotlora.server.service import Generated, Service
 from hotlora.tracing import NO_TRACE
 
@@ -73,7 +73,7 @@ class Jobs:
     async def create(self, request, job: GenerationRequest, fmt: str | None, *, retention_s: float | None = None,
                      webhook: str | None = None, kind: str | None = None, params: dict | None = None) -> JobRecord:
         """Check ``job`` as a direct request is checked (its errors answered now, its format too:
-        ``Service.output_format``), then run it in the background; the record as it stands (queued).
+        ``outputs.output_format``), then run it in the background; the record as it stands (queued).
         ``kind``: "images" or "video", the one the route serves (422 for a model of the other);
         None: the served model's."""
         principal, client = self.service.access.principal_of(request), self.service.access.client_of(request)

@@ -140,7 +140,7 @@ class Service:
     async def generate(self, request: Request, job: GenerationRequest, fmt: str | None,
                        kind: str | None = None) -> Generated:
         """Check, fetch, prepare, queue, wait (watching the client), encode. ``job``: the route's
-        translation of its body (``output_type`` "pil": encoded here); ``fmt``: see ``output_format``;
+        translation of its body (``output_type`` "pil": encoded here); ``fmt``: ``outputs.output_format``;
         ``kind``: the output kind the route serves (None: either).
         One trace per call when tracing is on (``server/tracing.py``)."""
         route = request.scope.get("route")
