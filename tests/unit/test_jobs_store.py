@@ -89,3 +89,18 @@ def test_view_and_the_openai_video_mapping_of_one_record(tmp_path):
     assert (video["model"], video["size"], video["seconds"]) == ("wan", "64x64", "2")
     done = store.put_result(job, {"0.mp4": b"x"}, "video/mp4", {})
     assert video_object(done)["status"] == "completed" and video_object(done)["completed_at"] is not None
+
+
+def test_owned_lists_one_owners_jobs_of_a_kind_oldest_first_and_not_the_expired(tmp_path):
+    clock = Clock()
+    store = JobStore(tmp_path, max_bytes=1000, clock=clock)
+    first = record(store, kind="video")
+    clock.now += 1
+    second = record(store, kind="video", retention_s=5.0)
+    record(store, kind="images")
+    record(store, owner="key:b", kind="video")
+    assert [r.id for r in store.owned("key:a", kind="video")] == [first.id, second.id]
+    assert len(store.owned("key:a")) == 3 and len(store.owned("key:b")) == 1
+    store.put_result(second, {"0.mp4": b"x"}, "video/mp4", {})
+    clock.now += 10  # past the finished one's retention
+    assert [r.id for r in store.owned("key:a", kind="video")] == [first.id]
