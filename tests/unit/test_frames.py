@@ -70,18 +70,25 @@ def test_wan_is_served_and_its_experts_are_no_text_encoders():
     assert wan.matches(diffusers.WanImageToVideoPipeline) == 0
 
 
-def test_a_two_expert_wan_is_refused_at_start_up():
-    """Wan 2.2 A14B's low-noise expert would get no LoRA slots: refused, not served half-adapted."""
+def test_a_two_expert_wan_has_both_experts_and_warms_up_on_both_sides_of_its_boundary():
+    """Wan 2.2 A14B: both transformers get slots and a compile (``experts``); warm-up runs enough
+    steps that each is called (``__call__`` switches at boundary_ratio x 1000). A transformer_2
+    without a boundary is never called, so it is no expert."""
     from diffusers import WanPipeline
-
-    from hotlora.families import UnservedModel
 
     wan = family_named("wan")
     one = wan.build_tiny()
-    assert wan.text_to_image_pipeline(one) is one
-    two = WanPipeline(**{**one.components, "transformer_2": wan.build_tiny(seed=1).transformer}, boundary_ratio=0.875)
-    with pytest.raises(UnservedModel, match=r"two-expert .*transformer_2, boundary_ratio=0.875"):
-        wan.text_to_image_pipeline(two)
+    assert list(wan.experts(one)) == ["transformer"] and wan.warmup_steps(one, 2) == 2
+    two = wan.build_tiny_variant("two-experts")
+    assert list(wan.experts(two)) == ["transformer", "transformer_2"] and two.config.boundary_ratio == 0.875
+    steps = wan.warmup_steps(two, 2)
+    two.scheduler.set_timesteps(steps)
+    boundary = 0.875 * two.scheduler.config.num_train_timesteps
+    assert {bool(t >= boundary) for t in two.scheduler.timesteps} == {True, False}
+    unbounded = WanPipeline(**{**one.components, "transformer_2": two.transformer_2})
+    assert list(wan.experts(unbounded)) == ["transformer"]
+    with pytest.raises(ValueError, match="no tiny variant 'other'"):
+        wan.build_tiny_variant("other")
 
 
 def test_videos_are_finished_as_frames():
@@ -109,3 +116,18 @@ def test_videos_are_finished_as_frames():
     assert shipped.dtype == torch.uint8 and tuple(shipped.shape) == (2, 5, 16, 24, 3)
     again = pil_images(shipped)
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for v, w in zip(again, videos) for a, b in zip(v, w))
+
+
+def test_a_two_expert_model_refuses_at_start_up_what_only_one_transformer_is_built_for():
+    """Only slots are built on two experts: fused, auto and mixed batches are refused by name,
+    before anything is quantized or installed."""
+    from hotlora.engine.warm import check_expert_config
+    from hotlora.families import UnservedModel
+    from hotlora.settings import EngineConfig
+
+    experts = {"transformer": None, "transformer_2": None}
+    check_expert_config(EngineConfig(), experts)
+    for options, said in (({"adapter_mode": "fused"}, "adapter_mode='fused'"), ({"adapter_mode": "auto"}, "'auto'"),
+                          ({"mixed": True}, r"mixed batches \(mixed=True\)")):
+        with pytest.raises(UnservedModel, match=said + r" is not served on a model of several experts \(transformer, "):
+            check_expert_config(EngineConfig(**options), experts)
