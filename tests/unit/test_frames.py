@@ -131,3 +131,30 @@ def test_a_two_expert_model_refuses_at_start_up_what_only_one_transformer_is_bui
                           ({"mixed": True}, r"mixed batches \(mixed=True\)")):
         with pytest.raises(UnservedModel, match=said + r" is not served on a model of several experts \(transformer, "):
             check_expert_config(EngineConfig(**options), experts)
+
+
+def test_a_pair_adapter_holds_each_experts_lora_as_diffusers_converts_it(tmp_path):
+    """One file with ``transformer.`` and ``transformer_2.`` keys: the second expert's modules are
+    named ``transformer_2.<module>``, each part with the alpha/r its own metadata gives (what
+    ``load_lora_weights(..., load_into_transformer_2=True)`` reads from a file of its own); a file of
+    the low-noise expert alone has no first-expert modules; export writes the pair back as one file."""
+    import torch
+
+    from hotlora.adapters.format.convert import load_adapter
+    from hotlora.adapters.format.export import save_as_diffusers
+    from hotlora.tiny import write_expert_samples
+
+    wan = family_named("wan")
+    samples = write_expert_samples(wan.build_tiny_variant("two-experts"), "wan", tmp_path, low=2, high=8)
+    high, low = load_adapter(samples["experts-high"], wan), load_adapter(samples["experts-low"], wan)
+    pair, low_only = load_adapter(samples["experts-pair"], wan), load_adapter(samples["experts-low-only"], wan)
+    assert set(pair.modules) == set(high.modules) | {f"transformer_2.{m}" for m in low.modules}
+    assert set(low_only.modules) == {f"transformer_2.{m}" for m in low.modules} and not pair.skipped_keys
+    for module, w in low.modules.items():
+        assert w.scaling == 2.0 and pair.modules[f"transformer_2.{module}"].scaling == 2.0  # alpha 4 / r 2
+        assert torch.equal(pair.modules[f"transformer_2.{module}"].up, w.up)
+    assert {w.scaling for w in high.modules.values()} == {0.5}
+    again = load_adapter(save_as_diffusers(pair, tmp_path / "exported"), wan)
+    assert set(again.modules) == set(pair.modules)
+    for module, w in pair.modules.items():
+        torch.testing.assert_close(again.modules[module].up * again.modules[module].scaling, w.up * w.scaling)

@@ -20,12 +20,20 @@ def save_as_diffusers(adapter: Adapter, out_dir: str | Path) -> Path:
     family = family_named(adapter.family)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    parts = {family.denoiser: adapter.modules, **adapter.text_modules}
-    kwargs = {}
-    for part, modules in parts.items():
-        if modules:
-            kwargs[f"{part}_lora_layers"], kwargs[f"{part}_lora_adapter_metadata"] = _layers(modules)
-    family.pipeline_type.save_lora_weights(str(out_dir), **kwargs)
+    # Another expert's modules (Wan 2.2's ``transformer_2.<module>``) are that expert's part, under its prefix.
+    experts = {other: {m[len(other) + 1:]: w for m, w in adapter.modules.items() if m.startswith(f"{other}.")}
+               for other in family.other_denoisers}
+    experts = {other: modules for other, modules in experts.items() if modules}
+    own = {m: w for m, w in adapter.modules.items() if not m.startswith(tuple(f"{o}." for o in experts))}
+    parts = {family.denoiser: own, **experts, **adapter.text_modules}
+    packed = {part: _layers(modules) for part, modules in parts.items() if modules}
+    if experts:  # the mixin's save_lora_weights takes no second expert: its own packing, one prefix each
+        family.pipeline_type._save_lora_weights(str(out_dir), lora_layers={p: lm[0] for p, lm in packed.items()},
+                                                lora_metadata={p: lm[1] for p, lm in packed.items()})
+    else:
+        family.pipeline_type.save_lora_weights(str(out_dir), **{
+            f"{part}_lora_{kind}": value for part, (layers, metadata) in packed.items()
+            for kind, value in (("layers", layers), ("adapter_metadata", metadata))})
     if adapter.embeddings is not None:
         from safetensors.torch import save_file
 
