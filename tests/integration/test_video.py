@@ -170,3 +170,31 @@ def test_a_second_experts_lora_is_refused_by_a_model_of_one_transformer(video, v
         engine.generate("a cat", adapters={"identity": (samples / "experts-pair", 1.0)}, num_frames=5)
     after = engine.generate("a cat", num_inference_steps=2, num_frames=5, output_type="latent").images
     assert after.equal(before)
+
+
+def test_two_experts_run_their_own_rank_buckets_without_compiling(video_models):
+    """With the default rank buckets (0, a quarter of the target rank, the target rank) each expert's
+    slots run the smallest bucket that holds their part of the request: a pair of rank 8 (high) and
+    rank 2 (low) runs buckets 8 and 2, the low-noise LoRA alone 0 and 2, no adapter 0 and 0. Warm-up
+    compiled every bucket on both experts; no combination compiles anything."""
+    name = next((m for m in MODELS if ":" in m), None)
+    if name is None:
+        pytest.skip("no two-expert variant")
+    model_dir = video_models(name)
+    with torch._dynamo.config.patch(error_on_recompile=False):
+        engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=1, compile=True, frames=(5,))
+    samples = model_dir / "adapters"
+    high, low = samples / "experts-high", samples / "experts-low"
+    cases = [({"identity": (samples / "experts-pair", 0.8)}, {"identity": ((high, low), 0.8)}, [8, 2]),
+             ({"identity": (samples / "experts-low-only", 1.1)}, {"identity": ((None, low), 1.1)}, [0, 2]),
+             ({}, {}, [0, 0]),
+             ({"style": (high, 0.5)}, {"style": (high, 0.5)}, [8, 0])]
+    with recompiles_are_errors():
+        for ours_adapters, their_adapters, buckets in cases:
+            ours = engine.generate("a cat", adapters=ours_adapters, num_inference_steps=2, output_type="latent").images
+            assert [w.bucket for w in engine.writer.writers.values()] == buckets
+            theirs = plain_diffusers_reference(model_dir, their_adapters, prompt="a cat", num_images=1,
+                                               num_inference_steps=2, guidance_scale=engine.defaults["guidance_scale"],
+                                               height=engine.height, width=engine.width, seed=0, num_frames=5)
+            torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
+    assert engine.recompiles == 0

@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 # Bumped whenever conversion changes what an adapter file turns into: the store keys converted
 # entries by it (and by hotlora's version), so a fixed converter never serves old conversions.
 # 4: text-encoder LoRA and pivotal-tuning embeddings kept (they were skipped)
-CONVERTER_VERSION = 4
+# 5: another expert's keys (Wan 2.2's transformer_2.*) kept as its modules (they were skipped)
+CONVERTER_VERSION = 5
 PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
