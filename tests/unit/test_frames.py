@@ -158,3 +158,16 @@ def test_a_pair_adapter_holds_each_experts_lora_as_diffusers_converts_it(tmp_pat
     assert set(again.modules) == set(pair.modules)
     for module, w in pair.modules.items():
         torch.testing.assert_close(again.modules[module].up * again.modules[module].scaling, w.up * w.scaling)
+
+
+def test_the_memory_plan_of_a_two_expert_model_holds_both_experts_and_their_slots(tmp_path):
+    """Wan 2.2 A14B holds two transformers (one runs at a time): the plan counts both, each with
+    its slots, as the engine installs them."""
+    from hotlora.engine.plan.planner import plan_memory
+    from hotlora.tiny import save_tiny_model
+
+    plans = {variant: plan_memory(str(save_tiny_model(tmp_path / str(variant), "wan", variant=variant))).as_dict()
+             for variant in (None, "two-experts")}
+    one, two = ({p["name"]: p["bytes"] for p in plans[v]["parts"]} for v in (None, "two-experts"))
+    assert "transformer_2" not in one and two["transformer_2"] == two["transformer"] == one["transformer"]
+    assert two["slots (LoRA buffers)"] == 2 * one["slots (LoRA buffers)"]
