@@ -138,6 +138,8 @@ def test_two_experts_each_get_their_own_lora_equal_to_plain_diffusers(video):
 
     # Both experts compiled (regional: each block's forward), not the first alone.
     assert all(block._compiled_call_impl is not None for expert in engine.warm.experts.values() for block in expert.blocks)
+    weights = {(name, n): p.detach().clone() for name, expert in engine.warm.experts.items()
+               for n, p in expert.named_parameters() if "lora_" not in n}
     base = both({})
     pair = samples / "experts-pair"
     at_09 = both({"identity": (pair, (high, low), 0.9)})
@@ -148,6 +150,11 @@ def test_two_experts_each_get_their_own_lora_equal_to_plain_diffusers(video):
     for made in (at_09, low_only, high_only):
         assert (made - base).abs().max() > 1e-2
     assert (at_09 - high_only).abs().max() > 1e-3  # the low-noise expert's part counts
+    # The base restored bit for bit: the latents, and every base weight of both experts.
+    assert both({}).equal(base)
+    changed = [key for key, p in ((key, dict(engine.warm.experts[key[0]].named_parameters())[key[1]]) for key in weights)
+               if not torch.equal(p, weights[key])]
+    assert not changed and len(weights) > 0, changed[:5]
     assert engine.recompiles == 0
     assert set(engine.describe()["experts"]) == {"transformer", "transformer_2"}
 

@@ -123,12 +123,13 @@ def test_a_two_expert_model_refuses_at_start_up_what_only_one_transformer_is_bui
     before anything is quantized or installed."""
     from hotlora.engine.warm import check_expert_config
     from hotlora.families import UnservedModel
-    from hotlora.settings import EngineConfig
+    from hotlora.settings import EngineConfig, StepCache
 
     experts = {"transformer": None, "transformer_2": None}
     check_expert_config(EngineConfig(), experts)
     for options, said in (({"adapter_mode": "fused"}, "adapter_mode='fused'"), ({"adapter_mode": "auto"}, "'auto'"),
-                          ({"mixed": True}, r"mixed batches \(mixed=True\)")):
+                          ({"mixed": True}, r"mixed batches \(mixed=True\)"),
+                          ({"step_cache": StepCache("dbcache", 0.3)}, "step_cache")):
         with pytest.raises(UnservedModel, match=said + r" is not served on a model of several experts \(transformer, "):
             check_expert_config(EngineConfig(**options), experts)
 
@@ -171,3 +172,36 @@ def test_the_memory_plan_of_a_two_expert_model_holds_both_experts_and_their_slot
     one, two = ({p["name"]: p["bytes"] for p in plans[v]["parts"]} for v in (None, "two-experts"))
     assert "transformer_2" not in one and two["transformer_2"] == two["transformer"] == one["transformer"]
     assert two["slots (LoRA buffers)"] == 2 * one["slots (LoRA buffers)"]
+
+
+def test_two_expert_files_become_one_pair_adapter_from_the_command_line(tmp_path, monkeypatch):
+    """``hotlora adapters convert HIGH OUT --low-noise LOW --family wan``: the two files diffusers
+    loads apart (the second with load_into_transformer_2=True) written as one adapter, the same as
+    a pair file holding both experts' keys; a pair of families without a second expert is refused."""
+    import torch
+
+    from hotlora.adapters.format.convert import load_adapter
+    from hotlora.adapters.format.export import pair_experts
+    from hotlora.cli import main
+    from hotlora.errors import AdapterFormatError
+    from hotlora.tiny import write_expert_samples
+
+    wan = family_named("wan")
+    samples = write_expert_samples(wan.build_tiny_variant("two-experts"), "wan", tmp_path / "samples", low=2, high=8)
+    monkeypatch.chdir(tmp_path)
+    assert main(["adapters", "convert", str(samples["experts-high"]), str(tmp_path / "out"), "--family", "wan",
+                 "--low-noise", str(samples["experts-low"]), "--cache-dir", str(tmp_path / "cache")]) == 0
+    made = load_adapter(tmp_path / "out" / "pytorch_lora_weights.safetensors", wan)
+    pair = load_adapter(samples["experts-pair"], wan)
+    assert set(made.modules) == set(pair.modules)
+    for module, w in pair.modules.items():
+        torch.testing.assert_close(made.modules[module].up * made.modules[module].scaling, w.up * w.scaling)
+        torch.testing.assert_close(made.modules[module].down, w.down)
+    high = load_adapter(samples["experts-high"], wan)
+    with pytest.raises(AdapterFormatError, match="not one expert's LoRA"):
+        pair_experts(high, pair)
+    flux = family_named("flux")
+    flux_lora = load_adapter({"transformer.x_embedder.lora_A.weight": torch.ones(1, 4),
+                              "transformer.x_embedder.lora_B.weight": torch.ones(4, 1)}, flux)
+    with pytest.raises(AdapterFormatError, match="a second expert"):
+        pair_experts(flux_lora, flux_lora)

@@ -86,6 +86,9 @@ def check_expert_config(config: EngineConfig, experts: Mapping) -> None:
     if problem:
         raise UnservedModel(f"{problem} is not served on a model of several experts ({', '.join(experts)}): "
                             "their slots are (adapter_mode='slots', mixed=False)")
+    if config.step_cache is not None:
+        raise UnservedModel(f"step_cache is not served on a model of several experts ({', '.join(experts)}): "
+                            "its hooks go on one transformer")
 
 
 class WarmModel:
@@ -103,19 +106,14 @@ class WarmModel:
         # Every model that denoises (Wan 2.2 A14B: two experts, switched at boundary_ratio): each is
         # quantized, gets slots, an attention backend and its compile, as the denoiser does.
         self.experts = family.experts(pipeline)
-        if len(self.experts) > 1 and config.step_cache is not None:
-            from hotlora.families import UnservedModel
-
-            raise UnservedModel(f"step_cache is not served on a model of several experts ({', '.join(self.experts)}): "
-                                "its hooks are installed on one transformer")
+        if len(self.experts) > 1:  # before anything is quantized or installed
+            check_expert_config(config, self.experts)
         self.defaults = {**family.defaults, **(defaults or {})}
         self.size_multiple = family.size_multiple(family.vae_scale_factor(self.pipeline))
         self.sizes = self._served_sizes(config, self.size_multiple)
         self.frames = self._served_frames(config)
         served = [model, Path(model).name if model else None, self.defaults.get("model_id"),
                   *self.defaults.get("base_model_aliases", [])]
-        if len(self.experts) > 1:  # before anything is quantized or installed
-            check_expert_config(config, self.experts)
         self.quantization = None
         for expert in self.experts.values():  # before LoRA and compile
             self.quantization = quantize_denoiser(expert, config.base_quantization)

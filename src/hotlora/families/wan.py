@@ -16,7 +16,8 @@ Wan 2.2 A14B adds ``transformer_2`` (the low-noise expert, called for timesteps 
 ``boundary_ratio`` x 1000): the mixin names both transformers loadable, neither of them a text
 encoder (``lora_text_encoders``). Both get slots and a compile (``experts``;
 ``engine/writers/experts.py``); an adapter carries the low-noise expert's LoRA under
-``transformer_2.`` keys beside the high-noise expert's ``transformer.`` ones (``format.convert``). Wan 2.1 and Wan 2.2 TI2V-5B have one transformer.
+``transformer_2.`` keys beside the high-noise expert's ``transformer.`` ones (``format.convert``).
+Wan 2.1 and Wan 2.2 TI2V-5B have one transformer.
 """
 
 from __future__ import annotations

@@ -45,6 +45,31 @@ def save_as_diffusers(adapter: Adapter, out_dir: str | Path) -> Path:
     return out_dir / "pytorch_lora_weights.safetensors"
 
 
+def pair_experts(high: Adapter, low: Adapter) -> Adapter:
+    """One adapter of a two-expert model (Wan 2.2 A14B) from the two files diffusers loads apart:
+    ``high`` for the denoiser (``transformer``), ``low`` for the family's second expert (what
+    ``load_lora_weights(low, load_into_transformer_2=True)`` loads), its modules renamed
+    ``transformer_2.<module>``. Both converted already, so each may be in any layout diffusers reads."""
+    import hashlib
+
+    from hotlora.errors import AdapterFormatError
+
+    family = family_named(high.family)
+    if low.family != high.family or not family.other_denoisers:
+        raise AdapterFormatError(f"{high.name} ({high.family}) and {low.name} ({low.family}): a pair is two LoRAs of one "
+                                 "family whose pipeline has a second expert (wan)")
+    other = family.other_denoisers[0]
+    taken = [m for part in (high, low) for m in part.modules if m.startswith(f"{other}.")]
+    if taken or low.text_modules or low.embeddings is not None:
+        raise AdapterFormatError(f"{low.name}: not one expert's LoRA (it has {other} modules, text-encoder LoRA or "
+                                 "embeddings)")
+    digest = hashlib.sha256(f"{high.sha256}:{low.sha256}".encode()).hexdigest()
+    return Adapter(name=f"{high.name} + {low.name}", family=high.family, layout=high.layout,
+                   modules={**high.modules, **{f"{other}.{m}": w for m, w in low.modules.items()}}, sha256=digest,
+                   base_model=high.base_model or low.base_model, text_modules=dict(high.text_modules),
+                   embeddings=high.embeddings)
+
+
 def _layers(modules) -> tuple[dict, dict]:
     layers, ranks = {}, {}
     for module, w in modules.items():

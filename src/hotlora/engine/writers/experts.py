@@ -37,23 +37,17 @@ class ExpertsWriter:
         self.ceiling = dataclasses.replace(first.ceiling, modules={
             f"{prefix}{module}": shape for prefix, writer in self.writers.items()
             for module, shape in writer.ceiling.modules.items()})
-        self._views: dict[tuple, Adapter] = {}
 
     def _view(self, prefix: str, adapter: Adapter) -> Adapter:
-        """``adapter`` with only the modules under ``prefix`` (their names without it), made once per
-        adapter and expert: the expert's writer keys its packs and occupants by the view's identity."""
-        memo = (prefix, adapter.key)
-        view = self._views.get(memo)
-        if view is None:
-            if len(self._views) > 256:  # a bound, not a cache policy: views are cheap to remake
-                self._views.clear()
-            if prefix:
-                modules = {m[len(prefix):]: w for m, w in adapter.modules.items() if m.startswith(prefix)}
-            else:  # the first expert: every module not under another expert's prefix
-                others = tuple(p for p in self.writers if p)
-                modules = {m: w for m, w in adapter.modules.items() if not m.startswith(others)}
-            view = self._views[memo] = dataclasses.replace(adapter, modules=modules)
-        return view
+        """``adapter`` with only the modules under ``prefix`` (their names without it). Made anew each
+        time, not memoized: a memo would keep adapters alive after the store let them go; the expert's
+        writer finds its packs and occupants by the view's ``key``, equal for equal content."""
+        if prefix:
+            modules = {m[len(prefix):]: w for m, w in adapter.modules.items() if m.startswith(prefix)}
+        else:  # the first expert: every module not under another expert's prefix
+            others = tuple(p for p in self.writers if p)
+            modules = {m: w for m, w in adapter.modules.items() if not m.startswith(others)}
+        return dataclasses.replace(adapter, modules=modules)
 
     def _bindings(self, prefix: str, bindings: Bindings) -> dict:
         return {slot: None if b is None else Binding(self._view(prefix, b.adapter), b.scale)
