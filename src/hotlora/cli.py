@@ -100,7 +100,13 @@ def cmd_adapters_inspect(args) -> int:
 def cmd_adapters_convert(args) -> int:
     from hotlora.adapters.format.export import save_as_diffusers
 
-    path = save_as_diffusers(_cli_store(args).get(args.ref), args.out)
+    store = _cli_store(args)
+    adapter = store.get(args.ref)
+    if args.low_noise is not None:  # Wan 2.2 A14B: the two experts' files as one adapter
+        from hotlora.adapters.format.export import pair_experts
+
+        adapter = pair_experts(adapter, store.get(args.low_noise))
+    path = save_as_diffusers(adapter, args.out)
     print(f"written {path}")
     return 0
 
@@ -328,6 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("ref", help="path, https://, s3://, hf:// or catalog name")
         if name == "convert":
             cmd.add_argument("out", help="output directory")
+            cmd.add_argument("--low-noise", default=None, metavar="REF",
+                             help="a two-expert model (Wan 2.2 A14B): REF is the low-noise expert's LoRA (what diffusers "
+                                  "loads with load_into_transformer_2=True), written as transformer_2.* beside ref's in "
+                                  "one adapter")
         cmd.add_argument("--family", choices=list(FAMILIES), default=DEFAULT_FAMILY)
         cmd.add_argument("--cache-dir", default=".cache/hotlora")
         cmd.add_argument("--catalog", default=None)

@@ -115,7 +115,8 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
     diffusers pipeline class name to load the model as (a task's variant: FluxImg2ImgPipeline),
     called with ``task_arguments`` too (image, mask_image, strength). A video family's pipeline is
     asked for ``num_frames`` (default: the model's ``hotlora.json``, else the family's), its
-    samples through the family's output kind (``num_videos_per_prompt``, ``.frames``)."""
+    samples through the family's output kind (``num_videos_per_prompt``, ``.frames``). An adapter
+    source may be a (high-noise, low-noise) pair of files for a two-expert Wan 2.2 model."""
     import diffusers
 
     from hotlora.engine.results import output_kind
@@ -127,16 +128,7 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
     pipeline.set_progress_bar_config(disable=True)
     if prepare is not None:
         prepare(pipeline)
-    names, weights = [], []
-    for slot, (source, scale) in adapters.items():
-        if source is None:
-            continue
-        source = dict(source) if isinstance(source, Mapping) else str(source)
-        pipeline.load_lora_weights(source, adapter_name=f"ref_{slot}")
-        names.append(f"ref_{slot}")
-        weights.append(scale)
-    if names:
-        pipeline.set_adapters(names, weights)
+    _load_adapters(pipeline, adapters)
     family = family_of_pipeline(pipeline)
     targets = dict(family.embedding_keys)
     for tensors, tokens in embeddings:
@@ -155,6 +147,25 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
                     **({} if num_frames is None else {"num_frames": num_frames}),
                     **family.call_arguments(guidance_scale), **(task_arguments or {}))
     return getattr(made, kind.attribute)
+
+
+def _load_adapters(pipeline, adapters) -> None:
+    """``load_lora_weights`` per slot's adapter, then one ``set_adapters`` with the scales."""
+    names, weights = [], []
+    for slot, (source, scale) in adapters.items():
+        if source is None:
+            continue
+        # (high, low): a two-expert model's LoRA as diffusers loads it, the low-noise expert's file
+        # with ``load_into_transformer_2=True`` (either may be None: that expert without this adapter).
+        for part, second in ((source[0], False), (source[1], True)) if isinstance(source, tuple) else ((source, False),):
+            if part is not None:
+                part = dict(part) if isinstance(part, Mapping) else str(part)
+                pipeline.load_lora_weights(part, adapter_name=f"ref_{slot}",
+                                           **({"load_into_transformer_2": True} if second else {}))
+        names.append(f"ref_{slot}")
+        weights.append(scale)
+    if names:
+        pipeline.set_adapters(names, weights)
 
 
 def controlled_lora(denoiser: torch.nn.Module, magnitude: float, rank: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:

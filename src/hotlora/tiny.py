@@ -26,10 +26,12 @@ log = logging.getLogger(__name__)
 TINY_SIZE = {family.name: family.tiny_size for family in REGISTERED}  # image side in pixels
 
 
-def build_tiny_pipeline(family: str, seed: int = 0, edit: bool = False):
+def build_tiny_pipeline(family: str, seed: int = 0, edit: bool = False, variant: str | None = None):
     """The family's tiny pipeline; ``edit``: of its edit checkpoints (``ModelFamily.build_tiny_edit``),
-    where they differ from the text-to-image one."""
+    where they differ from the text-to-image one; ``variant``: one of its ``tiny_variants``."""
     fam = family_named(family)
+    if variant is not None:
+        return fam.build_tiny_variant(variant, seed)
     return (fam.build_tiny_edit(seed) if edit else None) or fam.build_tiny(seed)
 
 
@@ -96,24 +98,66 @@ def write_sample_adapters(pipeline, family: str, out: Path, target_rank: int = 8
         base_model=f"hotlora/tiny-{family}",
     )
     samples.update(family_named(family).write_trainer_samples(pipeline, linears, out, low, attention_only))
+    samples.update(write_expert_samples(pipeline, family, out, low, high))
     (out / "README.json").write_text(json.dumps({k: str(v.relative_to(out)) for k, v in samples.items()}, indent=2))
     # A catalog of the samples, so a server on the tiny model has named adapters to offer.
     scales = {"identity": 1.0, "style": 0.8}
     (out / "catalog.toml").write_text("".join(
-        f'[adapters.{name}]\nref = "{path.relative_to(out)}"\nscale = {scales[name.split("-")[0]]}\n'
+        f'[adapters.{name}]\nref = "{path.relative_to(out)}"\nscale = {scales.get(name.split("-")[0], 1.0)}\n'
         for name, path in samples.items()
     ))
     return samples
 
 
-def save_tiny_model(directory: Path, family: str, seed: int = 0, target_rank: int = 8, edit: bool = False) -> Path:
+def save_expert_pair(path: Path, family: str, experts: Mapping[str, tuple[Mapping[str, torch.Tensor], int, float]]) -> Path:
+    """One adapter file for several experts (``experts``: pipeline attribute -> (PEFT-form layers,
+    rank, alpha); any may be left out): each expert's layers and ``LoraConfig`` metadata under its
+    own prefix (``transformer.``, ``transformer_2.``), packed by diffusers' own ``_save_lora_weights``
+    as ``save_lora_weights`` packs one component's."""
+    from peft import LoraConfig
+
+    fam = family_named(family)
+    path.mkdir(parents=True, exist_ok=True)
+    layers = {name: dict(sd) for name, (sd, _, _) in experts.items()}
+    metadata = {name: LoraConfig(r=rank, lora_alpha=alpha, target_modules=sorted({k.split(".lora_")[0] for k in sd})).to_dict()
+                for name, (sd, rank, alpha) in experts.items()}
+    fam.pipeline_type._save_lora_weights(str(path), lora_layers=layers, lora_metadata=metadata)
+    return path / "pytorch_lora_weights.safetensors"
+
+
+def write_expert_samples(pipeline, family: str, out: Path, low: int, high: int) -> dict[str, Path]:
+    """For a model of several experts (Wan 2.2 A14B): a high-noise and a low-noise LoRA as diffusers
+    loads them (two ``transformer.`` files, the second with ``load_into_transformer_2=True``), the
+    pair in one hotlora adapter (``experts-pair``), and the low-noise LoRA alone under its expert's
+    prefix (``experts-low-only``). None for a model of one denoiser."""
+    fam = family_named(family)
+    experts = list(fam.experts(pipeline))
+    if len(experts) < 2:
+        return {}
+    from hotlora.engine.writers.base import ceiling_modules
+
+    linears = [ceiling_modules(getattr(pipeline, name), None) for name in experts[:2]]
+    high_sd, low_sd = random_lora(linears[0], high, seed=11), random_lora(linears[1], low, seed=12)
+    first, second = experts[:2]
+    return {
+        "experts-high": save_diffusers_lora(out / "experts-high", family, high_sd, rank=high, alpha=high / 2),
+        "experts-low": save_diffusers_lora(out / "experts-low", family, low_sd, rank=low, alpha=low * 2),
+        "experts-pair": save_expert_pair(out / "experts-pair", family,
+                                         {first: (high_sd, high, high / 2), second: (low_sd, low, low * 2)}),
+        "experts-low-only": save_expert_pair(out / "experts-low-only", family, {second: (low_sd, low, low * 2)}),
+    }
+
+
+def save_tiny_model(directory: Path, family: str, seed: int = 0, target_rank: int = 8, edit: bool = False,
+                    variant: str | None = None) -> Path:
     """Build and save a tiny pipeline plus sample adapters under ``directory``; returns the model dir.
-    ``edit``: the family's edit checkpoint (``build_tiny_pipeline``)."""
+    ``edit``: the family's edit checkpoint; ``variant``: one of its ``tiny_variants`` (``build_tiny_pipeline``)."""
     directory = Path(directory)
-    pipeline = build_tiny_pipeline(family, seed, edit)
+    pipeline = build_tiny_pipeline(family, seed, edit, variant)
     pipeline.save_pretrained(str(directory))
     side = TINY_SIZE[family]
-    defaults = {"model_id": f"hotlora/tiny-{family}", "height": side, "width": side, "num_inference_steps": 4,
+    model_id = f"hotlora/tiny-{family}" + (f"-{variant}" if variant else "")
+    defaults = {"model_id": model_id, "height": side, "width": side, "num_inference_steps": 4,
                 **family_named(family).tiny_defaults()}
     (directory / "hotlora.json").write_text(json.dumps(defaults))
     write_sample_adapters(pipeline, family, directory / "adapters", target_rank=target_rank)

@@ -10,7 +10,7 @@ import torch
 
 from hotlora import Engine
 from hotlora.engine.request import UnservedShape
-from hotlora.errors import InvalidRequest
+from hotlora.errors import InvalidRequest, RequestError
 from hotlora.families import REGISTERED
 from hotlora.testing import plain_diffusers_reference
 
@@ -22,12 +22,33 @@ TOLERANCE = 1e-4
 FRAMES = (5, 9)  # the default first
 
 
-@pytest.fixture(scope="module", params=[f.name for f in REGISTERED if f.video])
-def video(request, tiny_models):
-    engine = Engine.from_pretrained(tiny_models[request.param], target_rank=TARGET_RANK, batch_size=2, compile=True,
-                                    rank_buckets=(), frames=FRAMES)
+# Each video family's tiny model, and each of its variants (Wan 2.2's two experts), by name.
+MODELS = [name for f in REGISTERED if f.video for name in (f.name, *(f"{f.name}:{v}" for v in f.tiny_variants))]
+
+
+@pytest.fixture(scope="module")
+def video_models(tiny_models, tmp_path_factory):
+    from hotlora.testing import save_tiny_model
+
+    built = {}
+
+    def model(name):
+        if name not in built:
+            family, _, variant = name.partition(":")
+            built[name] = tiny_models[family] if not variant else save_tiny_model(
+                tmp_path_factory.mktemp(variant) / family, family, target_rank=TARGET_RANK, variant=variant)
+        return built[name]
+    return model
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def video(request, video_models):
+    model_dir = video_models(request.param)
+    with torch._dynamo.config.patch(error_on_recompile=False):  # warm-up compiles by definition
+        engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=2, compile=True,
+                                        rank_buckets=(), frames=FRAMES)
     with recompiles_are_errors():
-        yield tiny_models[request.param], engine
+        yield model_dir, engine
     assert engine.recompiles == 0
 
 
@@ -87,3 +108,100 @@ def test_output_types_are_diffusers_own(video):
                               num_frames=5, output_type="pil")
     shipped = engine.run(dataclasses.replace(prepared, output_type="uint8")).images
     assert shipped.dtype == torch.uint8 and np.array_equal(shipped.numpy().astype(np.int16), ours_pixels)
+
+
+def experts_of(engine) -> list[str]:
+    return list(engine.warm.experts)
+
+
+def test_two_experts_each_get_their_own_lora_equal_to_plain_diffusers(video):
+    """Wan 2.2 A14B: a pair adapter (``transformer.`` and ``transformer_2.`` keys in one file) at two
+    scales, the low-noise expert's LoRA alone, and back to the pair, against diffusers loading the
+    high-noise file and the low-noise one (``load_into_transformer_2=True``) into a fresh pipeline.
+    Two steps of the tiny scheduler fall on both sides of the boundary, so both experts run; each
+    part changes the output (the test would not see an expert left without its LoRA otherwise)."""
+    model_dir, engine = video
+    if len(experts_of(engine)) < 2:
+        pytest.skip("a model of one transformer")
+    samples = model_dir / "adapters"
+    high, low = samples / "experts-high", samples / "experts-low"
+
+    def both(slots):
+        ours = engine.generate("a cat", adapters={s: (src, scale) for s, (src, _, scale) in slots.items()},
+                               num_images=2, num_inference_steps=2, num_frames=5, output_type="latent").images
+        theirs = plain_diffusers_reference(
+            model_dir, {s: (ref, scale) for s, (_, ref, scale) in slots.items()}, prompt="a cat", num_images=2,
+            num_inference_steps=2, guidance_scale=engine.defaults["guidance_scale"], height=engine.height,
+            width=engine.width, seed=0, num_frames=5)
+        torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
+        return ours
+
+    # Both experts compiled (regional: each block's forward), not the first alone.
+    assert all(block._compiled_call_impl is not None for expert in engine.warm.experts.values() for block in expert.blocks)
+    weights = {(name, n): p.detach().clone() for name, expert in engine.warm.experts.items()
+               for n, p in expert.named_parameters() if "lora_" not in n}
+    base = both({})
+    pair = samples / "experts-pair"
+    at_09 = both({"identity": (pair, (high, low), 0.9)})
+    both({"identity": (pair, (high, low), 0.4), "style": (samples / "style-diffusers", samples / "style-diffusers", 0.6)})
+    low_only = both({"style": (samples / "experts-low-only", (None, low), 0.7)})
+    high_only = both({"identity": (high, high, 0.9)})
+    assert both({"identity": (pair, (high, low), 0.9)}).equal(at_09)  # whatever ran before
+    for made in (at_09, low_only, high_only):
+        assert (made - base).abs().max() > 1e-2
+    assert (at_09 - high_only).abs().max() > 1e-3  # the low-noise expert's part counts
+    # The base restored bit for bit: the latents, and every base weight of both experts.
+    assert both({}).equal(base)
+    changed = [key for key, p in ((key, dict(engine.warm.experts[key[0]].named_parameters())[key[1]]) for key in weights)
+               if not torch.equal(p, weights[key])]
+    assert not changed and len(weights) > 0, changed[:5]
+    assert engine.recompiles == 0
+    assert set(engine.describe()["experts"]) == {"transformer", "transformer_2"}
+
+
+def test_a_second_experts_lora_is_refused_by_a_model_of_one_transformer(video, video_models):
+    """Keys for transformer_2 given to Wan 2.1: plain diffusers would drop them without a word; the
+    engine refuses the request (a 4xx) before touching a slot."""
+    model_dir, engine = video
+    if len(experts_of(engine)) > 1:
+        pytest.skip("a model of two experts")
+    family = engine.family.name
+    variants = engine.family.tiny_variants
+    if not variants:
+        pytest.skip("no two-expert variant of this family")
+    samples = video_models(f"{family}:{variants[0]}") / "adapters"
+    before = engine.generate("a cat", num_inference_steps=2, num_frames=5, output_type="latent").images
+    with pytest.raises(RequestError, match=r"LoRA for transformer_2 .* a second expert the served model does not have"):
+        engine.generate("a cat", adapters={"identity": (samples / "experts-low-only", 1.0)}, num_frames=5)
+    with pytest.raises(RequestError, match=r"LoRA for transformer_2"):
+        engine.generate("a cat", adapters={"identity": (samples / "experts-pair", 1.0)}, num_frames=5)
+    after = engine.generate("a cat", num_inference_steps=2, num_frames=5, output_type="latent").images
+    assert after.equal(before)
+
+
+def test_two_experts_run_their_own_rank_buckets_without_compiling(video_models):
+    """With the default rank buckets (0, a quarter of the target rank, the target rank) each expert's
+    slots run the smallest bucket that holds their part of the request: a pair of rank 8 (high) and
+    rank 2 (low) runs buckets 8 and 2, the low-noise LoRA alone 0 and 2, no adapter 0 and 0. Warm-up
+    compiled every bucket on both experts; no combination compiles anything."""
+    name = next((m for m in MODELS if ":" in m), None)
+    if name is None:
+        pytest.skip("no two-expert variant")
+    model_dir = video_models(name)
+    with torch._dynamo.config.patch(error_on_recompile=False):
+        engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=1, compile=True, frames=(5,))
+    samples = model_dir / "adapters"
+    high, low = samples / "experts-high", samples / "experts-low"
+    cases = [({"identity": (samples / "experts-pair", 0.8)}, {"identity": ((high, low), 0.8)}, [8, 2]),
+             ({"identity": (samples / "experts-low-only", 1.1)}, {"identity": ((None, low), 1.1)}, [0, 2]),
+             ({}, {}, [0, 0]),
+             ({"style": (high, 0.5)}, {"style": (high, 0.5)}, [8, 0])]
+    with recompiles_are_errors():
+        for ours_adapters, their_adapters, buckets in cases:
+            ours = engine.generate("a cat", adapters=ours_adapters, num_inference_steps=2, output_type="latent").images
+            assert [w.bucket for w in engine.writer.writers.values()] == buckets
+            theirs = plain_diffusers_reference(model_dir, their_adapters, prompt="a cat", num_images=1,
+                                               num_inference_steps=2, guidance_scale=engine.defaults["guidance_scale"],
+                                               height=engine.height, width=engine.width, seed=0, num_frames=5)
+            torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
+    assert engine.recompiles == 0

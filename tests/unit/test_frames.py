@@ -70,18 +70,25 @@ def test_wan_is_served_and_its_experts_are_no_text_encoders():
     assert wan.matches(diffusers.WanImageToVideoPipeline) == 0
 
 
-def test_a_two_expert_wan_is_refused_at_start_up():
-    """Wan 2.2 A14B's low-noise expert would get no LoRA slots: refused, not served half-adapted."""
+def test_a_two_expert_wan_has_both_experts_and_warms_up_on_both_sides_of_its_boundary():
+    """Wan 2.2 A14B: both transformers get slots and a compile (``experts``); warm-up runs enough
+    steps that each is called (``__call__`` switches at boundary_ratio x 1000). A transformer_2
+    without a boundary is never called, so it is no expert."""
     from diffusers import WanPipeline
-
-    from hotlora.families import UnservedModel
 
     wan = family_named("wan")
     one = wan.build_tiny()
-    assert wan.text_to_image_pipeline(one) is one
-    two = WanPipeline(**{**one.components, "transformer_2": wan.build_tiny(seed=1).transformer}, boundary_ratio=0.875)
-    with pytest.raises(UnservedModel, match=r"two-expert .*transformer_2, boundary_ratio=0.875"):
-        wan.text_to_image_pipeline(two)
+    assert list(wan.experts(one)) == ["transformer"] and wan.warmup_steps(one, 2) == 2
+    two = wan.build_tiny_variant("two-experts")
+    assert list(wan.experts(two)) == ["transformer", "transformer_2"] and two.config.boundary_ratio == 0.875
+    steps = wan.warmup_steps(two, 2)
+    two.scheduler.set_timesteps(steps)
+    boundary = 0.875 * two.scheduler.config.num_train_timesteps
+    assert {bool(t >= boundary) for t in two.scheduler.timesteps} == {True, False}
+    unbounded = WanPipeline(**{**one.components, "transformer_2": two.transformer_2})
+    assert list(wan.experts(unbounded)) == ["transformer"]
+    with pytest.raises(ValueError, match="no tiny variant 'other'"):
+        wan.build_tiny_variant("other")
 
 
 def test_videos_are_finished_as_frames():
@@ -109,3 +116,92 @@ def test_videos_are_finished_as_frames():
     assert shipped.dtype == torch.uint8 and tuple(shipped.shape) == (2, 5, 16, 24, 3)
     again = pil_images(shipped)
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for v, w in zip(again, videos) for a, b in zip(v, w))
+
+
+def test_a_two_expert_model_refuses_at_start_up_what_only_one_transformer_is_built_for():
+    """Only slots are built on two experts: fused, auto and mixed batches are refused by name,
+    before anything is quantized or installed."""
+    from hotlora.engine.warm import check_expert_config
+    from hotlora.families import UnservedModel
+    from hotlora.settings import EngineConfig, StepCache
+
+    experts = {"transformer": None, "transformer_2": None}
+    check_expert_config(EngineConfig(), experts)
+    for options, said in (({"adapter_mode": "fused"}, "adapter_mode='fused'"), ({"adapter_mode": "auto"}, "'auto'"),
+                          ({"mixed": True}, r"mixed batches \(mixed=True\)"),
+                          ({"step_cache": StepCache("dbcache", 0.3)}, "step_cache")):
+        with pytest.raises(UnservedModel, match=said + r" is not served on a model of several experts \(transformer, "):
+            check_expert_config(EngineConfig(**options), experts)
+
+
+def test_a_pair_adapter_holds_each_experts_lora_as_diffusers_converts_it(tmp_path):
+    """One file with ``transformer.`` and ``transformer_2.`` keys: the second expert's modules are
+    named ``transformer_2.<module>``, each part with the alpha/r its own metadata gives (what
+    ``load_lora_weights(..., load_into_transformer_2=True)`` reads from a file of its own); a file of
+    the low-noise expert alone has no first-expert modules; export writes the pair back as one file."""
+    import torch
+
+    from hotlora.adapters.format.convert import load_adapter
+    from hotlora.adapters.format.export import save_as_diffusers
+    from hotlora.tiny import write_expert_samples
+
+    wan = family_named("wan")
+    samples = write_expert_samples(wan.build_tiny_variant("two-experts"), "wan", tmp_path, low=2, high=8)
+    high, low = load_adapter(samples["experts-high"], wan), load_adapter(samples["experts-low"], wan)
+    pair, low_only = load_adapter(samples["experts-pair"], wan), load_adapter(samples["experts-low-only"], wan)
+    assert set(pair.modules) == set(high.modules) | {f"transformer_2.{m}" for m in low.modules}
+    assert set(low_only.modules) == {f"transformer_2.{m}" for m in low.modules} and not pair.skipped_keys
+    for module, w in low.modules.items():
+        assert w.scaling == 2.0 and pair.modules[f"transformer_2.{module}"].scaling == 2.0  # alpha 4 / r 2
+        assert torch.equal(pair.modules[f"transformer_2.{module}"].up, w.up)
+    assert {w.scaling for w in high.modules.values()} == {0.5}
+    again = load_adapter(save_as_diffusers(pair, tmp_path / "exported"), wan)
+    assert set(again.modules) == set(pair.modules)
+    for module, w in pair.modules.items():
+        torch.testing.assert_close(again.modules[module].up * again.modules[module].scaling, w.up * w.scaling)
+
+
+def test_the_memory_plan_of_a_two_expert_model_holds_both_experts_and_their_slots(tmp_path):
+    """Wan 2.2 A14B holds two transformers (one runs at a time): the plan counts both, each with
+    its slots, as the engine installs them."""
+    from hotlora.engine.plan.planner import plan_memory
+    from hotlora.tiny import save_tiny_model
+
+    plans = {variant: plan_memory(str(save_tiny_model(tmp_path / str(variant), "wan", variant=variant))).as_dict()
+             for variant in (None, "two-experts")}
+    one, two = ({p["name"]: p["bytes"] for p in plans[v]["parts"]} for v in (None, "two-experts"))
+    assert "transformer_2" not in one and two["transformer_2"] == two["transformer"] == one["transformer"]
+    assert two["slots (LoRA buffers)"] == 2 * one["slots (LoRA buffers)"]
+
+
+def test_two_expert_files_become_one_pair_adapter_from_the_command_line(tmp_path, monkeypatch):
+    """``hotlora adapters convert HIGH OUT --low-noise LOW --family wan``: the two files diffusers
+    loads apart (the second with load_into_transformer_2=True) written as one adapter, the same as
+    a pair file holding both experts' keys; a pair of families without a second expert is refused."""
+    import torch
+
+    from hotlora.adapters.format.convert import load_adapter
+    from hotlora.adapters.format.export import pair_experts
+    from hotlora.cli import main
+    from hotlora.errors import AdapterFormatError
+    from hotlora.tiny import write_expert_samples
+
+    wan = family_named("wan")
+    samples = write_expert_samples(wan.build_tiny_variant("two-experts"), "wan", tmp_path / "samples", low=2, high=8)
+    monkeypatch.chdir(tmp_path)
+    assert main(["adapters", "convert", str(samples["experts-high"]), str(tmp_path / "out"), "--family", "wan",
+                 "--low-noise", str(samples["experts-low"]), "--cache-dir", str(tmp_path / "cache")]) == 0
+    made = load_adapter(tmp_path / "out" / "pytorch_lora_weights.safetensors", wan)
+    pair = load_adapter(samples["experts-pair"], wan)
+    assert set(made.modules) == set(pair.modules)
+    for module, w in pair.modules.items():
+        torch.testing.assert_close(made.modules[module].up * made.modules[module].scaling, w.up * w.scaling)
+        torch.testing.assert_close(made.modules[module].down, w.down)
+    high = load_adapter(samples["experts-high"], wan)
+    with pytest.raises(AdapterFormatError, match="not one expert's LoRA"):
+        pair_experts(high, pair)
+    flux = family_named("flux")
+    flux_lora = load_adapter({"transformer.x_embedder.lora_A.weight": torch.ones(1, 4),
+                              "transformer.x_embedder.lora_B.weight": torch.ones(4, 1)}, flux)
+    with pytest.raises(AdapterFormatError, match="a second expert"):
+        pair_experts(flux_lora, flux_lora)

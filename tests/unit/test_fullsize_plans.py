@@ -105,7 +105,7 @@ def test_plan_places_each_component_where_its_pipeline_has_it(monkeypatch):
     from hotlora.engine.plan import models
     from hotlora.fullsize import sd35_large
 
-    family = SimpleNamespace(name="sd3", denoiser="transformer", denoiser_class="SD3Transformer2DModel",
+    family = SimpleNamespace(name="sd3", denoiser="transformer", denoiser_class="SD3Transformer2DModel", other_denoisers=(),
                              tokenizer_of={"text_encoder": "tokenizer", "text_encoder_2": "tokenizer_2",
                                            "text_encoder_3": "tokenizer_3"})
     monkeypatch.setattr(models, "full_size_model", lambda name: (family, "sd35_large"))

@@ -34,7 +34,7 @@ from hotlora.engine.stepcache import apply_step_cache
 from hotlora.engine.warmup import (
     chunk_key, idle_passes, measured_chunks, passes_key, passes_path, save_idle_passes, warm_up,
 )
-from hotlora.engine.writers import AdapterWriter, TextWriter, install_text_writer, install_writer
+from hotlora.engine.writers import AdapterWriter, TextWriter, install_expert_writers, install_text_writer
 from hotlora.errors import EngineError, HotloraError
 from hotlora.families import ModelFamily
 
@@ -76,6 +76,21 @@ def shared_pipeline(cls, pipeline, dtype: torch.dtype):
     return made
 
 
+def check_expert_config(config: EngineConfig, experts: Mapping) -> None:
+    """UnservedModel, at start-up, for what a model of several experts is not served with: only
+    their slots are built (``install_expert_writers``)."""
+    from hotlora.engine.writers import expert_writer_problem
+    from hotlora.families import UnservedModel
+
+    problem = expert_writer_problem(config)
+    if problem:
+        raise UnservedModel(f"{problem} is not served on a model of several experts ({', '.join(experts)}): "
+                            "their slots are (adapter_mode='slots', mixed=False)")
+    if config.step_cache is not None:
+        raise UnservedModel(f"step_cache is not served on a model of several experts ({', '.join(experts)}): "
+                            "its hooks go on one transformer")
+
+
 class WarmModel:
     """A pipeline of a registered family, warm: see the module docstring. ``defaults``: the saved
     model's own defaults (its ``hotlora.json``) over the family's."""
@@ -88,15 +103,22 @@ class WarmModel:
         self.batch_size = config.batch_limit  # compiled for batches up to this; packs chunk by ``chunk_for``
         self.chunks: dict[str, dict] = {}  # batch_size="auto": the measured choice per size and CFG mode
         self.denoiser = getattr(pipeline, family.denoiser)
+        # Every model that denoises (Wan 2.2 A14B: two experts, switched at boundary_ratio): each is
+        # quantized, gets slots, an attention backend and its compile, as the denoiser does.
+        self.experts = family.experts(pipeline)
+        if len(self.experts) > 1:  # before anything is quantized or installed
+            check_expert_config(config, self.experts)
         self.defaults = {**family.defaults, **(defaults or {})}
         self.size_multiple = family.size_multiple(family.vae_scale_factor(self.pipeline))
         self.sizes = self._served_sizes(config, self.size_multiple)
         self.frames = self._served_frames(config)
         served = [model, Path(model).name if model else None, self.defaults.get("model_id"),
                   *self.defaults.get("base_model_aliases", [])]
-        self.quantization = quantize_denoiser(self.denoiser, config.base_quantization)  # before LoRA and compile
-        self.denoiser_bytes = weight_bytes(self.denoiser)  # the base weights, as stored
-        self.writer: AdapterWriter = install_writer(config, self.denoiser, family.name, served)
+        self.quantization = None
+        for expert in self.experts.values():  # before LoRA and compile
+            self.quantization = quantize_denoiser(expert, config.base_quantization)
+        self.denoiser_bytes = sum(weight_bytes(e) for e in self.experts.values())  # the base weights, as stored
+        self.writer: AdapterWriter = install_expert_writers(config, self.experts, family.name, served)
         # The text encoders' side (LoRA merged in, embeddings in reserved rows), before any compile.
         self.text: TextWriter = install_text_writer(config, pipeline, family, self.writer.slot_names)
         self.tasks = self._served_tasks(config)
@@ -113,6 +135,8 @@ class WarmModel:
         self.active_adapters = 0  # distinct adapters bound by the last forward batch (a gauge for metrics)
         self.warmup_s, self.compile_artifacts_loaded, self.warmup_skipped = 0.0, False, 0
         self.attention_backend = set_attention_backend(self.denoiser, config.attention_backend)
+        for expert in list(self.experts.values())[1:]:
+            set_attention_backend(expert, config.attention_backend)
         self.step_cache = config.step_cache
         # Several frame counts change the token count as several sizes do.
         self.dynamic_sizes = family.dynamic_sizes if len(self.sizes) * max(1, len(self.frames)) > 1 else None
@@ -181,7 +205,9 @@ class WarmModel:
         sizes = len(self.served_sizes) * max(1, len(self.frames))  # shapes: every size at every frame count
         graph_sizes = min(sizes, 2) if self.dynamic_sizes else sizes
         # Every compiled engine of a process adds graphs to the blocks' shared code objects: cover them all.
-        needed = _GRAPHS_ALLOTTED[0] = _GRAPHS_ALLOTTED[0] + self.family.graphs_per_state * states * graph_sizes
+        # Experts share their blocks' code objects (one class), so their graphs count together too.
+        needed = _GRAPHS_ALLOTTED[0] = (_GRAPHS_ALLOTTED[0]
+                                        + self.family.graphs_per_state * states * graph_sizes * len(self.experts))
         if config.compile and torch._dynamo.config.recompile_limit < needed:
             log.info("%d writer states x %d sizes: dynamo recompile_limit raised to %d", states, sizes, needed)
             torch._dynamo.config.recompile_limit = needed
@@ -189,8 +215,10 @@ class WarmModel:
             apply_step_cache(self.pipeline, self.denoiser, self.step_cache)
         if config.compile:
             fullgraph = self.step_cache.fullgraph if self.step_cache else True
-            self.compile_mode = compile_denoiser(self.denoiser, self.family, fullgraph=fullgraph,
-                                                 dynamic=False if self.dynamic_sizes is False else self.family.compile_dynamic)
+            for expert in self.experts.values():
+                self.compile_mode = compile_denoiser(
+                    expert, self.family, fullgraph=fullgraph,
+                    dynamic=False if self.dynamic_sizes is False else self.family.compile_dynamic)
         # Which passes compile nothing is known only for a process whose dynamo has compiled nothing yet:
         # a second engine in one process (a test session, an engine rebuilt in place) finds the first
         # one's graphs on the blocks' shared code objects. Such a process neither records nor skips.

@@ -148,7 +148,7 @@ def _run(warm, batch: int, height: int, width: int, scale: float, prompt: str | 
     if frames is None and warm.frames:  # the chunk-size measurement: the default frame count
         frames = warm.frames[0]
     warm.task_pipelines[task](
-        prompt=prompt, **{warm.output.per_prompt: 1 if per_image else batch}, num_inference_steps=TIMED_STEPS,
+        prompt=prompt, **{warm.output.per_prompt: 1 if per_image else batch}, num_inference_steps=family.warmup_steps(warm.pipeline, TIMED_STEPS),
         **({} if frames is None else {"num_frames": frames}),
         height=height, width=width, generator=[torch.Generator().manual_seed(i) for i in range(batch)],
         output_type="latent", **({} if negative is None else {"negative_prompt": negative}),

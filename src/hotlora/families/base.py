@@ -128,6 +128,17 @@ class ModelFamily:
         return tuple(m for m in self.lora_mixin._lora_loadable_modules
                      if m != self.denoiser and m not in self.other_denoisers)
 
+    def experts(self, pipeline) -> dict[str, Any]:
+        """The models a loaded pipeline denoises with, the denoiser first (pipeline attribute ->
+        model): each gets slots and a compile. One, unless the family's pipeline switches between
+        experts (Wan 2.2 A14B)."""
+        return {self.denoiser: getattr(pipeline, self.denoiser)}
+
+    def warmup_steps(self, pipeline, steps: int) -> int:
+        """Denoising steps a warm-up pass runs, at least ``steps``: more where so few would leave a
+        model of ``experts`` uncalled (and uncompiled)."""
+        return steps
+
     @property
     def text_encoders(self) -> tuple[str, ...]:
         """Every text encoder an adapter can change (LoRA or embeddings), in pipeline order."""
@@ -360,6 +371,14 @@ class ModelFamily:
         """A real diffusers pipeline of this family from small configs, seeded random weights and
         tokenizers made in memory (nothing downloaded)."""
         raise NotImplementedError(f"{self.name}: no tiny offline model")
+
+    # Further tiny models of this family the tests build (another layout of its checkpoints: Wan 2.2's
+    # two experts), by name, for ``build_tiny_variant``.
+    tiny_variants: ClassVar[tuple[str, ...]] = ()
+
+    def build_tiny_variant(self, variant: str, seed: int = 0):
+        """The tiny model of one of ``tiny_variants``."""
+        raise ValueError(f"{self.name}: no tiny variant {variant!r} (variants: {', '.join(self.tiny_variants) or 'none'})")
 
     def tiny_defaults(self) -> dict[str, Any]:
         """The tiny model's ``hotlora.json`` defaults beyond its size and steps (a video family's

@@ -12,9 +12,12 @@ pipeline silently rounds any other count (with a log warning). A request is refu
 (``frame_problems``): a rounded count would be a video the client did not ask for, and a shape the
 warm-up never compiled.
 
-Wan 2.2 adds ``transformer_2`` (the low-noise expert below ``boundary_ratio``): the mixin names
-both transformers loadable, neither of them a text encoder (``lora_text_encoders``). This family
-serves one transformer (Wan 2.1, and Wan 2.2's TI2V-5B which has no second expert).
+Wan 2.2 A14B adds ``transformer_2`` (the low-noise expert, called for timesteps below
+``boundary_ratio`` x 1000): the mixin names both transformers loadable, neither of them a text
+encoder (``lora_text_encoders``). Both get slots and a compile (``experts``;
+``engine/writers/experts.py``); an adapter carries the low-noise expert's LoRA under
+``transformer_2.`` keys beside the high-noise expert's ``transformer.`` ones (``format.convert``).
+Wan 2.1 and Wan 2.2 TI2V-5B have one transformer.
 """
 
 from __future__ import annotations
@@ -57,17 +60,32 @@ class Wan(ModelFamily):
         family does not serve."""
         return 2 * (self.pipeline_class in {cls.__name__ for cls in pipeline_type.__mro__})
 
-    def text_to_image_pipeline(self, loaded):
-        """The loaded pipeline, unless it has Wan 2.2's second expert (A14B: ``transformer_2`` with a
-        ``boundary_ratio``), which is refused at start-up: serving it with slots on ``transformer``
-        alone would run every low-noise step without the request's LoRA, and uncompiled."""
-        if getattr(loaded, "transformer_2", None) is not None:
-            from hotlora.families import UnservedModel
+    def experts(self, pipeline) -> dict[str, Any]:
+        """Both experts where the pipeline switches between them (``boundary_ratio`` set: Wan 2.2
+        A14B); a ``transformer_2`` without a boundary is never called by ``__call__``."""
+        second = getattr(pipeline, "transformer_2", None)
+        if second is None or pipeline.config.boundary_ratio is None:
+            return {"transformer": pipeline.transformer}
+        return {"transformer": pipeline.transformer, "transformer_2": second}
 
-            raise UnservedModel(
-                f"a Wan 2.2 two-expert model (transformer_2, boundary_ratio={loaded.config.boundary_ratio}) is not "
-                "served yet: the wan family puts LoRA slots on one transformer (Wan 2.1, Wan 2.2 TI2V-5B)")
-        return loaded
+    def warmup_steps(self, pipeline, steps: int) -> int:
+        """The fewest steps, from ``steps``, whose timesteps fall on both sides of the boundary
+        (``__call__``: ``transformer`` for ``t >= boundary_ratio x num_train_timesteps``, else
+        ``transformer_2``), asked of a copy of the pipeline's scheduler: with a strong shift two steps
+        can both be high-noise ones, and the low-noise expert would be compiled by a request."""
+        if len(self.experts(pipeline)) == 1:
+            return steps
+        import copy
+
+        scheduler = copy.deepcopy(pipeline.scheduler)
+        boundary = pipeline.config.boundary_ratio * scheduler.config.num_train_timesteps
+        for count in range(steps, steps + 64):
+            scheduler.set_timesteps(count)
+            sides = {bool(t >= boundary) for t in scheduler.timesteps}
+            if len(sides) == 2:
+                return count
+        raise ValueError(f"no warm-up of {steps} to {steps + 63} steps reaches both experts "
+                         f"(boundary_ratio={pipeline.config.boundary_ratio})")
 
     def vae_scale_factor(self, pipeline) -> int:
         """WanPipeline has no ``vae_scale_factor``: its spatial factor (the temporal one is 4)."""
@@ -115,6 +133,22 @@ class Wan(ModelFamily):
         )).eval()
         return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
                            scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), transformer=transformer)
+
+    tiny_variants = ("two-experts",)
+
+    def build_tiny_variant(self, variant: str, seed: int = 0):
+        """"two-experts": Wan 2.2 A14B's layout as diffusers' own tests/pipelines/wan/test_wan_22.py
+        builds it: ``build_tiny``'s components, a second transformer of the same config (its own
+        seeded weights) as the low-noise expert, ``boundary_ratio`` 0.875."""
+        import torch
+        from diffusers import WanPipeline, WanTransformer3DModel
+
+        if variant != "two-experts":
+            return super().build_tiny_variant(variant, seed)
+        one = self.build_tiny(seed)
+        torch.manual_seed(seed + 1)
+        second = WanTransformer3DModel.from_config(one.transformer.config)
+        return WanPipeline(**{**one.components, "transformer_2": second}, boundary_ratio=0.875)
 
     def tiny_defaults(self) -> dict[str, Any]:
         return {"num_frames": self.tiny_frames}

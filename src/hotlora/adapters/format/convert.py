@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 # Bumped whenever conversion changes what an adapter file turns into: the store keys converted
 # entries by it (and by hotlora's version), so a fixed converter never serves old conversions.
 # 4: text-encoder LoRA and pivotal-tuning embeddings kept (they were skipped)
-CONVERTER_VERSION = 4
+# 5: another expert's keys (Wan 2.2's transformer_2.*) kept as its modules (they were skipped)
+CONVERTER_VERSION = 5
 PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
@@ -152,7 +153,11 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
         if peft_config is not None:
             metadata = {f"{prefix}.{k}": v for k, v in _lora_config_fields(peft_config).items()}
 
-    state_dict, network_alphas, metadata = _diffusers_state_dict(raw, metadata, family, label, denoiser_config)
+    raw, experts = _split_experts(raw, metadata, family, label, denoiser_config)
+    if raw or not experts:
+        state_dict, network_alphas, metadata = _diffusers_state_dict(raw, metadata, family, label, denoiser_config)
+    else:  # only another expert's keys (a low-noise-only Wan 2.2 LoRA)
+        state_dict, network_alphas, metadata = {}, None, None
     if network_alphas and metadata:
         # load_lora_adapter raises on this pair too ("Both `network_alphas` and `metadata` ...").
         raise AdapterFormatError(
@@ -170,7 +175,7 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
         weights = _text_encoder_weights(state_dict, network_alphas, metadata, encoder, label)
         if weights:
             text_modules[encoder] = weights
-    if not ours and not text_modules:
+    if not ours and not text_modules and not experts:
         raise AdapterFormatError(
             f"{label}: no LoRA weights for the {family.name} {prefix} or its text encoders found "
             f"({len(state_dict)} keys, e.g. {', '.join(sorted(state_dict)[:3]) or 'none'})"
@@ -178,7 +183,7 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
         )
     if skipped:
         log.warning("%s: skipping %d keys no served model part takes (%s)", label, len(skipped), skipped[0][:80])
-    modules = _denoiser_modules(ours, network_alphas, metadata, prefix, label)
+    modules = {**_denoiser_modules(ours, network_alphas, metadata, prefix, label), **experts}
     return Adapter(
         name=label,
         family=family.name,
@@ -189,6 +194,35 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
         skipped_keys=skipped,
         text_modules=text_modules,
     )
+
+
+def _split_experts(raw, metadata, family: ModelFamily, label, denoiser_config) -> tuple[dict, dict]:
+    """``raw`` less the keys of the family's other denoisers (Wan 2.2's low-noise expert: keys
+    ``transformer_2.<what a transformer file would have after "transformer.">``), and those experts'
+    module weights, named ``transformer_2.<module>`` (the engine's ceiling names them so).
+
+    diffusers has no single-file layout for both experts: it loads the low-noise LoRA as a second
+    file of ``transformer.`` keys with ``load_lora_weights(..., load_into_transformer_2=True)``.
+    hotlora's adapter carries a pair in one state dict under the mixin's own module names
+    (``transformer.`` / ``transformer_2.``); each part is converted exactly as that second call
+    converts its file: re-prefixed ``transformer.``, through the mixin's ``lora_state_dict`` and the
+    same LoraConfig construction (its metadata fields ``transformer_2.*`` read as ``transformer.*``)."""
+    experts: dict[str, LoraWeights] = {}
+    prefix = family.denoiser
+    for other in family.other_denoisers:
+        mark = f"{other}."
+        part = {f"{prefix}.{k[len(mark):]}": v for k, v in raw.items() if k.startswith(mark)}
+        if not part:
+            continue
+        raw = {k: v for k, v in raw.items() if not k.startswith(mark)}
+        part_metadata = None if metadata is None else {
+            f"{prefix}.{k[len(mark):]}": v for k, v in metadata.items() if k.startswith(mark)} or None
+        state_dict, alphas, part_metadata = _diffusers_state_dict(part, part_metadata, family, f"{label} ({other})",
+                                                                  denoiser_config)
+        ours = {k.removeprefix(f"{prefix}."): v for k, v in state_dict.items() if k.startswith(f"{prefix}.")}
+        weights = _denoiser_modules(ours, alphas, part_metadata, prefix, f"{label} ({other})")
+        experts.update({f"{other}.{module}": w for module, w in weights.items()})
+    return raw, experts
 
 
 def _denoiser_modules(ours: dict, network_alphas, metadata, prefix: str, label: str) -> dict:

@@ -20,12 +20,20 @@ def save_as_diffusers(adapter: Adapter, out_dir: str | Path) -> Path:
     family = family_named(adapter.family)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    parts = {family.denoiser: adapter.modules, **adapter.text_modules}
-    kwargs = {}
-    for part, modules in parts.items():
-        if modules:
-            kwargs[f"{part}_lora_layers"], kwargs[f"{part}_lora_adapter_metadata"] = _layers(modules)
-    family.pipeline_type.save_lora_weights(str(out_dir), **kwargs)
+    # Another expert's modules (Wan 2.2's ``transformer_2.<module>``) are that expert's part, under its prefix.
+    experts = {other: {m[len(other) + 1:]: w for m, w in adapter.modules.items() if m.startswith(f"{other}.")}
+               for other in family.other_denoisers}
+    experts = {other: modules for other, modules in experts.items() if modules}
+    own = {m: w for m, w in adapter.modules.items() if not m.startswith(tuple(f"{o}." for o in experts))}
+    parts = {family.denoiser: own, **experts, **adapter.text_modules}
+    packed = {part: _layers(modules) for part, modules in parts.items() if modules}
+    if experts:  # the mixin's save_lora_weights takes no second expert: its own packing, one prefix each
+        family.pipeline_type._save_lora_weights(str(out_dir), lora_layers={p: lm[0] for p, lm in packed.items()},
+                                                lora_metadata={p: lm[1] for p, lm in packed.items()})
+    else:
+        family.pipeline_type.save_lora_weights(str(out_dir), **{
+            f"{part}_lora_{kind}": value for part, (layers, metadata) in packed.items()
+            for kind, value in (("layers", layers), ("adapter_metadata", metadata))})
     if adapter.embeddings is not None:
         from safetensors.torch import save_file
 
@@ -35,6 +43,31 @@ def save_as_diffusers(adapter: Adapter, out_dir: str | Path) -> Path:
         save_file({names[encoder]: v.detach().cpu().contiguous() for encoder, v in adapter.embeddings.vectors.items()},
                   str(out_dir / EMBEDDINGS_FILE), metadata={"tokens": json.dumps(list(adapter.embeddings.tokens))})
     return out_dir / "pytorch_lora_weights.safetensors"
+
+
+def pair_experts(high: Adapter, low: Adapter) -> Adapter:
+    """One adapter of a two-expert model (Wan 2.2 A14B) from the two files diffusers loads apart:
+    ``high`` for the denoiser (``transformer``), ``low`` for the family's second expert (what
+    ``load_lora_weights(low, load_into_transformer_2=True)`` loads), its modules renamed
+    ``transformer_2.<module>``. Both converted already, so each may be in any layout diffusers reads."""
+    import hashlib
+
+    from hotlora.errors import AdapterFormatError
+
+    family = family_named(high.family)
+    if low.family != high.family or not family.other_denoisers:
+        raise AdapterFormatError(f"{high.name} ({high.family}) and {low.name} ({low.family}): a pair is two LoRAs of one "
+                                 "family whose pipeline has a second expert (wan)")
+    other = family.other_denoisers[0]
+    taken = [m for part in (high, low) for m in part.modules if m.startswith(f"{other}.")]
+    if taken or low.text_modules or low.embeddings is not None:
+        raise AdapterFormatError(f"{low.name}: not one expert's LoRA (it has {other} modules, text-encoder LoRA or "
+                                 "embeddings)")
+    digest = hashlib.sha256(f"{high.sha256}:{low.sha256}".encode()).hexdigest()
+    return Adapter(name=f"{high.name} + {low.name}", family=high.family, layout=high.layout,
+                   modules={**high.modules, **{f"{other}.{m}": w for m, w in low.modules.items()}}, sha256=digest,
+                   base_model=high.base_model or low.base_model, text_modules=dict(high.text_modules),
+                   embeddings=high.embeddings)
 
 
 def _layers(modules) -> tuple[dict, dict]:

@@ -85,7 +85,12 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
         problems.append(f"conv LoRA on {len(convs)} layer(s) ({_listed(convs)}): this engine holds LoRA on "
                         "Linear layers only; conv LoRA (e.g. kohya LoCon on SDXL) is served in fused mode "
                         "(adapter_mode='fused'), not by slots or banks")
-    outside = [m for m in adapter.modules if m not in ceiling.modules and m not in ceiling.convs and m not in convs]
+    absent = _absent_experts(adapter, ceiling)
+    for expert, count in absent.items():
+        problems.append(f"LoRA for {expert} ({count} module(s)), a second expert the served model does not have "
+                        f"(a one-transformer {ceiling.family} model): give it an adapter for its transformer only")
+    outside = [m for m in adapter.modules if m not in ceiling.modules and m not in ceiling.convs and m not in convs
+               and m.split(".", 1)[0] not in absent]
     if outside:
         # Mostly outside: perhaps another family's LoRA, named when its keys or metadata say so.
         note = (foreign_note(family_named(ceiling.family), outside, declared=adapter.base_model)
@@ -112,6 +117,21 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
     if bad_scale:
         problems.append(f"non-finite alpha/rank scaling in {_listed(bad_scale)}")
     return problems
+
+
+def _absent_experts(adapter: Adapter, ceiling: SlotCeiling) -> dict[str, int]:
+    """Another expert's LoRA (Wan 2.2's ``transformer_2.*`` modules) given to a model without that
+    expert: expert -> its module count. Said as such, not as modules outside the ceiling (plain
+    diffusers drops such keys without a word)."""
+    family = FAMILIES.get(ceiling.family)
+    if family is None or not family.other_denoisers:
+        return {}
+    absent: dict[str, int] = {}
+    for module in adapter.modules:
+        expert = module.split(".", 1)[0]
+        if expert in family.other_denoisers and not any(c.startswith(f"{expert}.") for c in ceiling.modules):
+            absent[expert] = absent.get(expert, 0) + 1
+    return absent
 
 
 def _shape_problem(module: str, w, ceiling: SlotCeiling) -> str | None:

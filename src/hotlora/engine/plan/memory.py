@@ -2,7 +2,7 @@
 
 The parts are built from their configs with no weights (``models.build_parts``), then the engine's
 own start-up code runs on them in the engine's order: ``quantize_denoiser`` (torchao's
-``quantize_``), ``weight_bytes``, ``install_writer`` (the slots' PEFT adapter and its buffers, the
+``quantize_``), ``weight_bytes``, ``install_expert_writers`` (the slots' PEFT adapter and its buffers, the
 banks, or fused mode's pristine copies) and ``install_text_writer`` (the reserved embedding rows;
 text-encoder LoRA is unfused: its factor cache's bound). Every figure is the ``nbytes`` of tensors those functions made, not
 a formula, with one exception: ``float8`` (torchao refuses to build FP8 weights without a CUDA
@@ -18,7 +18,7 @@ import torch
 from hotlora.settings import EngineConfig
 from hotlora.engine.plan.models import ModelSpec, build_parts, on_meta
 from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
-from hotlora.engine.writers import install_text_writer, install_writer
+from hotlora.engine.writers import install_expert_writers, install_text_writer
 
 
 @dataclass
@@ -82,23 +82,30 @@ def _static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, dev
     check_quantization(config.base_quantization, device_type)  # float8 off CUDA is refused, as the engine does
     parts = build_parts(spec, dtype)
     family = spec.family
-    denoiser = getattr(parts, family.denoiser)
-    parameters = sum(p.numel() for p in denoiser.parameters())
+    # Every expert the model holds (Wan 2.2 A14B's transformer_2 beside its transformer): each held
+    # in memory, quantized and given slots as the engine does (``WarmModel.experts``); one runs at a
+    # time, so the activation peak stays one denoiser's.
+    experts = {name: getattr(parts, name) for name in (family.denoiser, *family.other_denoisers) if hasattr(parts, name)}
+    counts = {name: sum(p.numel() for p in expert.parameters()) for name, expert in experts.items()}  # before LoRA
+    parameters = counts[family.denoiser]
     # The writers on meta tensors keep their pristine copies "on the device" (meta); where the
     # engine would keep them is decided below with the budget, as FusedWriter decides at start-up.
     meta_config = config.replace(fused_restore="device")
+    expert_bytes = {}
     with on_meta(dtype):
-        if config.base_quantization == "float8":
-            denoiser_bytes = _float8_bytes(denoiser)
-        else:
-            quantize_denoiser(denoiser, config.base_quantization)
-            denoiser_bytes = weight_bytes(denoiser)
-        writer = install_writer(meta_config, denoiser, family.name, ())
+        for name, expert in experts.items():
+            if config.base_quantization == "float8":
+                expert_bytes[name] = _float8_bytes(expert)
+            else:
+                quantize_denoiser(expert, config.base_quantization)
+                expert_bytes[name] = weight_bytes(expert)
+        writer = install_expert_writers(meta_config, experts, family.name, ())
         text = install_text_writer(meta_config, parts, family, writer.slot_names)
     others = {c: weight_bytes(getattr(parts, c)) for c in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
               if hasattr(parts, c)}
-    result = [Part(family.denoiser, denoiser_bytes, detail=f"{parameters:,} parameters, {_dtype_name(dtype)}"
-                   + (f", {config.base_quantization}" if config.base_quantization != "none" else ""))]
+    result = [Part(name, nbytes, detail=f"{counts[name]:,} parameters, "
+                   f"{_dtype_name(dtype)}" + (f", {config.base_quantization}" if config.base_quantization != "none" else ""))
+              for name, nbytes in expert_bytes.items()]
     for component, nbytes in others.items():
         count = sum(p.numel() for p in getattr(parts, component).parameters())
         result.append(Part(component, nbytes, detail=f"{count:,} parameters"))

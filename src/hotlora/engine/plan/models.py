@@ -103,7 +103,7 @@ def _from_folder(folder: Path, name: str) -> ModelSpec:
     family = _family_of(index, name)
     configs, classes = {}, {}
     for component, entry in index.items():
-        if component in (*COMPONENTS, family.denoiser) and isinstance(entry, list) and entry[0] is not None:
+        if component in (*COMPONENTS, family.denoiser, *family.other_denoisers) and isinstance(entry, list) and entry[0] is not None:
             path = folder / component / "config.json"
             if not path.is_file():
                 raise ModelLoadError(f"{name}: {path} is missing (a plan reads every component's config.json)")
@@ -192,7 +192,7 @@ def build_parts(spec: ModelSpec, dtype: torch.dtype) -> SimpleNamespace:
     with on_meta(dtype):
         for component, config in spec.configs.items():
             library, class_name = spec.classes[component]
-            if component in (*COMPONENTS, spec.family.denoiser):
+            if component in (*COMPONENTS, spec.family.denoiser, *spec.family.other_denoisers):
                 setattr(parts, component, _build(component, library, class_name, config, dtype))
     for encoder, tokenizer in spec.family.tokenizer_of.items():
         if hasattr(parts, encoder):

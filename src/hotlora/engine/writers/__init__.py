@@ -27,6 +27,32 @@ def install_text_writer(config: EngineConfig, pipeline, family, slot_names) -> T
     return TextEncodersWriter(pipeline, family, slot_names, lora=config.text_encoder_lora, rows=config.embedding_rows)
 
 
+def expert_writer_problem(config: EngineConfig) -> str | None:
+    """What of ``config`` ``install_expert_writers`` does not serve on several experts, or None."""
+    if config.adapter_mode != "slots":
+        return f"adapter_mode={config.adapter_mode!r}"
+    return "mixed batches (mixed=True)" if config.mixed else None
+
+
+def install_expert_writers(config: EngineConfig, experts, family: str, served_models: Iterable[str]) -> AdapterWriter:
+    """The writer for a denoiser of several experts (``experts``: pipeline attribute -> model, the
+    denoiser first): the configured writer on each, behind one ``ExpertsWriter``; one expert: its
+    writer alone. Slots only: the other writers' pristine copies, banks and auto choices are per
+    model, and serving them on two experts is not built (refused at start-up, before anything
+    is installed)."""
+    if len(experts) == 1:
+        return install_writer(config, next(iter(experts.values())), family, served_models)
+    problem = expert_writer_problem(config)
+    if problem:
+        from hotlora.families import UnservedModel
+
+        raise UnservedModel(f"{problem} is not served on a model of several experts ({', '.join(experts)}): "
+                            "their slots are (adapter_mode='slots', mixed=False)")
+    from hotlora.engine.writers.experts import ExpertsWriter
+
+    return ExpertsWriter({name: install_writer(config, model, family, served_models) for name, model in experts.items()})
+
+
 def install_writer(config: EngineConfig, denoiser, family: str, served_models: Iterable[str]) -> AdapterWriter:
     """The writer ``config`` asks for, installed into ``denoiser`` (before compile)."""
     if config.adapter_mode == "fused":
@@ -56,4 +82,4 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
                     served_models=served_models, rank_buckets=config.bucket_ranks)
 
 
-__all__ = ["AdapterWriter", "SwapReport", "TextWriter", "install_text_writer", "install_writer"]
+__all__ = ["AdapterWriter", "SwapReport", "TextWriter", "install_expert_writers", "install_text_writer", "install_writer"]
