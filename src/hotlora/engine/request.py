@@ -181,6 +181,9 @@ class PreparedRequest:
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
     timings: Timings = field(default_factory=Timings, compare=False)
     trace: Trace = field(default=NO_TRACE, compare=False)
+    # The inference defaults the adapters declared and the request runs at (``EngineFront.adapter_defaults``):
+    # parameter -> {"value": v, "slots": [...]}; already in ``params``, kept to be reported.
+    adapter_defaults: Mapping = field(default_factory=dict, compare=False)
 
     @property
     def seeds(self) -> list[int]:

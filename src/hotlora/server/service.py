@@ -21,7 +21,7 @@ import asyncio
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Mapping, NamedTuple
 
@@ -64,12 +64,15 @@ class Generated:
     # What decoding did to the input images that the client may want to know (a first frame
     # taken, EXIF orientation applied, CMYK converted, a declared type the content contradicted).
     input_notes: tuple[str, ...] = ()
+    # The parameters the request ran at because its adapters declared them (it left them open):
+    # parameter -> {"value": v, "slots": [...]} (``GenerationResult.adapter_defaults``).
+    adapter_defaults: dict = field(default_factory=dict)
 
     def body(self) -> dict:
         """The JSON answer's fields (images as the caller encodes them)."""
         return {"images": self.images, "seeds": self.seeds, "adapters": self.adapters, "timings": self.timings,
                 "recompiles": self.recompiles, "size": self.size, "snapped_from": self.snapped_from,
-                "input_notes": list(self.input_notes)}
+                "input_notes": list(self.input_notes), "adapter_defaults": self.adapter_defaults}
 
 
 class Checked(NamedTuple):
@@ -210,7 +213,7 @@ class Service:
                  timings["total_ms"], timings["queue_ms"], timings["generate_ms"])
         return Generated(images=images, seeds=result.seeds, adapters=result.adapters, timings=timings,
                          recompiles=result.recompiles, size=result.size, snapped_from=result.snapped_from,
-                         input_notes=input_notes(checked.request))
+                         input_notes=input_notes(checked.request), adapter_defaults=result.adapter_defaults)
 
     async def admit_by(self, deadline: float, cancelled: threading.Event | None = None) -> None:
         """``admit``, waiting for a slot while the queue is full (a job's way: it was accepted
@@ -382,6 +385,8 @@ def server_timing(timings: dict) -> str:
 SIZE_HEADER = "x-hotlora-size"  # the size served, WIDTHxHEIGHT
 SNAPPED_HEADER = "x-hotlora-snapped-from"  # the size asked for, when size_policy="nearest" snapped it
 NOTES_HEADER = "x-hotlora-input-notes"  # Generated.input_notes, "; "-joined
+# Generated.adapter_defaults as "num_inference_steps=4 (distill); guidance_scale=1 (distill)"
+DEFAULTS_HEADER = "x-hotlora-adapter-defaults"
 
 
 def input_notes(job: GenerationRequest) -> tuple[str, ...]:
@@ -397,4 +402,8 @@ def result_headers(out: Generated) -> dict:
         headers[SNAPPED_HEADER] = out.snapped_from
     if out.input_notes:  # notes quote what clients declared: printable ASCII only in a header
         headers[NOTES_HEADER] = "".join(c if " " <= c <= "~" else "?" for c in "; ".join(out.input_notes))[:2000]
+    if out.adapter_defaults:  # slot names are the client's own: printable ASCII only in a header
+        text = "; ".join(f"{name}={entry['value']:g} ({', '.join(entry['slots'])})"
+                         for name, entry in out.adapter_defaults.items())
+        headers[DEFAULTS_HEADER] = "".join(c if " " <= c <= "~" else "?" for c in text)[:2000]
     return headers
