@@ -89,3 +89,43 @@ def test_a_malformed_declaration_is_the_files_error(flux, tmp_path):
     bad = declare_defaults(adapters["plain"], tmp_path / "bad.safetensors", num_inference_steps="four")
     with pytest.raises(AdapterFormatError, match="hotlora.num_inference_steps in the header is 'four'"):
         engine.prepare("a cat", adapters={"style": str(bad)})
+
+
+def test_a_catalog_entry_declares_defaults_over_its_files(flux, tmp_path):
+    """Released distill LoRAs carry no such header: the operator's catalog entry declares them, and
+    its word is over the file's; the same file by path keeps its own."""
+    from hotlora.adapters.store import AdapterStore
+    from hotlora.engine.request import GenerationRequest
+    from hotlora.families import family_named
+    from hotlora.settings import StoreConfig
+
+    engine, adapters = flux
+    (tmp_path / "catalog.toml").write_text(
+        f'[adapters.turbo]\nref = "{adapters["plain"]}"\nnum_inference_steps = 3\nguidance_scale = 1.0\n'
+        f'[adapters.two-as-one]\nref = "{adapters["two"]}"\nnum_inference_steps = 1\n')
+    store = AdapterStore(StoreConfig(cache_dir=tmp_path / "cache",
+                                     local_roots=(adapters["plain"].parent, adapters["two"].parent)),
+                         family_named("flux"), catalog=tmp_path / "catalog.toml")
+    try:
+        def run(ref):
+            calls = []
+            request = GenerationRequest(prompt="a cat", output_type="latent", adapters={"identity": ref},
+                                        progress=lambda done, total: calls.append(done))
+            checked = engine.check(request, default_scale=store.default_scale)
+            fetched = {slot: store.get(spec.ref) for slot, spec in checked.specs.items()}
+            return engine.run(engine.prepare(checked, fetched=fetched)), calls
+
+        with recompiles_are_errors():
+            result, calls = run("turbo")
+            assert len(calls) == 3 and result.adapter_defaults["guidance_scale"] == {"value": 1.0, "slots": ["identity"]}
+            result, calls = run("catalog:two-as-one")  # the entry's steps over the header's, its guidance kept
+            assert len(calls) == 1 and result.adapter_defaults == {
+                "num_inference_steps": {"value": 1, "slots": ["identity"]},
+                "guidance_scale": {"value": 2.5, "slots": ["identity"]}}
+            result, calls = run(str(adapters["two"]))  # the file by path: its own header
+            assert len(calls) == 2
+            result, calls = run(str(adapters["plain"]))
+            assert len(calls) == 4 and result.adapter_defaults == {}
+        assert engine.recompiles == 0
+    finally:
+        store.close()

@@ -53,3 +53,19 @@ def test_adapters_that_disagree_on_an_open_parameter_are_refused_with_both_value
     message = str(caught.value)
     assert "different num_inference_steps ([hyper] 8, [lightning] 4); set num_inference_steps" in message
     assert "different guidance_scale ([hyper] 1, [lightning] 0); set guidance_scale" in message
+
+
+def test_a_catalog_entry_declares_defaults_and_a_bad_one_is_a_start_up_error(tmp_path):
+    from hotlora.adapters.store.catalog import CatalogError, load_catalog
+
+    path = tmp_path / "catalog.toml"
+    path.write_text('[adapters.turbo]\nref = "/x.safetensors"\nnum_inference_steps = 4\nguidance_scale = 0\n'
+                    '[adapters.plain]\nref = "/y.safetensors"\n')
+    catalog = load_catalog(path)
+    assert catalog["turbo"].declared == (("num_inference_steps", 4), ("guidance_scale", 0.0))
+    assert catalog["plain"].declared == ()
+    for bad in ('num_inference_steps = 0', 'num_inference_steps = 4.5', 'num_inference_steps = true',
+                'guidance_scale = -1.0', 'guidance_scale = "1"'):
+        path.write_text(f'[adapters.turbo]\nref = "/x.safetensors"\n{bad}\n')
+        with pytest.raises(CatalogError, match="entry 'turbo' has"):
+            load_catalog(path)
