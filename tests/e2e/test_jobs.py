@@ -160,11 +160,26 @@ def test_job_options_are_bounded_and_refused_before_the_202(served):
     assert bad_slot.status_code == 422  # checked as a direct request is, before any job exists
 
 
-def test_a_job_whose_adapter_is_not_found_fails_with_the_error_a_request_would_get(served):
-    job = submit(served, adapters={"style": "no-such-adapter"}).json()  # found missing when fetched
+def test_a_job_whose_adapter_cannot_be_resolved_is_refused_before_the_202(served):
+    """What the store knows without a download (a missing local file, an unknown catalog name, a
+    host the egress policy refuses) is the 4xx a request would get, and no job is made of it."""
+    for adapters, status, kind in (({"style": "no-such-adapter"}, 404, "AdapterNotFound"),
+                                   ({"style": "catalog:no-such-entry"}, 404, "AdapterNotFound"),
+                                   ({"style": "https://example.com/a.safetensors"}, 403, "UnsafeReference")):
+        refused = httpx.post(f"{served.url}/v1/generate", json=body(adapters=adapters),
+                             headers={**auth(ALICE), "prefer": "respond-async"}, timeout=60)
+        assert refused.status_code == status, (adapters, refused.text)
+        assert refused.json()["type"] == kind and "location" not in refused.headers  # no job made of it
+
+
+def test_a_job_whose_adapter_is_found_missing_when_fetched_fails_with_the_error_a_request_would_get(served):
+    gone = "http://127.0.0.1:9/gone.safetensors"  # allowed by the policy; nothing listens there
+    direct = httpx.post(f"{served.url}/v1/generate", json=body(adapters={"style": gone}), headers=auth(ALICE),
+                        timeout=120)
+    job = submit(served, adapters={"style": gone}).json()
     failed = finished(served, job["id"])
-    assert failed["status"] == "failed" and failed["error"]["status"] == 404
-    assert failed["error"]["type"] == "AdapterNotFound"
+    assert failed["status"] == "failed" and failed["error"]["status"] == direct.status_code >= 400
+    assert failed["error"]["type"] == direct.json()["type"]
 
 
 def test_a_finished_job_is_announced_by_a_signed_webhook_retried_after_a_failure(served, receiver):

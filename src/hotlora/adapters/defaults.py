@@ -85,3 +85,8 @@ def merge(declared: Mapping[str, Mapping[str, int | float]], given: Mapping[str,
     if problems:
         raise InvalidRequest("; ".join(problems))
     return applied
+
+
+def applied_text(applied: Mapping[str, Mapping]) -> str:
+    """``merge``'s answer in one line: ``num_inference_steps=4 (distill); guidance_scale=1 (distill)``."""
+    return "; ".join(f"{name}={entry['value']:g} ({', '.join(entry['slots'])})" for name, entry in applied.items())

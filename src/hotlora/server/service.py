@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 from fastapi import Request
 
+from hotlora.adapters.defaults import applied_text
 from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.store.egress import EgressPolicy
 from hotlora.adapters.store.references import redact_reference
@@ -39,6 +40,7 @@ from hotlora.server.auth import Principal
 from hotlora.server.images import encode
 from hotlora.server.inputs import image_label, load_image
 from hotlora.server.metrics import Metrics
+from hotlora.server.shares import Shares
 from hotlora.server.tracing import Tracing
 from hotlora.tracing import Trace, wall_ns
 
@@ -64,9 +66,7 @@ class Generated:
     # What decoding did to the input images that the client may want to know (a first frame
     # taken, EXIF orientation applied, CMYK converted, a declared type the content contradicted).
     input_notes: tuple[str, ...] = ()
-    # The parameters the request ran at because its adapters declared them (it left them open):
-    # parameter -> {"value": v, "slots": [...]} (``GenerationResult.adapter_defaults``).
-    adapter_defaults: dict = field(default_factory=dict)
+    adapter_defaults: dict = field(default_factory=dict)  # ``GenerationResult.adapter_defaults``
 
     def body(self) -> dict:
         """The JSON answer's fields (images as the caller encodes them)."""
@@ -150,15 +150,20 @@ class Service:
 
     def check(self, principal: Principal, job: GenerationRequest) -> "Checked":
         """Everything refused before a fetch: the caller's sources (403), the engine's parameter and
-        spec checks (``Engine.check``); a job (``server/jobs.py``) is refused by it before its 202."""
+        spec checks (``Engine.check``), the references the store can refuse without a download
+        (``AdapterStore.check``); a job (``server/jobs.py``) is refused by it before its 202."""
         self.check_sources(principal, [spec.ref for spec in job.adapters.values()])  # before any fetch
         if not self.worker.ready:
             raise NotAccepting(self.worker.why_not_ready())
         engine, store = self.worker.engine, self.store
         if engine is None or store is None:
             raise NotAccepting(self.worker.why_not_ready())
-        # Parameters and specs first: bad ones never wait for a download.
-        return Checked(engine, store, engine.check(job, default_scale=store.default_scale))
+        # Parameters and specs first, then what the store refuses without a download (a missing file,
+        # an unknown catalog name, a refused host): a job is refused before its 202, not failed after.
+        checked = engine.check(job, default_scale=store.default_scale)
+        for ref in (spec.ref for spec in checked.specs.values() if isinstance(spec.ref, str)):
+            store.check(ref)
+        return Checked(engine, store, checked)
 
     async def run(self, checked: "Checked", fmt: str, *, principal: Principal, client: str, trace: Trace,
                   began: float, watch, wait_for_admission: bool = False,
@@ -311,57 +316,6 @@ class Service:
             task.add_done_callback(lambda _, hold=hold: hold.release())  # however it ends, cancelled too
 
 
-class Shares:
-    """How many of something each client holds at once, bounded per client (429 beyond)."""
-
-    def __init__(self, per_client: int, what: str):
-        self.per_client = per_client
-        self.what = what
-        self._held: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def take(self, client: str, count: int = 1) -> list["_Hold"]:
-        """``count`` places for ``client``, each released once (a context manager), or Overloaded."""
-        with self._lock:
-            held = self._held.get(client, 0)
-            if held + count > self.per_client:
-                raise Overloaded(f"this client has {held} {self.what} and asks for {count} more; at most "
-                                 f"{self.per_client}", retry_after_s=5)
-            self._held[client] = held + count
-        return [_Hold(self, client) for _ in range(count)]
-
-    def hold(self, client: str) -> "_Hold":
-        return self.take(client)[0]
-
-    def held(self, client: str) -> int:
-        with self._lock:
-            return self._held.get(client, 0)
-
-    def _release(self, client: str) -> None:
-        with self._lock:
-            self._held[client] -= 1
-            if not self._held[client]:
-                del self._held[client]
-
-
-class _Hold:
-    """One place in a client's share; released once, however often it is asked to."""
-
-    def __init__(self, shares: Shares, client: str):
-        self._shares, self._client, self._released = shares, client, False
-
-    def __enter__(self) -> "_Hold":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._shares._release(self._client)
-
-
 def stage_timings(queued: Job, result, *, fetch_ms: float, prepare_ms: float, encode_ms: float,
                   total_ms: float) -> dict[str, float]:
     """Milliseconds per stage of one generation, ``total_ms`` last (the answers' ``timings``)."""
@@ -385,8 +339,7 @@ def server_timing(timings: dict) -> str:
 SIZE_HEADER = "x-hotlora-size"  # the size served, WIDTHxHEIGHT
 SNAPPED_HEADER = "x-hotlora-snapped-from"  # the size asked for, when size_policy="nearest" snapped it
 NOTES_HEADER = "x-hotlora-input-notes"  # Generated.input_notes, "; "-joined
-# Generated.adapter_defaults as "num_inference_steps=4 (distill); guidance_scale=1 (distill)"
-DEFAULTS_HEADER = "x-hotlora-adapter-defaults"
+DEFAULTS_HEADER = "x-hotlora-adapter-defaults"  # Generated.adapter_defaults (``adapters.defaults.applied_text``)
 
 
 def input_notes(job: GenerationRequest) -> tuple[str, ...]:
@@ -403,7 +356,5 @@ def result_headers(out: Generated) -> dict:
     if out.input_notes:  # notes quote what clients declared: printable ASCII only in a header
         headers[NOTES_HEADER] = "".join(c if " " <= c <= "~" else "?" for c in "; ".join(out.input_notes))[:2000]
     if out.adapter_defaults:  # slot names are the client's own: printable ASCII only in a header
-        text = "; ".join(f"{name}={entry['value']:g} ({', '.join(entry['slots'])})"
-                         for name, entry in out.adapter_defaults.items())
-        headers[DEFAULTS_HEADER] = "".join(c if " " <= c <= "~" else "?" for c in text)[:2000]
+        headers[DEFAULTS_HEADER] = "".join(c if " " <= c <= "~" else "?" for c in applied_text(out.adapter_defaults))
     return headers

@@ -40,12 +40,13 @@ from hotlora.adapters.store.diskcache import DiskCache, TierStats
 from hotlora.durable import owner_tag, sweep_orphans
 from hotlora.families import ModelFamily
 from hotlora.adapters.format.convert import Adapter, LoraWeights, ReadLimits, load_adapter
+from hotlora.adapters.store.egress import EgressRefused
 from hotlora.adapters.store.references import Reference, parse_reference
 from hotlora.adapters.store.remote import Deadline
 from hotlora.adapters.store.hub import HubSource
 from hotlora.adapters.store.sources import Fetched, HttpSource, LocalSource, S3Source, Source
 from hotlora.settings import StoreConfig
-from hotlora.errors import AdapterNotFound, FetchersBusy, SourceUnavailable
+from hotlora.errors import AdapterNotFound, FetchersBusy, SourceUnavailable, UnsafeReference
 from hotlora.lru import LRU
 
 log = logging.getLogger(__name__)
@@ -221,6 +222,22 @@ class AdapterStore:
     def close(self) -> None:
         """Stop the fetch pool: queued jobs are cancelled, running ones finish in the background."""
         self.fetch_pool.shutdown()
+
+    def check(self, ref: str) -> None:
+        """What ``get`` would refuse of ``ref`` that is known without a network round trip or a read:
+        a malformed reference, a catalog name with no entry, a local path outside the roots or
+        missing (a stat), an https URL whose scheme or host the egress policy refuses (its name
+        only: addresses are vetted when it connects). Remote objects that do not exist are found
+        when fetched."""
+        reference, _ = self._resolve_catalog(ref)
+        if reference.kind == "file":
+            self.sources["file"].probe(reference)
+        elif reference.kind == "https":
+            try:
+                self.sources["https"].remote.policy.check_url(reference.location)
+            except EgressRefused as exc:  # as a fetch answers it: the client reads the rule, the log the host
+                log.warning("%s: refused by the egress policy: %s", reference.display, exc)
+                raise UnsafeReference(f"{reference.display}: {exc.shown}") from None
 
     def _as_cataloged(self, ref: str, adapter: Adapter) -> Adapter:
         """``adapter`` as the catalog entry ``ref`` names serves it: with the inference defaults the
