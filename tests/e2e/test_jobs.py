@@ -140,6 +140,31 @@ def test_a_cancelled_job_ends_cancelled_with_no_content(served):
     assert refused.status_code == 409 and "cancelled" in refused.json()["error"]
 
 
+def test_cancelling_a_running_job_stops_the_engine_at_the_next_step(served):
+    """The engine (its own process here) stops the cancelled job at a step boundary: the next
+    request waits for a step, not for the rest of the job, and is served as before."""
+    job = submit(served, num_images=16, num_inference_steps=100).json()  # 1,600 steps at batch 1
+    seen = []  # (time, step) while it runs: its pace on this machine now
+    for _ in range(2000):  # bounded
+        record = httpx.get(f"{served.url}/v1/jobs/{job['id']}", headers=auth(ALICE), timeout=30).json()
+        if record["status"] == "running" and (record.get("progress") or {}).get("step"):
+            seen.append((time.monotonic(), record["progress"]["step"]))
+            if len(seen) >= 2 and seen[-1][1] - seen[0][1] >= 20:
+                break
+        time.sleep(0.01)
+    (t0, s0), (t1, s1) = seen[0], seen[-1]
+    left_s = (1600 - s1) * (t1 - t0) / (s1 - s0)  # what the job would still take
+    cancelled = time.monotonic()
+    assert httpx.delete(f"{served.url}/v1/jobs/{job['id']}", headers=auth(ALICE), timeout=30).json()["status"] == \
+        "cancelled"
+    direct = httpx.post(f"{served.url}/v1/generate", json=body(), headers=auth(ALICE), timeout=300)
+    waited = time.monotonic() - cancelled
+    assert direct.status_code == 200 and direct.json()["recompiles"] == 0
+    assert waited < left_s / 4, (waited, left_s)
+    again = httpx.post(f"{served.url}/v1/generate", json=body(), headers=auth(ALICE), timeout=300)
+    assert np.array_equal(pixels(direct), pixels(again))
+
+
 def test_a_job_the_previous_server_left_running_is_failed_not_lost(served):
     job = httpx.get(f"{served.url}/v1/jobs/{LEFT_RUNNING}", headers=auth(ALICE), timeout=30).json()
     assert job["status"] == "failed" and job["error"]["error"] == RESTARTED
