@@ -53,3 +53,16 @@ def test_a_request_that_is_not_cancelled_runs_to_its_end(served):
                              progress=lambda done, total: steps.append(done)))
     worker.submit(job).result(timeout=300)
     assert steps == [1, 2, 3]
+
+
+def test_a_run_stops_only_once_every_request_in_it_is_cancelled():
+    """A mixed batch carries several requests: one cancelled, the others still wanted, it goes on."""
+    from hotlora.engine.request import all_cancelled
+
+    flags = [False, False]
+    stop = all_cancelled([lambda: flags[0], lambda: flags[1]])
+    flags[0] = True
+    assert not stop()
+    flags[1] = True
+    assert stop()
+    assert all_cancelled([lambda: True, None]) is None and all_cancelled([]) is None
