@@ -66,3 +66,26 @@ def test_a_run_stops_only_once_every_request_in_it_is_cancelled():
     flags[1] = True
     assert stop()
     assert all_cancelled([lambda: True, None]) is None and all_cancelled([]) is None
+
+
+def test_a_step_cache_holds_nothing_of_a_cancelled_run(tiny_models):
+    """diffusers' FirstBlockCache keeps the last step's residuals until the end of ``__call__``; a
+    run stopped inside the loop resets them itself, or the next request would start from them."""
+    from hotlora.engine.stepcache import StepCache
+
+    engine = Engine.from_pretrained(tiny_models["flux"], target_rank=TARGET_RANK, batch_size=1, compile=False,
+                                    step_cache=StepCache("fbcache", threshold=0.8, warmup_steps=1))
+    pack = dict(num_inference_steps=4, seed=3, output_type="latent")
+    alone = engine.generate("a cat", **pack)
+
+    def stop_after_two(done, total):
+        stopped.append(done)
+
+    stopped = []
+    cancelled = engine.prepare("a dog on a hill", progress=stop_after_two, **pack)
+    from dataclasses import replace
+
+    with pytest.raises(ClientGone):
+        engine.run(replace(cancelled, cancelled=lambda: len(stopped) >= 2))
+    assert stopped == [1, 2]
+    torch.testing.assert_close(engine.generate("a cat", **pack).images, alone.images, atol=0, rtol=0)

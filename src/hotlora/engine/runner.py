@@ -125,6 +125,16 @@ class DenoiseClock:
         return callback_kwargs
 
 
+def reset_stateful_hooks(pipeline) -> None:
+    """What diffusers does at the end of every ``__call__`` (``maybe_free_model_hooks``): its
+    stateful hooks (FirstBlockCache, TaylorSeer: the last step's residuals) reset. A run stopped
+    inside the loop skipped that, and the next call would start from the cancelled one's cache.
+    (cache-dit resets its context when a call begins, whatever ended the last one.)"""
+    for component in pipeline.components.values():
+        if hasattr(component, "_reset_stateful_cache"):
+            component._reset_stateful_cache()
+
+
 def split_chunk(timings: Iterable[Timings], trace: Trace, began: float, ended: float, clock: DenoiseClock,
                 size: int) -> None:
     """One chunk's time as denoise + decode: in the timings of every request it carried, and as
@@ -172,8 +182,12 @@ def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], outpu
         began = time.perf_counter()
         clock = DenoiseClock(pipeline.device, steps, progress, index * steps, len(chunks) * steps, stop)
         generators = [g for part in chunk for g in image_generators(seeds[part.request], part.start, part.count)]
-        made = pipeline(generator=generators, output_type=output_type, callback_on_step_end=clock, **call_kwargs,
-                        **arguments)
+        try:
+            made = pipeline(generator=generators, output_type=output_type, callback_on_step_end=clock, **call_kwargs,
+                            **arguments)
+        except ClientGone:
+            reset_stateful_hooks(pipeline)
+            raise
         images = getattr(made, output.attribute)
         synchronize(pipeline.device)
         split_chunk([timings[part.request] for part in chunk], trace, began, time.perf_counter(), clock, size)
