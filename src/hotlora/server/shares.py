@@ -1,11 +1,11 @@
-"""Per-client shares of a bounded resource (requests waiting on fetches, prefetches, decodes):
-each client holds at most ``per_client`` places at once, 429 beyond; each place released once."""
+"""How many of something each client holds at once (requests waiting on fetches, prefetches,
+input-image decodes: ``Service``), bounded per client: one client's load cannot take everyone's places."""
 
 from __future__ import annotations
 
 import threading
 
-from hotlora.engine.worker import Overloaded
+from hotlora.errors import Overloaded
 
 
 class Shares:
