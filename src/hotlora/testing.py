@@ -30,7 +30,7 @@ __all__ = [  # the tiny models' and the trainer layouts' helpers, re-exported, a
     "random_lora", "save_diffusers_lora", "save_kohya_sdxl_lora", "save_peft_lora", "save_tiny_model",
     "write_sample_adapters", "xlabs_flux_lora", "sd_scripts_sdxl_lora", "sd_scripts_metadata",
     "save_kohya_flux_lora_file", "ai_toolkit_flux_lora", "plain_diffusers_reference", "random_conv_lora",
-    "controlled_lora",
+    "controlled_lora", "declare_defaults",
 ]
 
 
@@ -184,3 +184,22 @@ def controlled_lora(denoiser: torch.nn.Module, magnitude: float, rank: int = 16,
         sd[f"{name}.lora_A.weight"] = down
         sd[f"{name}.lora_B.weight"] = up * factor
     return sd
+
+
+def declare_defaults(source: Path, out: Path, **declared) -> Path:
+    """A copy of the safetensors adapter ``source`` (a file, or a folder's weights file) whose header
+    also declares inference defaults (``hotlora.<name>`` keys, ``adapters.defaults``), the rest of
+    its metadata kept; ``declared``: name -> value (written as strings, as safetensors stores them)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    source = Path(source)
+    if source.is_dir():
+        source = next(p for p in sorted(source.glob("*.safetensors")))
+    with safe_open(str(source), framework="pt") as f:
+        metadata = dict(f.metadata() or {})
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    metadata.update({f"hotlora.{name}": str(value) for name, value in declared.items()})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out), metadata=metadata)
+    return out

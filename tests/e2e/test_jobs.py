@@ -140,6 +140,31 @@ def test_a_cancelled_job_ends_cancelled_with_no_content(served):
     assert refused.status_code == 409 and "cancelled" in refused.json()["error"]
 
 
+def test_cancelling_a_running_job_stops_the_engine_at_the_next_step(served):
+    """The engine (its own process here) stops the cancelled job at a step boundary: the next
+    request waits for a step, not for the rest of the job, and is served as before."""
+    job = submit(served, num_images=16, num_inference_steps=100).json()  # 1,600 steps at batch 1
+    seen = []  # (time, step) while it runs: its pace on this machine now
+    for _ in range(2000):  # bounded
+        record = httpx.get(f"{served.url}/v1/jobs/{job['id']}", headers=auth(ALICE), timeout=30).json()
+        if record["status"] == "running" and (record.get("progress") or {}).get("step"):
+            seen.append((time.monotonic(), record["progress"]["step"]))
+            if len(seen) >= 2 and seen[-1][1] - seen[0][1] >= 5:
+                break
+        time.sleep(0.01)
+    (t0, s0), (t1, s1) = seen[0], seen[-1]
+    left_s = (1600 - s1) * (t1 - t0) / (s1 - s0)  # what the job would still take
+    cancelled = time.monotonic()
+    assert httpx.delete(f"{served.url}/v1/jobs/{job['id']}", headers=auth(ALICE), timeout=30).json()["status"] == \
+        "cancelled"
+    direct = httpx.post(f"{served.url}/v1/generate", json=body(), headers=auth(ALICE), timeout=300)
+    waited = time.monotonic() - cancelled
+    assert direct.status_code == 200 and direct.json()["recompiles"] == 0
+    assert waited < left_s / 4, (waited, left_s)
+    again = httpx.post(f"{served.url}/v1/generate", json=body(), headers=auth(ALICE), timeout=300)
+    assert np.array_equal(pixels(direct), pixels(again))
+
+
 def test_a_job_the_previous_server_left_running_is_failed_not_lost(served):
     job = httpx.get(f"{served.url}/v1/jobs/{LEFT_RUNNING}", headers=auth(ALICE), timeout=30).json()
     assert job["status"] == "failed" and job["error"]["error"] == RESTARTED
@@ -160,11 +185,26 @@ def test_job_options_are_bounded_and_refused_before_the_202(served):
     assert bad_slot.status_code == 422  # checked as a direct request is, before any job exists
 
 
-def test_a_job_whose_adapter_is_not_found_fails_with_the_error_a_request_would_get(served):
-    job = submit(served, adapters={"style": "no-such-adapter"}).json()  # found missing when fetched
+def test_a_job_whose_adapter_cannot_be_resolved_is_refused_before_the_202(served):
+    """What the store knows without a download (a missing local file, an unknown catalog name, a
+    host the egress policy refuses) is the 4xx a request would get, and no job is made of it."""
+    for adapters, status, kind in (({"style": "no-such-adapter"}, 404, "AdapterNotFound"),
+                                   ({"style": "catalog:no-such-entry"}, 404, "AdapterNotFound"),
+                                   ({"style": "https://example.com/a.safetensors"}, 403, "UnsafeReference")):
+        refused = httpx.post(f"{served.url}/v1/generate", json=body(adapters=adapters),
+                             headers={**auth(ALICE), "prefer": "respond-async"}, timeout=60)
+        assert refused.status_code == status, (adapters, refused.text)
+        assert refused.json()["type"] == kind and "location" not in refused.headers  # no job made of it
+
+
+def test_a_job_whose_adapter_is_found_missing_when_fetched_fails_with_the_error_a_request_would_get(served):
+    gone = "http://127.0.0.1:9/gone.safetensors"  # allowed by the policy; nothing listens there
+    direct = httpx.post(f"{served.url}/v1/generate", json=body(adapters={"style": gone}), headers=auth(ALICE),
+                        timeout=120)
+    job = submit(served, adapters={"style": gone}).json()
     failed = finished(served, job["id"])
-    assert failed["status"] == "failed" and failed["error"]["status"] == 404
-    assert failed["error"]["type"] == "AdapterNotFound"
+    assert failed["status"] == "failed" and failed["error"]["status"] == direct.status_code >= 400
+    assert failed["error"]["type"] == direct.json()["type"]
 
 
 def test_a_finished_job_is_announced_by_a_signed_webhook_retried_after_a_failure(served, receiver):

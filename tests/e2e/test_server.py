@@ -303,3 +303,44 @@ def test_image_tasks_are_refused_as_such_by_a_text_to_image_server(served):
     edit = httpx.post(f"{server.url}/v1/images/edits", data={"prompt": "a cat"},
                       files={"image": ("p.png", png.getvalue(), "image/png")}, timeout=30)
     assert edit.status_code == 422 and edit.json()["error"]["type"] == "UnservedTask", edit.text
+
+
+def test_adapter_declared_steps_over_every_api(served, tiny_models):
+    """A step-distilled adapter's declared steps and guidance: the JSON API's stream runs that many
+    steps and every API reports where they came from; a request's own steps win."""
+    import json
+
+    from hotlora.testing import declare_defaults
+
+    server, root = served
+    distill = declare_defaults(root / "user-4", root / "distill.safetensors", num_inference_steps=2, guidance_scale=2.0)
+    body = {"prompt": "a cat", "adapters": {"identity": str(distill)}}
+    events = []
+    with httpx.stream("POST", f"{server.url}/v1/generate/stream", json=body, timeout=300) as response:
+        name = None
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                name = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line.removeprefix("data: "))))
+    assert [data for name, data in events if name == "progress"] == [{"step": 1, "total": 2}, {"step": 2, "total": 2}]
+    name, result = events[-1]
+    declared = {"num_inference_steps": {"value": 2, "slots": ["identity"]},
+                "guidance_scale": {"value": 2.0, "slots": ["identity"]}}
+    assert name == "result" and result["adapter_defaults"] == declared and result["recompiles"] == 0
+
+    own = httpx.post(f"{server.url}/v1/generate", json={**body, "num_inference_steps": 3}, timeout=300).json()
+    assert own["adapter_defaults"] == {"guidance_scale": {"value": 2.0, "slots": ["identity"]}}
+
+    raw = httpx.post(f"{server.url}/", content="a dog", headers={"lora": str(distill)}, timeout=300)
+    assert raw.status_code == 200
+    assert raw.headers["x-hotlora-adapter-defaults"] == "num_inference_steps=2 (identity); guidance_scale=2 (identity)"
+    openai = httpx.post(f"{server.url}/v1/images/generations", timeout=300,
+                        json={"prompt": "a cat", "size": "32x32", "adapters": {"identity": str(distill)}}).json()
+    assert openai["adapter_defaults"] == declared
+
+    other = declare_defaults(root / "user-5", root / "other.safetensors", num_inference_steps=6)
+    refused = httpx.post(f"{server.url}/v1/generate", timeout=300,
+                         json={"prompt": "a cat", "adapters": {"identity": str(distill), "style": str(other)}})
+    assert refused.status_code == 422, refused.text
+    assert "different num_inference_steps ([identity] 2, [style] 6)" in refused.json()["error"]

@@ -14,13 +14,15 @@ of a validated request) in its own ``prepare``.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from functools import cached_property
 from typing import Callable, Mapping
 
+from hotlora.adapters.defaults import PARAMETERS as DECLARABLE, merge as merge_declared
 from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.resolver import AdapterResolver
 from hotlora.engine.inputs import fitted, pixels_of
-from hotlora.engine.request import CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Timings
+from hotlora.engine.request import CallParams, CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Timings
 from hotlora.engine.writers.text import TextChecks
 from hotlora.errors import InvalidRequest
 from hotlora.families import ModelFamily
@@ -65,15 +67,43 @@ class EngineFront:
         r = checked.request
         with r.trace.span("validate", adapters=len(checked.specs)):
             bindings = self.resolver.validate(checked.specs, fetched)
+            params, applied = self.adapter_defaults(checked, bindings)
             negative = r.negative_prompt
             if negative is None:
-                negative = self.family.default_negative_prompt(checked.params.guidance_scale)
+                negative = self.family.default_negative_prompt(params.guidance_scale)
             self.text.check(bindings, r.prompt, negative)
-        images, mask = self.inputs(r, checked.params)
+        images, mask = self.inputs(r, params)
         timings = Timings(resolve_ms=(time.perf_counter() - began) * 1000)
-        return PreparedRequest(prompt=r.prompt, params=checked.params, adapters=bindings, num_images=r.num_images,
+        return PreparedRequest(prompt=r.prompt, params=params, adapters=bindings, num_images=r.num_images,
                                seed=r.seed, output_type=r.output_type, negative_prompt=negative, images=images,
-                               mask=mask, progress=r.progress, timings=timings, trace=r.trace)
+                               mask=mask, progress=r.progress, timings=timings, trace=r.trace,
+                               adapter_defaults=applied)
+
+    def adapter_defaults(self, checked: CheckedRequest, bindings) -> tuple[CallParams, dict]:
+        """The request's parameters once the inference defaults its adapters declare are applied
+        (``adapters.defaults.merge``: the request's own values win, disagreeing adapters are
+        refused), and what was applied: ``{parameter: {"value", "slots"}}``. Only known once the
+        adapters are read, so here rather than in ``check``; the new values go through the same
+        ``RequestRules`` check as a request's own (max_steps, max_work, strength), so a declared
+        value the warm engine cannot serve is a 4xx naming the adapter, never a compile.
+        Guidance a family does not take is not applied (klein distilled ignores it)."""
+        r = checked.request
+        declared = {slot: {k: v for k, v in b.adapter.declared.items()
+                           if k != "guidance_scale" or self.family.takes_guidance}
+                    for slot, b in bindings.items() if b is not None and b.writes and b.adapter.declared}
+        applied = merge_declared(declared, {name: getattr(r, name) for name in DECLARABLE})
+        if not applied:
+            return checked.params, {}
+        with_defaults = replace(r, **{name: entry["value"] for name, entry in applied.items()})
+        try:
+            params = self.rules.check_request(with_defaults)
+        except InvalidRequest as exc:  # RequestTooLarge and UnservedShape keep their class (and status)
+            named = ", ".join(f"{name} {entry['value']:g} from [{', '.join(entry['slots'])}]"
+                              for name, entry in applied.items())
+            exc.args = (f"{exc.args[0] if exc.args else exc} (with the adapters' declared defaults: {named}; "
+                        "set the value in the request to override it)", *exc.args[1:])
+            raise
+        return params, applied
 
     def inputs(self, request: GenerationRequest, params) -> tuple[tuple, object]:
         """The request's input images and mask as uint8 arrays (``engine.inputs``); an edit's

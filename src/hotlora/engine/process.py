@@ -48,10 +48,12 @@ from typing import Any, Callable, Iterator, Sequence
 from hotlora.adapters.binding import Binding
 from hotlora.errors import EngineError, HotloraError, RequestError
 from hotlora.lru import LRU
+from hotlora.engine.request import all_cancelled
 from hotlora.tracing import NO_TRACE, Trace
 
 log = logging.getLogger(__name__)
 
+CANCEL_POLL_S = 0.05  # how often a waiting run looks at its requests' cancel flags
 PACKS_AHEAD = 8  # adapters packed by prepare and not yet sent (at most a few requests' worth in flight)
 
 
@@ -204,8 +206,10 @@ def _die_with_parent() -> None:
         pass  # elsewhere the pipe's end-of-file ends it, once its current run is over
 
 
-def engine_main(conn, spec: ChildSpec) -> None:
-    """The child's whole life: build the engine, answer runs until the pipe closes or says stop."""
+def engine_main(conn, spec: ChildSpec, stop=None) -> None:
+    """The child's whole life: build the engine, answer runs until the pipe closes or says stop.
+    ``stop``: shared memory the server writes a run's job number into when every request of that
+    run is cancelled; the run then ends at its next step boundary."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle; it stops us
     logging.basicConfig(level=spec.log_level,
@@ -233,19 +237,19 @@ def engine_main(conn, spec: ChildSpec) -> None:
             return  # the server is gone: nobody to serve
         kind = message[0]
         if kind == "run":
-            _run(conn, engine, held, *message[1:])
+            _run(conn, engine, held, stop, *message[1:])
         elif kind == "corrupt":
             engine.corrupt_a_weight()
         elif kind == "stop":
             return
 
 
-def _run(conn, engine, held, job: int, requests: list, mixed: bool) -> None:
-    """``requests``: (prepared request, whether it wants progress) pairs."""
+def _run(conn, engine, held, stop, job: int, requests: list, mixed: bool) -> None:
+    """``requests``: (prepared request, whether it wants progress, whether it can be cancelled)."""
     dropped: list[tuple] = []
     missing = []
     staged = []
-    for index, (request, wants_progress) in enumerate(requests):
+    for index, (request, wants_progress, cancellable) in enumerate(requests):
         bindings = {}
         for slot, binding in request.adapters.items():
             adapter = binding.adapter
@@ -260,7 +264,9 @@ def _run(conn, engine, held, job: int, requests: list, mixed: bool) -> None:
             bindings[slot] = Binding(adapter, binding.scale)
         trace = RecordedTrace() if request.trace.recording else NO_TRACE
         progress = _progress(conn, job, index) if wants_progress else None
-        staged.append(dataclasses.replace(request, adapters=bindings, progress=progress, trace=trace))
+        cancelled = (lambda: stop.value == job) if cancellable and stop is not None else None
+        staged.append(dataclasses.replace(request, adapters=bindings, progress=progress, trace=trace,
+                                          cancelled=cancelled))
     if missing:  # only after an answer went astray; the server sends them whole again
         conn.send(("missing", job, missing, dropped))
         return
@@ -300,6 +306,7 @@ class EngineProcess:
     (``check``, ``prepare``, ``run``, ``describe``, ...). One run at a time (the worker's thread)."""
 
     _jobs = itertools.count(1)
+    _stop = None  # shared with the child (``engine_main``); set by ``start``
 
     def __init__(self, process, conn, front, described: dict, pid: int, started_s: float,
                  stall_timeout_s: float, held_bytes: int):
@@ -334,7 +341,8 @@ class EngineProcess:
         ours, theirs = context.Pipe()
         spec = ChildSpec(model=str(model), config=config, log_level=logging.getLogger().getEffectiveLevel(),
                          hotlora_log_level=logging.getLogger("hotlora").getEffectiveLevel(), held_bytes=held_bytes)
-        process = context.Process(target=engine_main, args=(theirs, spec), name="hotlora-engine", daemon=True)
+        stop = context.RawValue("q", 0)  # the job number of a run to stop (``engine_main``)
+        process = context.Process(target=engine_main, args=(theirs, spec, stop), name="hotlora-engine", daemon=True)
         process.start()
         theirs.close()
         log.info("engine process %d started; waiting for it to be warm", process.pid)
@@ -350,7 +358,9 @@ class EngineProcess:
         _, front, described, pid = message
         seconds = time.perf_counter() - began
         log.info("engine process %d warm in %.1fs", pid, seconds)
-        return cls(process, ours, front, described, pid, seconds, stall_timeout_s, held_bytes)
+        engine = cls(process, ours, front, described, pid, seconds, stall_timeout_s, held_bytes)
+        engine._stop = stop
+        return engine
 
     # ------------------------------------------------------------------ what the server asks
 
@@ -409,8 +419,9 @@ class EngineProcess:
     def _exchange(self, requests: list, mixed: bool) -> list:
         job = next(self._jobs)
         self._send(("run", job, [self._wire(r) for r in requests], mixed))
+        wanted = all_cancelled(r.cancelled for r in requests)
         while True:
-            message = self._receive()
+            message = self._receive(wanted, job)
             kind = message[0]
             if kind == "progress":
                 _, _, index, done, total = message
@@ -432,8 +443,9 @@ class EngineProcess:
             return answers
 
     def _wire(self, request):
-        """The request as it crosses, and whether it wants progress: adapters the child holds by key,
-    no callbacks, no spans (a trace that records is sent as an empty ``RecordedTrace``)."""
+        """The request as it crosses, whether it wants progress and whether it can be cancelled:
+        adapters the child holds by key, no callbacks, no spans (a trace that records is sent as an
+        empty ``RecordedTrace``)."""
         bindings = {}
         for slot, binding in request.adapters.items():
             adapter = binding.adapter
@@ -445,8 +457,9 @@ class EngineProcess:
                 self._held.add(key)
             bindings[slot] = Binding(adapter, binding.scale)
         wire = dataclasses.replace(request, adapters=bindings, output_type=_wire_output(request.output_type),
-                                   progress=None, trace=RecordedTrace() if request.trace.recording else NO_TRACE)
-        return wire, request.progress is not None
+                                   progress=None, cancelled=None,
+                                   trace=RecordedTrace() if request.trace.recording else NO_TRACE)
+        return wire, request.progress is not None, request.cancelled is not None
 
     def _send(self, message) -> None:
         try:
@@ -454,11 +467,17 @@ class EngineProcess:
         except (BrokenPipeError, EOFError, OSError):
             raise self._died() from None
 
-    def _receive(self):
-        if not self._conn.poll(self.stall_timeout_s):
-            self.kill()
-            raise EngineDied(f"the engine process {self.pid} sent nothing for {self.stall_timeout_s:.0f}s (no "
-                             "denoising step finished): killed, an engine restart follows", cause="stall")
+    def _receive(self, cancelled: Callable[[], bool] | None = None, job: int = 0):
+        """The child's next message. While waiting, ``cancelled()`` is looked at every
+        ``CANCEL_POLL_S``: once true, the child is told (``_stop``) to end run ``job`` at its next step."""
+        deadline = time.monotonic() + self.stall_timeout_s
+        while not self._conn.poll(self.stall_timeout_s if cancelled is None else CANCEL_POLL_S):
+            if cancelled is None or time.monotonic() >= deadline:
+                self.kill()
+                raise EngineDied(f"the engine process {self.pid} sent nothing for {self.stall_timeout_s:.0f}s (no "
+                                 "denoising step finished): killed, an engine restart follows", cause="stall")
+            if self._stop is not None and cancelled():
+                self._stop.value = job
         try:
             return self._conn.recv()
         except (EOFError, OSError):

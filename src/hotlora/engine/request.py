@@ -181,6 +181,12 @@ class PreparedRequest:
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
     timings: Timings = field(default_factory=Timings, compare=False)
     trace: Trace = field(default=NO_TRACE, compare=False)
+    # The inference defaults the adapters declared and the request runs at (``EngineFront.adapter_defaults``):
+    # parameter -> {"value": v, "slots": [...]}; already in ``params``, kept to be reported.
+    adapter_defaults: Mapping = field(default_factory=dict, compare=False)
+    # Whether the request's caller stopped wanting it (the worker sets it from its job's cancel flag):
+    # a run whose every request is cancelled stops at the next step boundary (``runner.DenoiseClock``).
+    cancelled: Callable[[], bool] | None = field(default=None, compare=False)
 
     @property
     def seeds(self) -> list[int]:
@@ -203,6 +209,15 @@ class PreparedRequest:
         Kontext could take one reference per batch position (an ``image`` list as long as the
         batch); the families do not declare that yet."""
         return (self.params, self.output_type, *((id(self),) if self.params.task == "edit" else ()))
+
+
+def all_cancelled(predicates) -> Callable[[], bool] | None:
+    """True once every request of a run is cancelled (a mixed batch goes on while one still wants
+    it); None when one of them cannot be cancelled."""
+    predicates = list(predicates)
+    if not predicates or any(p is None for p in predicates):
+        return None
+    return lambda: all(p() for p in predicates)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,9 @@ class GenerationResult:
     recompiles: int = 0
     size: str = ""  # the size served, WIDTHxHEIGHT
     snapped_from: str | None = None  # the size asked for when the policy snapped it to ``size``
+    # The inference defaults the request ran at because its adapters declared them:
+    # parameter -> {"value": v, "slots": [...]} (``PreparedRequest.adapter_defaults``).
+    adapter_defaults: dict = field(default_factory=dict)
 
 
 class OutputKind(Protocol):
@@ -130,7 +133,8 @@ def build_result(warm: WarmModel, request: PreparedRequest, output, ran: Timings
     timings.total_ms = timings.resolve_ms + (time.perf_counter() - began) * 1000
     served = served_adapters(request.adapters, warm.text.lora_encoders, swap.fused, warm.path)
     return GenerationResult(images=images, seeds=request.seeds, timings=timings, swap=swap, adapters=served,
-                            recompiles=warm.recompiles, size=request.size, snapped_from=request.snapped_from)
+                            recompiles=warm.recompiles, size=request.size, snapped_from=request.snapped_from,
+                            adapter_defaults=dict(request.adapter_defaults))
 
 
 def served_adapters(bindings: Bindings, text_encoders=(), fused: Mapping[str, dict] | None = None,

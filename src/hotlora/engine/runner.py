@@ -24,10 +24,10 @@ from hotlora.engine.device import synchronize
 from hotlora.engine.guard import NonFiniteOutput
 from hotlora.engine.inputs import as_pil
 from hotlora.engine.prompts import batch_prompts
-from hotlora.engine.request import IMAGE_TASKS, PreparedRequest, Timings
+from hotlora.engine.request import IMAGE_TASKS, PreparedRequest, Timings, all_cancelled
 from hotlora.engine.results import IMAGES, GenerationResult, OutputKind, build_result
 from hotlora.engine.writers import SwapReport
-from hotlora.errors import InvalidRequest
+from hotlora.errors import ClientGone, InvalidRequest
 from hotlora.tracing import NO_TRACE, Trace, together
 
 if TYPE_CHECKING:
@@ -98,21 +98,41 @@ def fan_out(listeners) -> Callable[[int, int], None] | None:
 class DenoiseClock:
     """When a chunk's last denoising step ended (diffusers' step callback; the device synchronised
     there, once: it is the boundary between denoising and decoding), then passing each step on to
-    ``progress``. None until the pipeline called back after its last step."""
+    ``progress``. None until the pipeline called back after its last step.
+
+    ``stop()`` true after a step: the run ends there with ClientGone, raised out of the pipeline's
+    loop. A step boundary is a clean place to leave: the slots and text encoders hold the request's
+    adapters as after any run, the compiled graphs are untouched, and every pipeline call starts
+    anew (its scheduler's timesteps set again, its own state reset). Raising, rather than diffusers'
+    ``pipeline._interrupt``, also skips the VAE decode and works for pipelines without that flag."""
 
     def __init__(self, device, steps: int, progress: Callable[[int, int], None] | None = None,
-                 done_before: int = 0, total: int = 0):
+                 done_before: int = 0, total: int = 0, stop: Callable[[], bool] | None = None):
         self.device, self.steps = device, steps
         self.last_step_ended: float | None = None
         self._progress = step_callback(progress, done_before, total) if progress is not None else None
+        self._stop, self._done_before, self._total = stop, done_before, total
 
     def __call__(self, pipeline, step, timestep, callback_kwargs):
         if self._progress is not None:
             callback_kwargs = self._progress(pipeline, step, timestep, callback_kwargs)
+        if self._stop is not None and self._stop():
+            raise ClientGone(f"cancelled while running: stopped after step {self._done_before + step + 1} of "
+                             f"{self._total or self.steps}")
         if step + 1 == self.steps:
             synchronize(self.device)
             self.last_step_ended = time.perf_counter()
         return callback_kwargs
+
+
+def reset_stateful_hooks(pipeline) -> None:
+    """What diffusers does at the end of every ``__call__`` (``maybe_free_model_hooks``): its
+    stateful hooks (FirstBlockCache, TaylorSeer: the last step's residuals) reset. A run stopped
+    inside the loop skipped that, and the next call would start from the cancelled one's cache.
+    (cache-dit resets its context when a call begins, whatever ended the last one.)"""
+    for component in pipeline.components.values():
+        if hasattr(component, "_reset_stateful_cache"):
+            component._reset_stateful_cache()
 
 
 def split_chunk(timings: Iterable[Timings], trace: Trace, began: float, ended: float, clock: DenoiseClock,
@@ -142,7 +162,7 @@ def image_generators(seed: int, start: int, count: int) -> list[torch.Generator]
 def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], output_type: str, call_kwargs: dict,
                timings: Sequence[Timings], progress: Callable[[int, int], None] | None = None,
                before_chunk: Callable[[Chunk], dict] | None = None, trace: Trace = NO_TRACE,
-               output: OutputKind = IMAGES, steps: int | None = None) -> list:
+               output: OutputKind = IMAGES, steps: int | None = None, stop: Callable[[], bool] | None = None) -> list:
     """Run each chunk through ``pipeline`` (one call each) and return each request's images, its
     parts joined in order. Image i of request r draws its noise from seed ``seeds[r] + i``.
 
@@ -152,6 +172,7 @@ def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], outpu
     denoising step of every chunk. Each chunk's time goes to the ``timings`` of every request it
     carries (and to ``trace`` as a denoise and a decode span). ``steps``: the denoising steps each
     call runs (default: all of ``num_inference_steps``; fewer with an image-to-image strength).
+    ``stop``: checked after every step (``DenoiseClock``).
     """
     steps = steps or call_kwargs["num_inference_steps"]
     pieces: list[list] = [[] for _ in seeds]
@@ -159,10 +180,14 @@ def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], outpu
         size = sum(part.count for part in chunk)
         arguments = before_chunk(chunk) if before_chunk is not None else {output.per_prompt: size}
         began = time.perf_counter()
-        clock = DenoiseClock(pipeline.device, steps, progress, index * steps, len(chunks) * steps)
+        clock = DenoiseClock(pipeline.device, steps, progress, index * steps, len(chunks) * steps, stop)
         generators = [g for part in chunk for g in image_generators(seeds[part.request], part.start, part.count)]
-        made = pipeline(generator=generators, output_type=output_type, callback_on_step_end=clock, **call_kwargs,
-                        **arguments)
+        try:
+            made = pipeline(generator=generators, output_type=output_type, callback_on_step_end=clock, **call_kwargs,
+                            **arguments)
+        except ClientGone:
+            reset_stateful_hooks(pipeline)
+            raise
         images = getattr(made, output.attribute)
         synchronize(pipeline.device)
         split_chunk([timings[part.request] for part in chunk], trace, began, time.perf_counter(), clock, size)
@@ -267,7 +292,7 @@ class Runner:
                                 output_type=warm.output.pipeline_output_type(first.output_type), call_kwargs=call,
                                 timings=timings, progress=fan_out([r.progress for r in requests]),
                                 before_chunk=before_chunk, trace=trace, output=warm.output,
-                                steps=params.denoising_steps)
+                                steps=params.denoising_steps, stop=all_cancelled(r.cancelled for r in requests))
             refused = {}
             for i, request in enumerate(requests):  # samples are independent: a request that overflowed fails alone
                 try:

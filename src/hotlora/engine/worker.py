@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from hotlora.engine.core import Engine
@@ -228,12 +228,15 @@ class Worker:
         if self._fault_armed:
             self._fault_armed = False
             self._corrupt_a_weight()
+        # Each request sees its job's cancel flag: a run all of whose jobs are cancelled stops at
+        # the next step boundary (ClientGone, a request error: no rebuild), not after its last step.
+        requests = [replace(job.request, cancelled=job.cancelled.is_set) for job in jobs]
         try:
             if len(jobs) == 1:
-                results = [self.engine.run(jobs[0].request)]
+                results = [self.engine.run(requests[0])]
             else:
                 self.batches += 1
-                results = self.engine.run([job.request for job in jobs])
+                results = self.engine.run(requests)
         except EngineDied as exc:
             restarting = self._restarting(str(exc))
             self._fail(jobs, restarting)

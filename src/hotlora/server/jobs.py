@@ -5,7 +5,7 @@ A job is a generation request run through the same ``Service`` as a direct one: 
 its 202 (a bad body or a refused source is answered at once, never turned into a failed job),
 then fetched under its client's share, admitted under the same bound (a job *waits* for a slot
 where a request is answered 429: it has already been accepted), queued on the same worker; it is
-dropped before it starts when cancelled. It does not watch a connection: the client may leave.
+dropped before it starts when cancelled, and stopped at its next denoising step when it runs. It does not watch a connection: the client may leave.
 
 Ownership: a job belongs to the client identity that made it (its API key's name, else the peer
 address when auth is off); to anyone else it does not exist (404, never 403: ids say nothing about
@@ -186,9 +186,10 @@ class Jobs:
         return record
 
     def cancel(self, request, job_id: str) -> JobRecord:
-        """An unfinished job is cancelled (dropped before it starts; one already running finishes
-        on the engine and its result is thrown away) and kept as ``cancelled`` until it expires;
-        a finished one is deleted with its result."""
+        """An unfinished job is cancelled (dropped before it starts; one already running stops at
+        its next denoising step, ``runner.DenoiseClock``, unless it shares a mixed batch with a
+        request still wanted) and kept as ``cancelled`` until it expires; a finished one is
+        deleted with its result."""
         record = self.get(request, job_id)
         if record.finished:
             self.store.delete(job_id)

@@ -71,6 +71,8 @@ def openai_answer(out: Generated) -> JSONResponse:
         answer["snapped_from"] = out.snapped_from
     if out.input_notes:  # hotlora's too: what decoding did to the input images
         answer["input_notes"] = list(out.input_notes)
+    if out.adapter_defaults:  # and the steps / guidance the adapters declared, where the request ran at them
+        answer["adapter_defaults"] = out.adapter_defaults
     return JSONResponse(answer, headers=result_headers(out))
 
 

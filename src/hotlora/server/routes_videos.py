@@ -96,7 +96,7 @@ def videos_routes(jobs: Jobs) -> APIRouter:
     @router.delete("/v1/videos/{video_id}")
     async def delete_video(video_id: str, request: Request):
         """Deleted outright, as OpenAI does; an unfinished one is cancelled first (one already
-        running on the engine finishes there and its result is dropped)."""
+        running on the engine stops at its next denoising step)."""
         record = owned_video(jobs, request, video_id)
         if not record.finished:
             jobs.cancel(request, video_id)

@@ -21,12 +21,13 @@ import asyncio
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 from fastapi import Request
 
+from hotlora.adapters.defaults import applied_text
 from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.store.egress import EgressPolicy
 from hotlora.adapters.store.references import redact_reference
@@ -65,6 +66,7 @@ class Generated:
     # What decoding did to the input images that the client may want to know (a first frame
     # taken, EXIF orientation applied, CMYK converted, a declared type the content contradicted).
     input_notes: tuple[str, ...] = ()
+    adapter_defaults: dict = field(default_factory=dict)  # ``GenerationResult.adapter_defaults``
     format: str = "png"  # what ``images`` are encoded as (``MEDIA_TYPES``)
     # A video model's: the frames of each video and their rate (``format`` "png": ``frames``
     # consecutive entries of ``images`` are one video).
@@ -79,7 +81,7 @@ class Generated:
         """The JSON answer's fields (images as the caller encodes them); ``frames`` and ``fps`` for a video."""
         return {"images": self.images, "seeds": self.seeds, "adapters": self.adapters, "timings": self.timings,
                 "recompiles": self.recompiles, "size": self.size, "snapped_from": self.snapped_from,
-                "input_notes": list(self.input_notes),
+                "input_notes": list(self.input_notes), "adapter_defaults": self.adapter_defaults,
                 **({"frames": self.frames, "fps": self.fps} if self.frames is not None else {})}
 
 
@@ -161,15 +163,20 @@ class Service:
 
     def check(self, principal: Principal, job: GenerationRequest) -> "Checked":
         """Everything refused before a fetch: the caller's sources (403), the engine's parameter and
-        spec checks (``Engine.check``); a job (``server/jobs.py``) is refused by it before its 202."""
+        spec checks (``Engine.check``), the references the store can refuse without a download
+        (``AdapterStore.check``); a job (``server/jobs.py``) is refused by it before its 202."""
         self.check_sources(principal, [spec.ref for spec in job.adapters.values()])  # before any fetch
         if not self.worker.ready:
             raise NotAccepting(self.worker.why_not_ready())
         engine, store = self.worker.engine, self.store
         if engine is None or store is None:
             raise NotAccepting(self.worker.why_not_ready())
-        # Parameters and specs first: bad ones never wait for a download.
-        return Checked(engine, store, engine.check(job, default_scale=store.default_scale))
+        # Parameters and specs first, then what the store refuses without a download (a missing file,
+        # an unknown catalog name, a refused host): a job is refused before its 202, not failed after.
+        checked = engine.check(job, default_scale=store.default_scale)
+        for ref in (spec.ref for spec in checked.specs.values() if isinstance(spec.ref, str)):
+            store.check(ref)
+        return Checked(engine, store, checked)
 
     async def run(self, checked: "Checked", fmt: str, *, principal: Principal, client: str, trace: Trace,
                   began: float, watch, wait_for_admission: bool = False,
@@ -225,7 +232,7 @@ class Service:
         return Generated(images=encoded.files, seeds=result.seeds, adapters=result.adapters, timings=timings,
                          recompiles=result.recompiles, size=result.size, snapped_from=result.snapped_from,
                          input_notes=input_notes(checked.request), format=fmt,
-                         frames=encoded.frames, fps=encoded.fps)
+                         frames=encoded.frames, fps=encoded.fps, adapter_defaults=result.adapter_defaults)
 
     async def admit_by(self, deadline: float, cancelled: threading.Event | None = None) -> None:
         """``admit``, waiting for a slot while the queue is full (a job's way: it was accepted
@@ -346,6 +353,7 @@ def server_timing(timings: dict) -> str:
 SIZE_HEADER = "x-hotlora-size"  # the size served, WIDTHxHEIGHT
 SNAPPED_HEADER = "x-hotlora-snapped-from"  # the size asked for, when size_policy="nearest" snapped it
 NOTES_HEADER = "x-hotlora-input-notes"  # Generated.input_notes, "; "-joined
+DEFAULTS_HEADER = "x-hotlora-adapter-defaults"  # Generated.adapter_defaults (``adapters.defaults.applied_text``)
 
 
 def input_notes(job: GenerationRequest) -> tuple[str, ...]:
@@ -361,4 +369,6 @@ def result_headers(out: Generated) -> dict:
         headers[SNAPPED_HEADER] = out.snapped_from
     if out.input_notes:  # notes quote what clients declared: printable ASCII only in a header
         headers[NOTES_HEADER] = "".join(c if " " <= c <= "~" else "?" for c in "; ".join(out.input_notes))[:2000]
+    if out.adapter_defaults:  # slot names are the client's own: printable ASCII only in a header
+        headers[DEFAULTS_HEADER] = "".join(c if " " <= c <= "~" else "?" for c in applied_text(out.adapter_defaults))
     return headers

@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 # entries by it (and by hotlora's version), so a fixed converter never serves old conversions.
 # 4: text-encoder LoRA and pivotal-tuning embeddings kept (they were skipped)
 # 5: another expert's keys (Wan 2.2's transformer_2.*) kept as its modules (they were skipped)
-CONVERTER_VERSION = 5
+# 6: the inference defaults a file declares kept (``Adapter.declared``)
+CONVERTER_VERSION = 6
 PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
@@ -74,6 +75,10 @@ class Adapter:
     # module names as in the text encoder (transformers' CLIP without its old "text_model." level).
     text_modules: dict[str, dict[str, LoraWeights]] = field(default_factory=dict)
     embeddings: Embeddings | None = None  # pivotal-tuning token vectors trained with the LoRA
+    # Inference defaults the file declares (``adapters.defaults``: num_inference_steps,
+    # guidance_scale); a request that leaves them open runs at them. Not in ``key``: they change
+    # what a request asks for, never what the slot holds.
+    declared: dict = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
@@ -193,6 +198,7 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
         base_model=declared_base_model(file_metadata, peft_config, extra.get("header_base_model") or extra.get("model_card")),
         skipped_keys=skipped,
         text_modules=text_modules,
+        declared=dict(extra.get("declared") or {}),
     )
 
 

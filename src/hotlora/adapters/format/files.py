@@ -20,6 +20,7 @@ from typing import Mapping
 
 import torch
 
+from hotlora.adapters.defaults import read_declared
 from hotlora.adapters.format.embeddings import embeddings_file_in, is_embeddings_file
 from hotlora.adapters.store.references import UnsafeReference, check_plain_file, inside
 from hotlora.settings import StoreConfig
@@ -67,7 +68,9 @@ def read_files(path: Path, limits: ReadLimits, label: str):
     path = _confined(path, limits, label)
     if path.suffix == ".safetensors":
         raw, data = _read_safetensors(path, limits, label)
-        extra["header_base_model"] = _header_base_model(data)
+        meta = _header_metadata(data)
+        extra["header_base_model"] = _header_base_model(meta)
+        extra["declared"] = read_declared(meta, label)  # the inference defaults it was trained for
         return raw, _lora_adapter_metadata(path, label), extra, hashlib.sha256(data).hexdigest()
     if path.suffix in (".bin", ".pt", ".pth") and limits.allow_pickle:
         data = _read_capped(path, limits, label)
@@ -190,14 +193,19 @@ def _lora_adapter_metadata(path: Path, label: str) -> dict | None:
     return metadata
 
 
-def _header_base_model(data: bytes) -> str | None:
-    """``base_model`` from the safetensors ``__metadata__`` (the header is JSON behind 8 length bytes)."""
+def _header_metadata(data: bytes) -> dict | None:
+    """The safetensors ``__metadata__`` (the header is JSON behind 8 length bytes), or None."""
     try:
         header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
     except (ValueError, RecursionError):
         return None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(meta, dict):
+    return meta if isinstance(meta, dict) else None
+
+
+def _header_base_model(meta: dict | None) -> str | None:
+    """``base_model`` from the safetensors ``__metadata__``."""
+    if meta is None:
         return None
     return _declared(meta.get("base_model")) or _declared(meta.get("base_model_name_or_path"))
 

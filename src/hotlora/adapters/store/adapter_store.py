@@ -40,12 +40,13 @@ from hotlora.adapters.store.diskcache import DiskCache, TierStats
 from hotlora.durable import owner_tag, sweep_orphans
 from hotlora.families import ModelFamily
 from hotlora.adapters.format.convert import Adapter, LoraWeights, ReadLimits, load_adapter
+from hotlora.adapters.store.egress import EgressRefused
 from hotlora.adapters.store.references import Reference, parse_reference
 from hotlora.adapters.store.remote import Deadline
 from hotlora.adapters.store.hub import HubSource
 from hotlora.adapters.store.sources import Fetched, HttpSource, LocalSource, S3Source, Source
 from hotlora.settings import StoreConfig
-from hotlora.errors import AdapterNotFound, FetchersBusy, SourceUnavailable
+from hotlora.errors import AdapterNotFound, FetchersBusy, SourceUnavailable, UnsafeReference
 from hotlora.lru import LRU
 
 log = logging.getLogger(__name__)
@@ -177,12 +178,13 @@ class AdapterStore:
         identity = self._probe(reference, source, deadline)
         if identity is not None:
             key = self._key(identity)
-            return self._single_flight(
-                key, lambda: self._from_tiers(key, pin) or self._fetch(reference, source, pin, deadline, checked=key))
+            return self._as_cataloged(ref, self._single_flight(
+                key, lambda: self._from_tiers(key, pin) or self._fetch(reference, source, pin, deadline, checked=key)))
         # Only a download tells what the content is: one download per reference at a time. The
         # whole reference: two files (or revisions) of one repository are two downloads.
         address = f"ref|{reference.kind}|{reference.location}|{reference.revision or ''}|{reference.filename or ''}"
-        return self._single_flight(address, lambda: self._fetch(reference, source, pin, deadline))
+        return self._as_cataloged(ref, self._single_flight(address, lambda: self._fetch(reference, source, pin,
+                                                                                         deadline)))
 
     async def aget(self, ref: str, *, client: str = "local", lane: str = REQUEST) -> Adapter:
         """``get`` for the event loop. A RAM hit whose identity needs no round trip (``cached``)
@@ -208,7 +210,8 @@ class AdapterStore:
             identity = self.sources["file"].probe(reference)
         else:
             identity = self._remembered(reference)
-        return self.ram.get(self._key(identity), count_miss=False) if identity is not None else None
+        adapter = self.ram.get(self._key(identity), count_miss=False) if identity is not None else None
+        return None if adapter is None else self._as_cataloged(ref, adapter)
 
     @property
     def fetches_in_flight(self) -> int:
@@ -219,6 +222,32 @@ class AdapterStore:
     def close(self) -> None:
         """Stop the fetch pool: queued jobs are cancelled, running ones finish in the background."""
         self.fetch_pool.shutdown()
+
+    def check(self, ref: str) -> None:
+        """What ``get`` would refuse of ``ref`` that is known without a network round trip or a read:
+        a malformed reference, a catalog name with no entry, a local path outside the roots or
+        missing (a stat), an https URL whose scheme or host the egress policy refuses (its name
+        only: addresses are vetted when it connects). Remote objects that do not exist are found
+        when fetched."""
+        reference, _ = self._resolve_catalog(ref)
+        if reference.kind == "file":
+            self.sources["file"].probe(reference)
+        elif reference.kind == "https":
+            try:
+                self.sources["https"].remote.policy.check_url(reference.location)
+            except EgressRefused as exc:  # as a fetch answers it: the client reads the rule, the log the host
+                log.warning("%s: refused by the egress policy: %s", reference.display, exc)
+                raise UnsafeReference(f"{reference.display}: {exc.shown}") from None
+
+    def _as_cataloged(self, ref: str, adapter: Adapter) -> Adapter:
+        """``adapter`` as the catalog entry ``ref`` names serves it: with the inference defaults the
+        entry declares over the file's. A copy: the tiers hold the file's adapter, which another
+        entry (or a plain path to the same file) serves with its own."""
+        reference = parse_reference(ref, catalog_names=self.catalog)
+        entry = self.catalog.get(reference.location) if reference.kind == "catalog" else None
+        if entry is None or not entry.declared:
+            return adapter
+        return dataclasses.replace(adapter, declared={**adapter.declared, **dict(entry.declared)})
 
     def default_scale(self, ref: str) -> float | None:
         entry = self.catalog.get(ref.removeprefix("catalog:")) if isinstance(ref, str) else None

@@ -7,6 +7,9 @@ TOML (or YAML with the same shape)::
     scale = 0.8        # default scale when a request names the entry without one
     # relative paths are relative to the catalog file
     pin = true         # keep in the RAM tier, never evicted
+    # the inference defaults it was trained for (a step-distilled LoRA), over any its file declares
+    num_inference_steps = 4
+    guidance_scale = 1.0
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from hotlora.adapters.defaults import PARAMETERS as DECLARABLE
 from hotlora.adapters.store.references import parse_reference
 from hotlora.settings import read_config_file
 from hotlora.errors import HotloraError
@@ -30,6 +34,9 @@ class CatalogEntry:
     ref: str
     scale: float = 1.0
     pin: bool = False
+    # num_inference_steps / guidance_scale the entry declares (``adapters.defaults``); they override
+    # what the file's header declares: the operator's catalog is the word about how it is served.
+    declared: tuple[tuple[str, int | float], ...] = ()
 
 
 def load_catalog(path: str | Path) -> dict[str, CatalogEntry]:
@@ -42,7 +49,7 @@ def load_catalog(path: str | Path) -> dict[str, CatalogEntry]:
     for name, entry in entries.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("ref"), str):
             raise CatalogError(f"{path}: entry {name!r} needs a string 'ref'")
-        unknown = set(entry) - {"ref", "scale", "pin"}
+        unknown = set(entry) - {"ref", "scale", "pin", *DECLARABLE}
         if unknown:
             raise CatalogError(f"{path}: entry {name!r} has unknown fields {sorted(unknown)}")
         scale = entry.get("scale", 1.0)
@@ -51,5 +58,22 @@ def load_catalog(path: str | Path) -> dict[str, CatalogEntry]:
         ref = entry["ref"]
         if parse_reference(ref).kind == "file" and not Path(ref.removeprefix("file://")).is_absolute():
             ref = str(path.parent.resolve() / ref.removeprefix("file://"))  # relative to the catalog file
-        catalog[name] = CatalogEntry(name, ref, float(scale), bool(entry.get("pin", False)))
+        catalog[name] = CatalogEntry(name, ref, float(scale), bool(entry.get("pin", False)),
+                                     _declared(path, name, entry))
     return catalog
+
+
+def _declared(path: Path, name: str, entry: dict) -> tuple[tuple[str, int | float], ...]:
+    declared = []
+    steps = entry.get("num_inference_steps")
+    if steps is not None:
+        if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1):
+            raise CatalogError(f"{path}: entry {name!r} has num_inference_steps {steps!r}, not an integer >= 1")
+        declared.append(("num_inference_steps", steps))
+    guidance = entry.get("guidance_scale")
+    if guidance is not None:
+        if not (isinstance(guidance, (int, float)) and not isinstance(guidance, bool) and math.isfinite(guidance)
+                and guidance >= 0):
+            raise CatalogError(f"{path}: entry {name!r} has guidance_scale {guidance!r}, not a finite number >= 0")
+        declared.append(("guidance_scale", float(guidance)))
+    return tuple(declared)

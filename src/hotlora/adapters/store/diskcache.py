@@ -44,6 +44,7 @@ def serialize(adapter: Adapter) -> bytes:
     info = {
         "format": FORMAT, "name": adapter.name, "family": adapter.family, "layout": adapter.layout,
         "sha256": adapter.sha256, "base_model": adapter.base_model, "skipped_keys": adapter.skipped_keys,
+        "declared": adapter.declared,
         "scaling": {m: w.scaling for m, w in adapter.modules.items()},
         "text_scaling": {te: {m: w.scaling for m, w in mods.items()} for te, mods in adapter.text_modules.items()},
     }
@@ -73,7 +74,7 @@ def deserialize(data: bytes) -> Adapter:
         embeddings = Embeddings(tuple(info["embeddings"]["tokens"]), vectors, info["embeddings"]["sha256"])
     return Adapter(name=info["name"], family=info["family"], layout=info["layout"],
                    modules=weights("", info["scaling"]), sha256=info["sha256"], base_model=info["base_model"],
-                   skipped_keys=info["skipped_keys"],
+                   skipped_keys=info["skipped_keys"], declared=dict(info.get("declared") or {}),
                    text_modules={te: weights(f"{te}::", scaling) for te, scaling in info.get("text_scaling", {}).items()},
                    embeddings=embeddings)
 
