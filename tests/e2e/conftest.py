@@ -1,6 +1,7 @@
 """A real uvicorn server on 127.0.0.1 in a background thread, and a real HTTP client."""
 
 import http.server
+import shutil
 import threading
 import time
 
@@ -15,6 +16,7 @@ from hotlora.server.run import build_serving
 from ..helpers import drip, free_port
 
 READY_TIMEOUT_S = 600
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 class RunningServer:
@@ -102,3 +104,22 @@ def drip_url():
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.stopping.set()
     server.shutdown()
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """A headless Chromium driven by Selenium (the playground's tests)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    assert shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER), "make test installs chromium and chromium-driver"
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1280,900", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()

@@ -6,7 +6,6 @@ strength slider and the mask brush, each request the page sends equal to the sam
 import base64
 import io
 import json
-import shutil
 import time
 
 import httpx
@@ -14,32 +13,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-
 
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory, start_server):
     adapters = tiny_models["flux"] / "adapters"
     return start_server(tiny_models["flux"], tmp_path_factory.mktemp("playground"), roots=(adapters,),
                         catalog=str(adapters / "catalog.toml"), compile=False, batch_size=6)
-
-
-@pytest.fixture
-def browser(tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    assert shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER), "make test installs chromium and chromium-driver"
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1280,900", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture(scope="module")

@@ -207,6 +207,7 @@ def test_an_engine_without_tasks_refuses_them(tiny_models):
     with pytest.raises(UnservedTask, match="served tasks: text-to-image"):
         engine.prepare(PROMPT, task="image-to-image", images=(photo(32, 32, 0),))
     assert engine.describe()["tasks"] == ["text-to-image"]
+    assert (engine.describe()["output"], engine.describe()["fps"]) == ("images", None)
 
 
 def test_input_image_bytes_are_decoded_under_the_request_limits(tiny_models):

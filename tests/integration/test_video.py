@@ -67,6 +67,7 @@ def reference(engine, model_dir, frames, output_type="latent", num_images=3):
 def test_every_served_frame_count_is_warm_and_equals_plain_diffusers(video):
     model_dir, engine = video
     assert engine.rules.frames == FRAMES and engine.describe()["frames"] == list(FRAMES)
+    assert (engine.describe()["output"], engine.describe()["fps"]) == ("frames", 16)  # what the playground reads
     for frames in FRAMES:
         ours = engine.generate("a cat", adapters=adapters(model_dir), num_images=3, num_inference_steps=2,
                                num_frames=frames, output_type="latent").images

@@ -174,6 +174,7 @@ class Engine:
             "slot_bytes": writer["slot_bytes"], "rank_buckets": writer.get("rank_buckets", []),
             "writer": writer["writer"], "sizes": list(self.rules.size_names()),  # WIDTHxHEIGHT, default first
             "frames": list(self.rules.frames),  # a video family's frame counts served, default first
+            "output": self.family.output_kind, "fps": self.family.fps,  # "images" | "frames"; a video's frame rate
             # a model of several experts (Wan 2.2 A14B): the models with slots, the denoiser first
             **({"experts": list(writer["experts"])} if "experts" in writer else {}),
             # fused and auto mode: where the pristine weights live, their bytes, one adapter set per
