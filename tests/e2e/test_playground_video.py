@@ -68,7 +68,8 @@ def video_server(tiny_models, tmp_path_factory, start_server):
     adapters = tiny_models["wan"] / "adapters"
     return start_server(tiny_models["wan"], tmp_path_factory.mktemp("playground-video"), roots=(adapters,),
                         catalog=str(adapters / "catalog.toml"), compile=False, batch_size=1,
-                        sizes=f"{SIDE}x{SIDE}", frames=",".join(map(str, FRAMES)))
+                        sizes=f"{SIDE}x{SIDE}", frames=",".join(map(str, FRAMES)),
+                        store_overrides={"allow_http": True})  # a loopback source that fails only when fetched
 
 
 def decode(data: bytes):
@@ -186,12 +187,22 @@ def test_an_unserved_frame_count_and_a_failed_job_are_shown(video_server, browse
                                                                   if k != "url"}, headers={"prefer": "respond-async"})
     assert refused.status_code == 422 and refused.json()["error"] == message  # the server's words, as they came
 
-    # A job that is accepted, then fails (its adapter is found missing when fetched): its error shown.
+    # A name the store knows is missing is refused before any job is made: the 404's words shown.
     fill(browser, "frames", str(FRAMES[0]))
     fill(browser, "style", "no-such-adapter")
     browser.find_element(By.ID, "generate").click()
-    message = wait_for(lambda: browser.find_element(By.ID, "error").text, timeout_s=60)
-    job_id = browser.find_element(By.ID, "video-result").get_attribute("data-job")
-    assert message.startswith(f"job {job_id} failed: ") and "no-such-adapter" in message, message
+    message = wait_for(lambda: (lambda text: text if "no-such-adapter" in text else None)(
+        browser.find_element(By.ID, "error").text), timeout_s=30)
+    assert not message.startswith("job "), message
     assert not browser.find_element(By.ID, "video-result").is_displayed()
-    assert httpx.get(f"{video_server.url}/v1/jobs/{job_id}").json()["error"]["type"] == "AdapterNotFound"
+
+    # A job that is accepted, then fails (its source is found gone when fetched): its error shown.
+    gone = "http://127.0.0.1:9/gone.safetensors"  # allowed by the policy; nothing listens there
+    fill(browser, "style", gone)
+    browser.find_element(By.ID, "generate").click()
+    message = wait_for(lambda: (lambda text: text if text.startswith("job ") else None)(
+        browser.find_element(By.ID, "error").text), timeout_s=90)
+    job_id = browser.find_element(By.ID, "video-result").get_attribute("data-job")
+    assert message.startswith(f"job {job_id} failed: "), message
+    assert not browser.find_element(By.ID, "video-result").is_displayed()
+    assert httpx.get(f"{video_server.url}/v1/jobs/{job_id}").json()["status"] == "failed"
