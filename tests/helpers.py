@@ -148,6 +148,19 @@ def generate(url, identity=None, style=None, n=2, seed=0, client=None, **extra):
     return (client or httpx).post(f"{url}/v1/generate", json=body, timeout=300)
 
 
+def sse_events(response) -> list[tuple[str | None, Any]]:
+    """A Server-Sent Events answer (an ``httpx.stream`` response) as (event name, JSON data) pairs."""
+    import json
+
+    events, name = [], None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line.removeprefix("data: "))))
+    return events
+
+
 def pixels(response) -> np.ndarray:
     import numpy as np
     from PIL import Image

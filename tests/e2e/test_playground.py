@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ..helpers import sse_events
+
 
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory, start_server):
@@ -123,15 +125,9 @@ def wait_for(condition, timeout_s=120, every_s=0.1):
 
 def test_progress_stream_counts_every_step_then_returns_the_pack(server):
     body = {"prompt": "a cat", "num_images": 8, "num_inference_steps": 5, "adapters": {"style": "style-kohya"}}
-    events = []
     with httpx.stream("POST", f"{server.url}/v1/generate/stream", json=body, timeout=120) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
-        name = None
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                name = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                events.append((name, json.loads(line.removeprefix("data: "))))
+        events = sse_events(response)
     steps = [data["step"] for name, data in events if name == "progress"]
     assert steps == list(range(1, 11))  # 8 images at batch 6: two chunks of 5 steps
     assert {data["total"] for name, data in events if name == "progress"} == {10}

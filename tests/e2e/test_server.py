@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from hotlora.testing import random_lora, save_diffusers_lora
 
-from ..helpers import TARGET_RANK, generate, metric, pixels
+from ..helpers import TARGET_RANK, generate, metric, pixels, sse_events
 
 FAST_S = 3.0  # a caller's fault must be answered well within this (it is milliseconds in practice)
 
@@ -308,21 +308,13 @@ def test_image_tasks_are_refused_as_such_by_a_text_to_image_server(served):
 def test_adapter_declared_steps_over_every_api(served, tiny_models):
     """A step-distilled adapter's declared steps and guidance: the JSON API's stream runs that many
     steps and every API reports where they came from; a request's own steps win."""
-    import json
-
     from hotlora.testing import declare_defaults
 
     server, root = served
     distill = declare_defaults(root / "user-4", root / "distill.safetensors", num_inference_steps=2, guidance_scale=2.0)
     body = {"prompt": "a cat", "adapters": {"identity": str(distill)}}
-    events = []
     with httpx.stream("POST", f"{server.url}/v1/generate/stream", json=body, timeout=300) as response:
-        name = None
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                name = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                events.append((name, json.loads(line.removeprefix("data: "))))
+        events = sse_events(response)
     assert [data for name, data in events if name == "progress"] == [{"step": 1, "total": 2}, {"step": 2, "total": 2}]
     name, result = events[-1]
     declared = {"num_inference_steps": {"value": 2, "slots": ["identity"]},
