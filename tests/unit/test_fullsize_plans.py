@@ -128,7 +128,7 @@ def test_plan_builds_the_class_the_model_index_names(monkeypatch):
     """Z-Image's text encoder config names Qwen3ForCausalLM; its pipeline loads Qwen3Model."""
     from hotlora.engine.plan import models
 
-    family = SimpleNamespace(name="zimage", denoiser="transformer", denoiser_class="ZImageTransformer2DModel",
+    family = SimpleNamespace(name="zimage", denoiser="transformer", denoiser_class="ZImageTransformer2DModel", other_denoisers=(),
                              tokenizer_of={"text_encoder": "tokenizer"})
     monkeypatch.setattr(models, "full_size_model", lambda name: (family, "zimage_turbo"))
     spec = models._built_in("zimage-turbo")
