@@ -2,7 +2,9 @@
 what ``hotlora plan`` builds on the meta device and the full-size runs build with random weights.
 
 Each module holds ``NAME`` (its plan name), ``HUB_ID``, ``MODEL_INDEX``, ``COMPONENTS`` (component ->
-its config.json, with the key naming its class) and ``TOKENIZER_VOCABULARY``; its docstring says
+its config.json, with the key naming its class) and ``TOKENIZER_VOCABULARY`` (and, where the model
+is published at several sizes, ``PLAN_SIZES``: the WIDTHxHEIGHT rows ``bench/plan_fit.py`` plans it
+at); its docstring says
 where every value comes from and what could not be confirmed. A family makes a module a plan name by
 listing it in ``full_size_models`` (plan name -> module):
 

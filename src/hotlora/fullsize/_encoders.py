@@ -26,6 +26,9 @@ on, so each is a copy found in public material, named below; what could not be c
   confirmed by a public validator that checks a Qwen-Image snapshot's ``text_encoder/config.json``
   field by field; the ``vision_config`` is Qwen2.5-VL-7B-Instruct's published one, not confirmed here.
 * ``FLUX1_VAE``: FLUX.1-dev's ``vae`` (``hotlora.fullsize.flux``), which Z-Image and Chroma ship too.
+* ``UMT5_XXL`` / ``WAN21_VAE``: the text encoder (google/umt5-xxl's encoder) and the Wan 2.1 VAE that
+  Wan 2.1 T2V 1.3B / 14B and Wan 2.2 T2V A14B ship (``hotlora.fullsize.wan21_t2v_1_3b`` says where each
+  value comes from and what could not be confirmed).
 """
 
 from __future__ import annotations
