@@ -104,11 +104,83 @@ def synthetic_frames(frames: int, height: int, width: int):
     return np.stack([np.asarray(Image.fromarray(f).resize((width, height), Image.Resampling.BICUBIC)) for f in small])
 
 
+def job_overhead(setup, steps: int, frames: int, runs: int, rank: int) -> dict:
+    """One video through the job API (a server on the same tiny model, compiled, its engine in its
+    own process as ``hotlora serve`` runs it, polled every 10 ms) against the same request made
+    directly (``engine.generate`` and ``mp4`` in this process), taking turns."""
+    import socket
+    import tempfile
+    import threading
+
+    import httpx
+    import uvicorn
+
+    from hotlora.server.app import create_app
+    from hotlora.server.run import build_serving
+    from hotlora.server.video import mp4
+    from hotlora.settings import ServerConfig, StoreConfig
+
+    engine, model = setup["engine"], setup["model"]
+    adapter = setup["adapters"]["a"]["hotlora"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-video-"))
+    config = ServerConfig(model=str(model), target_rank=rank, batch_size=1, compile=True, rank_buckets=(), port=port, jobs_dir=str(tmp / "jobs"),
+                          sizes=f"{engine.width}x{engine.height}")
+    serving = build_serving(config, StoreConfig(cache_dir=tmp / "cache", local_roots=(model,)))
+    server = uvicorn.Server(uvicorn.Config(create_app(serving, config), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    client = httpx.Client(base_url=url, timeout=120)
+    for _ in range(3000):  # the server's engine compiles in its own process first
+        try:
+            if client.get("/readyz").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    fps = engine.family.fps
+    body = {"prompt": PROMPT, "seconds": f"{(frames - 1) / fps:g}", "size": f"{engine.width}x{engine.height}",
+            "num_inference_steps": steps, "seed": 1, "adapters": {"identity": str(adapter)}}
+
+    def job():
+        video = client.post("/v1/videos", json=body)
+        video.raise_for_status()
+        vid = video.json()["id"]
+        while client.get(f"/v1/videos/{vid}").json()["status"] in ("queued", "in_progress"):
+            time.sleep(0.01)
+        content = client.get(f"/v1/videos/{vid}/content")
+        content.raise_for_status()
+
+    def direct():
+        made = engine.generate(PROMPT, adapters={"identity": (str(adapter), 1.0)}, num_inference_steps=steps, seed=1,
+                               num_frames=frames)
+        mp4(made.images[0], fps)
+
+    try:
+        job(), direct()  # untimed
+        samples = {"job": [], "direct": []}
+        for run in range(runs):
+            for name in (("job", "direct") if run % 2 == 0 else ("direct", "job")):
+                began = time.perf_counter()
+                (job if name == "job" else direct)()
+                samples[name].append((time.perf_counter() - began) * 1000)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=120)
+    return {"job_ms": statistics.median(samples["job"]), "direct_ms": statistics.median(samples["direct"]),
+            "samples_ms": samples}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--steps", default="2,8", help="the two step counts the per-step cost is taken between")
+    parser.add_argument("--no-jobs", action="store_true", help="skip the job API's overhead (5.)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = parser.parse_args()
     low_steps, high_steps = (int(s) for s in args.steps.split(","))
@@ -204,6 +276,8 @@ def main() -> None:
         ms = median_ms(lambda video=video: mp4(video, first.family.fps), args.runs)
         encode[name] = {"frames": len(video), "ms": ms, "ms_per_frame": ms / len(video)}
 
+    jobs = None if args.no_jobs else job_overhead(setups["one expert"], low_steps, frames, args.runs, args.rank)
+
     recompiles = {label: setup["engine"].recompiles for label, setup in setups.items()}
     rows = [["swap, both slots (ms)", round(swap["one expert"]["ms"], 3), round(swap["two experts"]["ms"], 3),
              f"{swap['two experts']['ms'] / swap['one expert']['ms']:.2f}x (slot bytes "
@@ -221,6 +295,12 @@ def main() -> None:
     table += "\n\n" + markdown_table(["MP4 encode (libx264, CRF 18)", "frames", "ms", "ms per frame"],
                                      [[n, v["frames"], round(v["ms"], 2), round(v["ms_per_frame"], 3)]
                                       for n, v in encode.items()])
+    if jobs is not None:
+        table += "\n\n" + markdown_table(
+            ["one video, " + f"{low_steps} steps, MP4", "ms (median)", "ratio"],
+            [["direct: engine.generate + mp4()", round(jobs["direct_ms"], 1), "1.00x"],
+             ["job API: POST /v1/videos, poll, GET content", round(jobs["job_ms"], 1),
+              f"{jobs['job_ms'] / jobs['direct_ms']:.2f}x"]])
     table += (f"\n\nRecompiles after warm-up: {recompiles}. Compile warm-up: "
               + ", ".join(f"{label} {setup['warmup_s']:.0f} s" for label, setup in setups.items())
               + " (the second engine's blocks have the first's shapes: it mostly reads the inductor cache the "
@@ -231,7 +311,7 @@ def main() -> None:
                    f"{high_steps - low_steps}, {args.runs} runs each, ways taking turns; guidance "
                    f"{guidance} (true CFG, two forwards a step) on both sides. Launch-bound tiny model: serving "
                    "overheads, not GPU throughput. The machine was shared with other work while this ran.")
-    data = {"args": vars(args), "swap": swap, "per_step": per_step, "vae_decode": decode, "mp4_encode": encode,
+    data = {"args": vars(args), "jobs": jobs, "swap": swap, "per_step": per_step, "vae_decode": decode, "mp4_encode": encode,
             "recompiles": recompiles, "warmup_s": {k: s["warmup_s"] for k, s in setups.items()},
             "samples_ms": {" ".join(map(str, k)): v for k, v in samples.items()}}
     write_results(args.out, "video", data, table, description)
