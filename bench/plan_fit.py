@@ -8,7 +8,8 @@ Usage::
                                                       [--models flux-dev,sdxl,...] [--out DIR]
 
 Each model is planned at its family's default size (the published models' size: 1024x1024 for
-most, 512x512 for SD 1.5) unless ``--sizes`` is given, one image per chunk unless ``--batch``,
+most, 512x512 for SD 1.5), or at each size its module lists in ``PLAN_SIZES`` (Wan: 480p and
+720p, one row each), unless ``--sizes`` is given, one image per chunk unless ``--batch``,
 on CUDA in bf16 (``plan_memory(name, EngineConfig(...), device="cuda", budget=...)``, what
 ``hotlora plan NAME --gpu ...`` runs). Nothing is allocated: the parts are built on the meta
 device; a minute or two on a CPU for the whole table. Writes ``bench/results/plan_fit.{md,json}``.
@@ -77,11 +78,31 @@ def _cell(plan) -> str:
     return text
 
 
+def _rows(name: str, module: str, sizes: str, args, results: list) -> list[str]:
+    """One table row per base for ``name`` served at ``sizes``; each plan is appended to ``results``."""
+    cells, rows = [], []
+    for base, quantization in BASES.items():
+        for gpu, (budget, fp8) in GPUS.items():
+            if quantization == "float8" and not fp8:
+                cells.append("n/a (no FP8)")
+                continue
+            config = EngineConfig(target_rank=args.rank, sizes=sizes, batch_size=args.batch,
+                                  base_quantization=quantization)
+            plan = plan_memory(name, config, device="cuda", budget=budget, budget_name=gpu)
+            results.append({"model": name, "module": module, "base": base, "gpu": gpu, **plan.as_dict()})
+            cells.append(_cell(plan))
+            print(f"{name} {sizes} {base} {gpu}: {plan.verdict}", file=sys.stderr, flush=True)
+    for b, base in enumerate(BASES):
+        rows.append(f"| {name} | {sizes} | {base} | " + " | ".join(cells[b * len(GPUS):(b + 1) * len(GPUS)]) + " |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rank", type=int, default=128)
     parser.add_argument("--batch", type=int, default=1, help="the engine's chunk (batch_size)")
-    parser.add_argument("--sizes", help="WIDTHxHEIGHT[,...]; default: each family's default size")
+    parser.add_argument("--sizes", help="WIDTHxHEIGHT[,...]; default: each model's PLAN_SIZES (one row each), "
+                        "else its family's default size")
     parser.add_argument("--models", help="plan names, comma-separated; default: every built-in model")
     parser.add_argument("--out", default=str(ROOT / "bench/results"), help="where plan_fit.{md,json} go")
     args = parser.parse_args(argv)
@@ -101,21 +122,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         family, _ = resolved
         height, width = family.default_size
-        sizes = args.sizes or f"{width}x{height}"
-        cells = []
-        for base, quantization in BASES.items():
-            for gpu, (budget, fp8) in GPUS.items():
-                if quantization == "float8" and not fp8:
-                    cells.append("n/a (no FP8)")
-                    continue
-                config = EngineConfig(target_rank=args.rank, sizes=sizes, batch_size=args.batch,
-                                      base_quantization=quantization)
-                plan = plan_memory(name, config, device="cuda", budget=budget, budget_name=gpu)
-                results.append({"model": name, "module": module, "base": base, "gpu": gpu, **plan.as_dict()})
-                cells.append(_cell(plan))
-                print(f"{name} {base} {gpu}: {plan.verdict}", file=sys.stderr, flush=True)
-        for b, base in enumerate(BASES):
-            rows.append(f"| {name} | {sizes} | {base} | " + " | ".join(cells[b * len(GPUS):(b + 1) * len(GPUS)]) + " |")
+        # A model whose published resolutions are several (Wan: 480p and 720p) lists them as PLAN_SIZES:
+        # one row each, since activations, where modelled, differ per size.
+        declared = getattr(importlib.import_module(f"hotlora.fullsize.{module}"), "PLAN_SIZES", None)
+        for sizes in [args.sizes] if args.sizes else declared or [f"{width}x{height}"]:
+            rows += _rows(name, module, sizes, args, results)
     header = ("| model | size | base | " + " | ".join(GPUS) + " |\n|---|---|---|" + "---|" * len(GPUS))
     lines = [f"Command: `PYTHONPATH=src .venv/bin/python bench/plan_fit.py --rank {args.rank} --batch {args.batch}`"
              f" (meta device, no GPU needed). Slots ({', '.join(EngineConfig().slots)}) at rank {args.rank}; a cell "

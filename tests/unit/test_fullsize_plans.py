@@ -27,6 +27,9 @@ PUBLISHED = {
     "sd35_medium": ("transformer", 2.5e9, 0.11),  # "2.5B" on the card; the class builds 2.24B (see its docstring)
     "chroma1_hd": ("transformer", 8.9e9, 0.01),  # "8.9B" (8.90B)
     "sd15": ("unet", 860e6, 0.01),  # "860M" (859.5M)
+    "wan21_t2v_1_3b": ("transformer", 1.3e9, 0.10),  # "1.3B" is a rounded name (1.42B)
+    "wan21_t2v_14b": ("transformer", 14e9, 0.025),  # "14B" (14.29B)
+    "wan22_t2v_a14b": ("transformer", 14e9, 0.025),  # "14B" per expert (14.29B each)
 }
 
 
@@ -89,6 +92,8 @@ TEXT_ENCODERS = {
     ("qwen_image_21", "text_encoder"): 8_767_123_696,  # Qwen3-VL-8B-shaped: 8.77B
     ("flux2_dev", "text_encoder"): 24_011_361_280,  # Mistral-Small-3.2-24B: 24.0B
     ("sd35_large", "text_encoder_2"): 694_659_840,  # OpenCLIP bigG/14 text tower with projection
+    # UMT5-XXL's encoder: 5.68B, consistent with the 11.4 GB bf16 encoder file Wan ships (not confirmed here)
+    ("wan21_t2v_1_3b", "text_encoder"): 5_680_910_336,
 }
 
 
@@ -123,7 +128,7 @@ def test_plan_builds_the_class_the_model_index_names(monkeypatch):
     """Z-Image's text encoder config names Qwen3ForCausalLM; its pipeline loads Qwen3Model."""
     from hotlora.engine.plan import models
 
-    family = SimpleNamespace(name="zimage", denoiser="transformer", denoiser_class="ZImageTransformer2DModel",
+    family = SimpleNamespace(name="zimage", denoiser="transformer", denoiser_class="ZImageTransformer2DModel", other_denoisers=(),
                              tokenizer_of={"text_encoder": "tokenizer"})
     monkeypatch.setattr(models, "full_size_model", lambda name: (family, "zimage_turbo"))
     spec = models._built_in("zimage-turbo")
@@ -132,7 +137,8 @@ def test_plan_builds_the_class_the_model_index_names(monkeypatch):
 
 
 @pytest.mark.parametrize("name,factor,width", [("sd15", 8, 128), ("flux2_dev", 8, 128), ("qwen_image", 8, 96),
-                                               ("qwen_image_21", 16, 144), ("sd35_large", 8, 128)])
+                                               ("qwen_image_21", 16, 144), ("sd35_large", 8, 128),
+                                               ("wan21_t2v_14b", 8, 96)])
 def test_activation_workload_reads_every_vae_layout(name, factor, width):
     """The plan's activation workload reads the VAE's scale and width from AutoencoderKL-style
     configs (block_out_channels) and from the Wan-style ones Qwen-Image ships, as its pipelines do."""
@@ -140,3 +146,31 @@ def test_activation_workload_reads_every_vae_layout(name, factor, width):
 
     vae = importlib.import_module(f"hotlora.fullsize.{name}").COMPONENTS["vae"]
     assert (vae_scale_factor(vae), vae_width(vae)) == (factor, width)
+
+
+def test_wan22_a14b_builds_both_experts_as_published():
+    """Wan 2.2 A14B's low-noise expert is its own component with the high-noise expert's config and
+    size, switched to at the published boundary; the plan builds and counts both (a built-in spec
+    reads the family's other denoisers as a folder's does)."""
+    from hotlora.engine.plan import models
+    from hotlora.fullsize import wan22_t2v_a14b as a14b
+
+    assert a14b.MODEL_INDEX["boundary_ratio"] == 0.875
+    assert count(build(a14b, "transformer_2")) == a14b.TRANSFORMER_PARAMETERS
+    spec = models._built_in("wan2.2-t2v-a14b")
+    assert {"transformer", "transformer_2"} <= set(spec.configs)
+    parts = build_parts(spec, torch.bfloat16)
+    assert count(parts.transformer) == count(parts.transformer_2) == a14b.TRANSFORMER_PARAMETERS
+    assert "transformer_2" not in models._built_in("wan2.1-t2v-14b").configs
+
+
+@pytest.mark.parametrize("size,tokens", [((480, 832), 21 * 60 * 104 // 4), ((720, 1280), 21 * 90 * 160 // 4)])
+def test_wan_plan_workload_at_the_published_sizes(size, tokens):
+    """81 frames are 21 latent frames (4x temporal, the first kept); each latent frame is
+    (height / 8 / 2) x (width / 8 / 2) patches; the layer width is 40 heads x 128 at 14B."""
+    from hotlora.engine.plan.activations import workload
+    from hotlora.families import family_named
+    from hotlora.fullsize import wan21_t2v_14b
+
+    work = workload(family_named("wan"), wan21_t2v_14b.COMPONENTS, *size, images=1, cfg=False)
+    assert (work.tokens, work.width) == (tokens, 5120)

@@ -52,6 +52,8 @@ class Wan(ModelFamily):
     prompt_argument_of = {"text_encoder": "prompt"}
     tiny_size = 16
     tiny_frames = 5
+    full_size_models = {"wan2.1-t2v-1.3b": "wan21_t2v_1_3b", "wan2.1-t2v-14b": "wan21_t2v_14b",
+                        "wan2.2-t2v-a14b": "wan22_t2v_a14b"}
 
     def matches(self, pipeline_type: type, denoiser_class: str | None = None) -> int:
         """WanPipeline (and its subclasses) only. Wan's image-to-video and video-to-video pipelines

@@ -2,7 +2,9 @@
 what ``hotlora plan`` builds on the meta device and the full-size runs build with random weights.
 
 Each module holds ``NAME`` (its plan name), ``HUB_ID``, ``MODEL_INDEX``, ``COMPONENTS`` (component ->
-its config.json, with the key naming its class) and ``TOKENIZER_VOCABULARY``; its docstring says
+its config.json, with the key naming its class) and ``TOKENIZER_VOCABULARY`` (and, where the model
+is published at several sizes, ``PLAN_SIZES``: the WIDTHxHEIGHT rows ``bench/plan_fit.py`` plans it
+at); its docstring says
 where every value comes from and what could not be confirmed. A family makes a module a plan name by
 listing it in ``full_size_models`` (plan name -> module):
 
@@ -17,6 +19,8 @@ listing it in ``full_size_models`` (plan name -> module):
     sd3          {"sd3.5-large": "sd35_large", "sd3.5-medium": "sd35_medium"}
     chroma       {"chroma1-hd": "chroma1_hd"}
     sd15         {"sd15": "sd15"}
+    wan          {"wan2.1-t2v-1.3b": "wan21_t2v_1_3b", "wan2.1-t2v-14b": "wan21_t2v_14b",
+                  "wan2.2-t2v-a14b": "wan22_t2v_a14b"}
 
 ``_encoders`` holds the text encoders and VAEs several models share.
 """

@@ -26,6 +26,9 @@ on, so each is a copy found in public material, named below; what could not be c
   confirmed by a public validator that checks a Qwen-Image snapshot's ``text_encoder/config.json``
   field by field; the ``vision_config`` is Qwen2.5-VL-7B-Instruct's published one, not confirmed here.
 * ``FLUX1_VAE``: FLUX.1-dev's ``vae`` (``hotlora.fullsize.flux``), which Z-Image and Chroma ship too.
+* ``UMT5_XXL`` / ``WAN21_VAE``: the text encoder (google/umt5-xxl's encoder) and the Wan 2.1 VAE that
+  Wan 2.1 T2V 1.3B / 14B and Wan 2.2 T2V A14B ship (``hotlora.fullsize.wan21_t2v_1_3b`` says where each
+  value comes from and what could not be confirmed).
 """
 
 from __future__ import annotations
@@ -98,3 +101,30 @@ QWEN25_VL_7B = {
 
 # FlowMatchEulerDiscreteScheduler as FLUX.1-dev publishes it (FLUX.2-dev's, per diffusers' conversion script).
 FLUX1_SCHEDULER = dict(_flux.SCHEDULER)
+
+# Wan 2.1 / 2.2 (T2V 1.3B, 14B, A14B) ship the same text encoder and VAE (hotlora.fullsize.wan21_t2v_1_3b
+# says where each value comes from).
+UMT5_XXL = {
+    "architectures": ["UMT5EncoderModel"], "classifier_dropout": 0.0, "d_ff": 10240, "d_kv": 64, "d_model": 4096,
+    "decoder_start_token_id": 0, "dense_act_fn": "gelu_new", "dropout_rate": 0.1, "eos_token_id": 1,
+    "feed_forward_proj": "gated-gelu", "initializer_factor": 1.0, "is_encoder_decoder": True,
+    "is_gated_act": True, "layer_norm_epsilon": 1e-06, "model_type": "umt5", "num_decoder_layers": 24,
+    "num_heads": 64, "num_layers": 24, "pad_token_id": 0, "relative_attention_max_distance": 128,
+    "relative_attention_num_buckets": 32, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 256384,
+}
+
+WAN21_VAE = {
+    "_class_name": "AutoencoderKLWan",
+    "attn_scales": [],
+    "base_dim": 96,
+    "dim_mult": [1, 2, 4, 4],
+    "dropout": 0.0,
+    "latents_mean": [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715,
+                     0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921],
+    "latents_std": [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652,
+                    1.5579, 1.6382, 1.1253, 2.8251, 1.916],
+    "num_res_blocks": 2,
+    "temperal_downsample": [False, True, True],
+    "z_dim": 16,
+}

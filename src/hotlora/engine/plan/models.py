@@ -69,7 +69,9 @@ def _built_in(name: str) -> ModelSpec:
     named = getattr(module, "COMPONENTS", {})
     if named:
         for component, config in named.items():
-            if component not in (*COMPONENTS, family.denoiser):
+            # The other experts too (Wan 2.2 A14B's transformer_2), as _from_folder reads them: the
+            # memory plan holds every expert the family names.
+            if component not in (*COMPONENTS, family.denoiser, *family.other_denoisers):
                 continue
             entry = index.get(component)
             if isinstance(entry, list) and entry[0] in ("diffusers", "transformers"):
