@@ -36,10 +36,20 @@ EXTRA = {"num_inference_steps": STEPS, "seed": 7, "adapters": {"style": "style-d
 
 
 @pytest.fixture(scope="module")
-def served(tiny_models, tmp_path_factory, start_server):
+def declared(tiny_models, tmp_path_factory):
+    """A step-distill adapter's stand-in: the tiny identity LoRA declaring the steps it was trained for."""
+    from hotlora.testing import declare_defaults
+
+    return declare_defaults(tiny_models["wan"] / "adapters" / "identity-diffusers",
+                            tmp_path_factory.mktemp("declared") / "distill.safetensors", num_inference_steps=STEPS)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_models, tmp_path_factory, start_server, declared):
     tmp = tmp_path_factory.mktemp("videos")
     adapters = tiny_models["wan"] / "adapters"
-    return start_server(tiny_models["wan"], tmp, roots=(adapters,), catalog=str(adapters / "catalog.toml"),
+    return start_server(tiny_models["wan"], tmp, roots=(adapters, declared.parent),
+                        catalog=str(adapters / "catalog.toml"),
                         compile=False, batch_size=1, auth="on", api_keys=f"{ALICE_LINE}\n{BOB_LINE}",
                         sizes=SIZE)
 
@@ -108,6 +118,22 @@ def test_the_same_request_makes_the_same_video_and_the_adapter_matters(served):
     other = made(adapters={"identity": "identity-diffusers"})
     assert np.array_equal(first, again)
     assert np.abs(first - other).mean() > 0.5
+
+
+def test_a_video_at_the_steps_its_adapter_declared_says_so(served, declared):
+    """No steps asked for: the adapter's declared ones are run, and the video object says so once
+    the video is made (as images answer ``adapter_defaults``)."""
+    videos = client(served).videos
+    video = videos.create_and_poll(prompt="a cat walking", seconds=SECONDS, size=SIZE, poll_interval_ms=100,
+                                   extra_body={"seed": 7, "adapters": {"identity": str(declared)}})
+    assert video.status == "completed", video.error
+    assert video.to_dict()["adapter_defaults"] == {"num_inference_steps": {"value": STEPS, "slots": ["identity"]}}
+    own = videos.create_and_poll(prompt="a cat walking", seconds=SECONDS, size=SIZE, poll_interval_ms=100,
+                                 extra_body={**EXTRA, "adapters": {"identity": str(declared)}})
+    assert own.status == "completed" and "adapter_defaults" not in own.to_dict()  # the request's own steps won
+    # Both ran 2 steps from one seed and adapter: the same video, whoever chose the steps.
+    assert np.array_equal(decode(videos.download_content(video.id).read())[1],
+                          decode(videos.download_content(own.id).read())[1])
 
 
 def test_another_keys_video_does_not_exist(served):

@@ -45,6 +45,29 @@ def test_mp4_is_h264_yuv420p_at_the_rate_with_every_frame(fps):
     assert errors.diagonal().max() < 8
 
 
+def top_level_boxes(data: bytes) -> list[str]:
+    """An MP4's top-level box types in file order (ISO/IEC 14496-12: a 32-bit size, a 4-byte type,
+    a 64-bit size after them when the first is 1). Read by hand: PyAV does not list them."""
+    kinds, at = [], 0
+    while at + 8 <= len(data):
+        size, kind = int.from_bytes(data[at:at + 4], "big"), data[at + 4:at + 8].decode("latin-1")
+        if size == 1:
+            size = int.from_bytes(data[at + 8:at + 16], "big")
+        kinds.append(kind)
+        if size < 8:  # 0: the box runs to the end of the file
+            break
+        at += size
+    return kinds
+
+
+def test_mp4_has_its_index_first_so_a_player_starts_before_the_end_arrives():
+    """faststart: ``moov`` (the index) before ``mdat`` (the frames), every byte a box's."""
+    (data,) = video.encode(list(moving_square()), "mp4", 16)
+    kinds = top_level_boxes(data)
+    assert kinds[0] == "ftyp" and "moov" in kinds and "mdat" in kinds
+    assert kinds.index("moov") < kinds.index("mdat"), kinds
+
+
 def test_mp4_of_an_odd_size_is_padded_to_even_keeping_every_pixel():
     frames = moving_square(frames=3, height=15, width=17)
     facts, decoded = decode_mp4(video.encode(list(frames), "mp4", 16)[0])

@@ -213,16 +213,21 @@ VIDEO_STATUS = {"queued": "queued", "running": "in_progress", "succeeded": "comp
 def video_object(record: JobRecord) -> dict:
     """A job as OpenAI's videos API answers ``POST /v1/videos`` and ``GET /v1/videos/{id}``
     (``{id, object: "video", status, progress (0-100), created_at, completed_at, expires_at,
-    model, seconds, size, prompt, error}``; times in whole seconds). ``/content`` is the job's MP4."""
+    model, seconds, size, prompt, error}``; times in whole seconds), plus ``adapter_defaults`` once
+    it has succeeded at steps or guidance its adapters declared. ``/content`` is the job's MP4."""
     progress = round(100 * record.step / record.total) if record.total else (100 if record.status == "succeeded" else 0)
     error = None
     if record.status == "cancelled":
         error = {"code": "cancelled", "message": "the job was cancelled"}
     elif record.error is not None:
         error = {"code": record.error.get("type", "error"), "message": record.error.get("error", "")}
-    return {"id": record.id, "object": "video", "status": VIDEO_STATUS[record.status], "progress": progress,
-            "created_at": int(record.created_at),
-            "completed_at": int(record.finished_at) if record.status == "succeeded" else None,
-            "expires_at": int(record.expires_at) if record.expires_at is not None else None,
-            "model": record.params.get("model"), "seconds": record.params.get("seconds"),
-            "size": record.params.get("size"), "prompt": record.params.get("prompt"), "error": error}
+    answer = {"id": record.id, "object": "video", "status": VIDEO_STATUS[record.status], "progress": progress,
+              "created_at": int(record.created_at),
+              "completed_at": int(record.finished_at) if record.status == "succeeded" else None,
+              "expires_at": int(record.expires_at) if record.expires_at is not None else None,
+              "model": record.params.get("model"), "seconds": record.params.get("seconds"),
+              "size": record.params.get("size"), "prompt": record.params.get("prompt"), "error": error}
+    declared = (record.result or {}).get("meta", {}).get("adapter_defaults")
+    if declared:  # hotlora's extension, as on images: the steps / guidance the adapters declared, where it ran at them
+        answer["adapter_defaults"] = declared
+    return answer

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 from fractions import Fraction
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -42,21 +43,27 @@ def even(array: np.ndarray) -> np.ndarray:
 
 
 def mp4(frames, fps: int) -> bytes:
+    """The frames as one MP4 with its index (``moov``) before the media (``mdat``): "faststart", so
+    a browser or player fetching it over HTTP starts playing before the last byte arrives, with no
+    range request for the file's end. FFmpeg's mov muxer moves the index in a second pass over the
+    file by name, so the encode goes through a temporary file (an in-memory one would keep the
+    index last)."""
+    import tempfile
+
     import av
 
     array = even(rgb_frames(frames))
-    buffer = io.BytesIO()
-    # No faststart (moov first): it rewrites the file by name, which an in-memory file has not; the
-    # routes send the whole file at once, so a player has the index whichever end it is at.
-    with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=Fraction(fps))
-        stream.width, stream.height = array.shape[2], array.shape[1]
-        stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": str(CRF)}
-        for pixels in array:
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
-        container.mux(stream.encode())  # flush the frames the encoder still holds
-    return buffer.getvalue()
+    with tempfile.TemporaryDirectory(prefix="hotlora-mp4-") as folder:
+        path = Path(folder) / "video.mp4"
+        with av.open(str(path), mode="w", format="mp4", options={"movflags": "+faststart"}) as container:
+            stream = container.add_stream("libx264", rate=Fraction(fps))
+            stream.width, stream.height = array.shape[2], array.shape[1]
+            stream.pix_fmt = "yuv420p"
+            stream.options = {"crf": str(CRF)}
+            for pixels in array:
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+            container.mux(stream.encode())  # flush the frames the encoder still holds
+        return path.read_bytes()
 
 
 def webp(frames, fps: int) -> bytes:
