@@ -216,3 +216,63 @@ def test_a_video_job_from_generate_is_served_as_mp4_and_listed_as_a_video(served
     assert content.headers["content-type"] == "video/mp4"
     assert decode(content.content)[1].shape == (FRAMES, 16, 16, 3)
     assert job_id in [v.id for v in client(served).videos.list().data]
+
+
+@pytest.fixture(scope="module")
+def two_experts(tmp_path_factory, start_server):
+    """A Wan 2.2 A14B-shaped tiny model (two experts, ``boundary_ratio``), served eager."""
+    from hotlora.testing import save_tiny_model
+
+    tmp = tmp_path_factory.mktemp("two-experts")
+    model = save_tiny_model(tmp / "wan", "wan", target_rank=8, variant="two-experts")
+    return model, start_server(model, tmp, roots=(model / "adapters",), compile=False, batch_size=1)
+
+
+def png_frames(response) -> np.ndarray:
+    assert response.status_code == 200, response.text
+    return np.stack([np.asarray(Image.open(io.BytesIO(base64.b64decode(f))).convert("RGB"))
+                     for f in response.json()["images"]])
+
+
+def test_a_request_names_each_experts_file_and_gets_plain_diffusers_pair(two_experts):
+    """What users ship for Wan 2.2: a high-noise and a low-noise LoRA file. Named per slot
+    (``{"ref": high, "low_noise": low}``), they are served as diffusers loads them (the low one
+    with ``load_into_transformer_2=True``), the same frames as the two in one pair file; the
+    low-noise part counts; a low-noise file that is a pair itself is refused, nothing run."""
+    from hotlora.testing import plain_diffusers_reference
+
+    model, server = two_experts
+    adapters = model / "adapters"
+    high, low = adapters / "experts-high", adapters / "experts-low"
+    # Two steps of the tiny scheduler fall on both sides of the boundary (test_video.py): both experts run.
+    body = {"prompt": "a cat", "seed": 7, "num_inference_steps": STEPS, "guidance_scale": 5.0, "output_format": "png"}
+
+    def frames(spec):
+        return png_frames(httpx.post(f"{server.url}/v1/generate", json={**body, "adapters": {"identity": spec}},
+                                     timeout=300))
+
+    named = frames({"ref": str(high), "low_noise": str(low), "scale": 0.9})
+    reference = plain_diffusers_reference(model, {"identity": ((high, low), 0.9)}, prompt="a cat", num_images=1,
+                                          num_inference_steps=STEPS, guidance_scale=5.0, height=16, width=16, seed=7,
+                                          num_frames=FRAMES, output_type="np")
+    expected = (np.clip(reference[0], 0, 1) * 255).round().astype(np.uint8)
+    assert named.shape == expected.shape == (FRAMES, 16, 16, 3)
+    assert np.abs(named.astype(int) - expected.astype(int)).max() <= 1
+    assert np.array_equal(named, frames({"ref": str(adapters / "experts-pair"), "scale": 0.9}))
+    # The low-noise part counts: at this tiny model's 2 steps it moves a pixel by one level at scale
+    # 0.9, so at scale 4 (the VAE maps small latent changes to nothing) it must move some by far more.
+    louder = {"ref": str(high), "low_noise": str(low), "scale": 4.0}
+    assert np.abs(frames(louder).astype(int) - frames({"ref": str(high), "scale": 4.0}).astype(int)).max() > 8
+
+    refused = httpx.post(f"{server.url}/v1/generate", timeout=60, json={
+        **body, "adapters": {"identity": {"ref": str(high), "low_noise": str(adapters / "experts-pair")}}})
+    assert refused.status_code == 422 and "not one expert's LoRA" in refused.json()["error"], refused.text
+
+
+def test_a_low_noise_file_on_a_model_of_one_transformer_is_refused_before_any_job(served):
+    videos = client(served).videos
+    before = {v.id for v in videos.list(limit=100).data}
+    spec = {"ref": "identity-diffusers", "low_noise": "style-diffusers"}
+    with pytest.raises(openai.UnprocessableEntityError, match="one denoiser"):
+        videos.create(prompt="a cat", seconds=SECONDS, size=SIZE, extra_body={**EXTRA, "adapters": {"identity": spec}})
+    assert {v.id for v in videos.list(limit=100).data} == before

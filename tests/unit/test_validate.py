@@ -91,3 +91,41 @@ def test_slots_refuse_conv_lora_naming_the_mode_that_serves_it():
     # 4-D factors on a Linear of the ceiling are a shape mismatch, not conv LoRA.
     found = problems_with(adapter({"blk.q": conv_lora(2, 8, 8, k=1)}, family="sdxl"), FUSED)
     assert any("shape mismatch in blk.q" in p for p in found), found
+
+
+# A two-expert Wan 2.2 model's ceiling: the high-noise expert's modules, and the low-noise one's under transformer_2.
+TWO_EXPERTS = SlotCeiling(modules={"blk.q": (8, 8), "transformer_2.blk.q": (8, 8)}, target_rank=4, family="wan")
+ONE_EXPERT = SlotCeiling(modules={"blk.q": (8, 8)}, target_rank=4, family="wan")
+
+
+def test_a_slots_high_and_low_noise_files_are_one_pair_adapter():
+    """``{"ref": high, "low_noise": low}``: the low-noise LoRA lands on transformer_2's modules,
+    each part unchanged, under one content key of its own (another low-noise file: another key)."""
+    resolver = AdapterResolver(("identity",), TWO_EXPERTS, family_named("wan"))
+    high, low = adapter({"blk.q": lora(2, 8, 8)}, "wan"), adapter({"blk.q": lora(3, 8, 8)}, "wan")
+    low = Adapter(name="low", family="wan", layout="diffusers", modules=low.modules, sha256="1" * 64)
+    (binding,) = resolver.resolve({"identity": {"ref": high, "low_noise": low, "scale": 0.5}}).values()
+    assert binding.scale == 0.5 and set(binding.adapter.modules) == {"blk.q", "transformer_2.blk.q"}
+    assert binding.adapter.modules["transformer_2.blk.q"] is low.modules["blk.q"]
+    assert binding.adapter.modules["blk.q"] is high.modules["blk.q"]
+    other = Adapter(name="other", family="wan", layout="diffusers", modules=low.modules, sha256="2" * 64)
+    (again,) = resolver.resolve({"identity": {"ref": high, "low_noise": other}}).values()
+    assert again.adapter.key != binding.adapter.key
+
+
+def test_a_low_noise_file_is_refused_where_it_has_nowhere_to_go():
+    """A one-transformer model (Wan 2.1, or any other family) refuses ``low_noise`` before any
+    fetch; a low-noise part that is a pair already is refused naming the slot."""
+    from hotlora.errors import InvalidRequest
+
+    part = adapter({"blk.q": lora(2, 8, 8)}, "wan")
+    for ceiling, family in ((ONE_EXPERT, "wan"), (CEILING, "flux")):
+        resolver = AdapterResolver(("identity",), ceiling, family_named(family))
+        with pytest.raises(InvalidRequest, match=r"\[identity\] low_noise .* one denoiser"):
+            resolver.specs({"identity": {"ref": "high.safetensors", "low_noise": "low.safetensors"}})
+    resolver = AdapterResolver(("identity",), TWO_EXPERTS, family_named("wan"))
+    pair = adapter({"blk.q": lora(2, 8, 8), "transformer_2.blk.q": lora(2, 8, 8)}, "wan")
+    with pytest.raises(InvalidRequest, match=r"\[identity\] .*not one expert's LoRA"):
+        resolver.resolve({"identity": {"ref": part, "low_noise": pair}})
+    with pytest.raises(InvalidRequest, match="low_noise reference is empty"):
+        resolver.specs({"identity": {"ref": "high.safetensors", "low_noise": " "}})

@@ -21,11 +21,20 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, kw_only=True)
 class AdapterSpec:
     """One slot's adapter as a request names it: a reference (or a path, state dict, Adapter),
-    a scale (None: the catalog entry's default, else 1.0) and optional pivotal-tuning token names."""
+    a scale (None: the catalog entry's default, else 1.0) and optional pivotal-tuning token names.
+    ``low_noise``: on a model of two experts (Wan 2.2 A14B), a second reference, the low-noise
+    expert's LoRA as its trainer ships it (a file of its own); ``ref`` is then the high-noise one's,
+    and the slot holds the two as one pair adapter (``format.export.pair_experts``)."""
 
     ref: Any
     scale: float | None = None
     tokens: tuple[str, ...] | None = None
+    low_noise: Any = None
+
+    @property
+    def refs(self) -> list:
+        """Every reference this spec names (the access check and the store's look at each)."""
+        return [self.ref] if self.low_noise is None else [self.ref, self.low_noise]
 
 
 class Binding(NamedTuple):

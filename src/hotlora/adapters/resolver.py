@@ -22,6 +22,7 @@ import torch
 from hotlora.adapters.binding import AdapterSpec, Binding
 from hotlora.adapters.format.embeddings import checked_tokens
 from hotlora.adapters.format.convert import Adapter, load_adapter
+from hotlora.adapters.format.export import pair_experts
 from hotlora.adapters.format.validate import SlotCeiling, problems_with
 from hotlora.errors import AdapterFormatError, AdapterRejected, InvalidRequest
 from hotlora.families import ModelFamily
@@ -44,6 +45,10 @@ class AdapterResolver:
         # What the folded update may reach: its square keeps activations (x @ delta^T, summed over
         # thousands of features) clear of the dtype's overflow. 1.8e19 for float32/bf16, 256 for fp16.
         self.max_update = torch.finfo(serving_dtype).max ** 0.5
+        # The second expert the slots reach into (Wan 2.2 A14B's transformer_2), or None: a
+        # request's ``low_noise`` LoRA has somewhere to go only where it is served.
+        self.second_expert = next((e for e in family.other_denoisers
+                                   if any(m.startswith(f"{e}.") for m in ceiling.modules)), None)
         self._memos()
 
     def _memos(self) -> None:
@@ -76,10 +81,11 @@ class AdapterResolver:
               default_scale: Callable[[str], float | None] | None = None) -> dict[str, AdapterSpec]:
         """``{slot: AdapterSpec}`` with slots, scales and token names checked, before anything is
         fetched: the one place a request's adapter specs are checked. A spec is an AdapterSpec, a
-        source, ``(source, scale)`` or ``{"ref": source, "scale": s, "tokens": [...]}``; a missing
+        source, ``(source, scale)`` or ``{"ref": source, "scale": s, "tokens": [...], "low_noise": source}``; a missing
         scale becomes the catalog entry's default (``default_scale(ref)``: the serving store's
         catalog; None: the resolver's own store's, if it has one), else 1.0; ``tokens`` renames the
-        adapter's pivotal-tuning embeddings for this request (its prompt then uses these names)."""
+        adapter's pivotal-tuning embeddings for this request (its prompt then uses these names);
+        ``low_noise`` is refused unless the served model has a second expert."""
         adapters = dict(adapters or {})
         check_slots(adapters, self.slot_names)
         if default_scale is None and self.store is not None:
@@ -89,6 +95,9 @@ class AdapterResolver:
             if spec is None:
                 continue
             spec = spec_of(spec, slot)
+            if spec.low_noise is not None and self.second_expert is None:
+                raise InvalidRequest(f"[{slot}] low_noise names a LoRA for a low-noise expert, but the served model "
+                                     "has one denoiser (a two-expert model is Wan 2.2 A14B): give ref alone")
             scale = spec.scale
             if scale is None:
                 default = default_scale(spec.ref) if default_scale and isinstance(spec.ref, str) else None
@@ -115,6 +124,9 @@ class AdapterResolver:
                 adapter = fetched[slot]
             else:
                 adapter = self.load(source, name=source if isinstance(source, str) else None)
+                if spec.low_noise is not None:
+                    low = spec.low_noise
+                    adapter = paired(adapter, self.load(low, name=low if isinstance(low, str) else None), slot)
             if spec.tokens is not None:
                 adapter = renamed_tokens(adapter, spec.tokens, slot)
             problems += [f"[{slot}] {p}" for p in self._problems(adapter)]
@@ -167,11 +179,11 @@ def check_slots(adapters: Mapping[str, Any], slot_names) -> None:
 
 def spec_of(spec, slot: str) -> AdapterSpec:
     """Any spec form the engine reads, as a checked AdapterSpec (its scale may still be None)."""
-    tokens = None
+    tokens = low_noise = None
     if isinstance(spec, AdapterSpec):
-        source, scale, tokens = spec.ref, spec.scale, spec.tokens
+        source, scale, tokens, low_noise = spec.ref, spec.scale, spec.tokens, spec.low_noise
     elif isinstance(spec, Mapping) and "ref" in spec:
-        source, scale, tokens = spec["ref"], spec.get("scale"), spec.get("tokens")
+        source, scale, tokens, low_noise = spec["ref"], spec.get("scale"), spec.get("tokens"), spec.get("low_noise")
     elif isinstance(spec, tuple):
         if len(spec) != 2:
             raise InvalidRequest(f"[{slot}] an adapter spec tuple is (source, scale)")
@@ -184,12 +196,25 @@ def spec_of(spec, slot: str) -> AdapterSpec:
         raise InvalidRequest(f"[{slot}] scale must be a finite number, got {scale!r}")
     if source is None or (isinstance(source, str) and not source.strip()):
         raise InvalidRequest(f"[{slot}] adapter reference is empty")
+    if isinstance(low_noise, Path):
+        low_noise = str(low_noise)
+    if isinstance(low_noise, str) and not low_noise.strip():
+        raise InvalidRequest(f"[{slot}] low_noise reference is empty")
     if tokens is not None:
         try:
             tokens = checked_tokens(tokens, len(tokens) if isinstance(tokens, (list, tuple)) else -1, f"[{slot}]")
         except AdapterFormatError as exc:
             raise InvalidRequest(str(exc)) from None
-    return AdapterSpec(ref=source, scale=None if scale is None else float(scale), tokens=tokens)
+    return AdapterSpec(ref=source, scale=None if scale is None else float(scale), tokens=tokens, low_noise=low_noise)
+
+
+def paired(high: Adapter, low: Adapter, slot: str) -> Adapter:
+    """A slot's high-noise and low-noise LoRAs as one pair adapter; a part that is no one expert's
+    LoRA (a pair already, or text-encoder LoRA in the low-noise file) is a 422 naming the slot."""
+    try:
+        return pair_experts(high, low)
+    except AdapterFormatError as exc:
+        raise InvalidRequest(f"[{slot}] {exc}") from None
 
 
 def renamed_tokens(adapter: Adapter, tokens: tuple[str, ...], slot: str) -> Adapter:

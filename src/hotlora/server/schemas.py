@@ -41,6 +41,8 @@ class AdapterBody(BaseModel):
     # The adapter's pivotal-tuning tokens renamed for this request (default: <s0>, <s1>, ... or the
     # names its embeddings file lists); the prompt then uses these names.
     tokens: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=64)] | None = None
+    # A two-expert model (Wan 2.2 A14B): the low-noise expert's LoRA file, ``ref`` the high-noise one's.
+    low_noise: Ref | None = None
 
 
 Adapters = Annotated[dict[SlotName, AdapterBody | Ref | None], Field(max_length=MAX_SLOTS)]
@@ -245,7 +247,7 @@ class PrefetchRequest(BaseModel):
 
 
 def specs(adapters) -> dict[str, AdapterSpec]:
-    """``{slot: "ref" | {"ref", "scale", "tokens"} | None}`` as the engine's AdapterSpecs (an empty
+    """``{slot: "ref" | {"ref", "scale", "tokens", "low_noise"} | None}`` as the engine's AdapterSpecs (an empty
     slot is left out); checked once, by ``Engine.check``."""
     out = {}
     for slot, spec in (adapters or {}).items():
@@ -254,7 +256,7 @@ def specs(adapters) -> dict[str, AdapterSpec]:
         if isinstance(spec, str):
             out[slot] = AdapterSpec(ref=spec)
         elif isinstance(spec, AdapterBody):
-            out[slot] = AdapterSpec(ref=spec.ref, scale=spec.scale,
+            out[slot] = AdapterSpec(ref=spec.ref, scale=spec.scale, low_noise=spec.low_noise,
                                     tokens=None if spec.tokens is None else tuple(spec.tokens))
         else:
             raise InvalidRequest(f"[{slot}] adapter spec must be a reference string or {{ref, scale}}")

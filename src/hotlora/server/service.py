@@ -29,6 +29,7 @@ from fastapi import Request
 
 from hotlora.adapters.defaults import applied_text
 from hotlora.adapters.format.convert import Adapter
+from hotlora.adapters.resolver import paired
 from hotlora.adapters.store.egress import EgressPolicy
 from hotlora.adapters.store.references import redact_reference
 from hotlora.settings import ServerConfig
@@ -165,7 +166,7 @@ class Service:
         """Everything refused before a fetch: the caller's sources (403), the engine's parameter and
         spec checks (``Engine.check``), the references the store can refuse without a download
         (``AdapterStore.check``); a job (``server/jobs.py``) is refused by it before its 202."""
-        self.check_sources(principal, [spec.ref for spec in job.adapters.values()])  # before any fetch
+        self.check_sources(principal, [ref for spec in job.adapters.values() for ref in spec.refs])  # before any fetch
         if not self.worker.ready:
             raise NotAccepting(self.worker.why_not_ready())
         engine, store = self.worker.engine, self.store
@@ -174,7 +175,7 @@ class Service:
         # Parameters and specs first, then what the store refuses without a download (a missing file,
         # an unknown catalog name, a refused host): a job is refused before its 202, not failed after.
         checked = engine.check(job, default_scale=store.default_scale)
-        for ref in (spec.ref for spec in checked.specs.values() if isinstance(spec.ref, str)):
+        for ref in (ref for spec in checked.specs.values() for ref in spec.refs if isinstance(ref, str)):
             store.check(ref)
         return Checked(engine, store, checked)
 
@@ -294,10 +295,16 @@ class Service:
         Each adapter goes on under the caller's own reference: a content-addressed hit carries the
         first fetcher's. Slot -> adapter, every slot of ``specs`` (the routes' references are text)."""
 
-        async def fetch(slot, ref):
-            return slot, self.access.named(principal, await store.aget(ref, client=client), ref)
+        async def one(ref):
+            return self.access.named(principal, await store.aget(ref, client=client), ref)
 
-        everything = asyncio.gather(*(fetch(slot, spec.ref) for slot, spec in specs.items()
+        async def fetch(slot, spec):
+            if spec.low_noise is None:
+                return slot, await one(spec.ref)
+            high, low = await asyncio.gather(one(spec.ref), one(spec.low_noise))  # a two-expert pair, fetched at once
+            return slot, paired(high, low, slot)
+
+        everything = asyncio.gather(*(fetch(slot, spec) for slot, spec in specs.items()
                                       if isinstance(spec.ref, str)))
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
