@@ -45,3 +45,50 @@ def test_unknown_backends_and_unsupported_models_fail_at_start_up(tiny_models):
     with pytest.raises(StepCacheError, match="unknown step cache"):
         Engine.from_pretrained(tiny_models["flux"], target_rank=8, batch_size=1, compile=False,
                                step_cache=StepCache(backend="magic"))
+
+
+VIDEO_STEPS = 8
+
+
+@pytest.mark.families
+@pytest.mark.parametrize(("backend", "variant"), [("dbcache", None), ("dbcache", "two-experts"),
+                                                  ("taylorseer", "two-experts")])
+def test_wan_steps_are_cached_on_every_expert_without_recompiling(tiny_models, tmp_path_factory, variant, backend):
+    """Wan 2.1 (one transformer) and Wan 2.2 A14B (two experts: cache-dit's Wan adapter caches
+    both) with true CFG's two passes: compiled, adapters swapped
+    and steps varied per request, never recompiling; close to the uncached result, not equal to it
+    (steps were skipped)."""
+    from hotlora.testing import save_tiny_model
+
+    model = tiny_models["wan"] if variant is None else save_tiny_model(
+        tmp_path_factory.mktemp(variant) / "wan", "wan", target_rank=8, variant=variant)
+    adapters = model / "adapters"
+    pair = adapters / ("experts-pair" if variant else "identity-diffusers")
+    requests = [{"identity": (str(pair), 0.9), "style": (str(adapters / "style-diffusers"), 0.6)},
+                {"identity": (str(pair), 1.2)}]
+    plain = Engine.from_pretrained(model, target_rank=8, batch_size=1, compile=False)
+    cached = Engine.from_pretrained(model, target_rank=8, batch_size=1, compile=True, rank_buckets=(),
+                                    step_cache=StepCache(backend, threshold=0.8, warmup_steps=2))
+    assert cached.describe()["step_cache"] == backend
+    previous = torch._dynamo.config.error_on_recompile
+    torch._dynamo.config.error_on_recompile = True
+    try:
+        for i, adapters_here in enumerate(requests):
+            steps = VIDEO_STEPS + i
+            ours = cached.generate("a cat", adapters=adapters_here, num_inference_steps=steps, output_type="latent").images
+            exact = plain.generate("a cat", adapters=adapters_here, num_inference_steps=steps, output_type="latent").images
+            assert torch.isfinite(ours).all()
+            relative = ((ours - exact).norm() / exact.norm()).item()
+            assert 1e-3 < relative < 0.5, f"request {i}: relative difference {relative:.4f}"
+    finally:
+        torch._dynamo.config.error_on_recompile = previous
+    assert cached.recompiles == 0
+    torch._dynamo.reset()
+
+
+def test_first_block_cache_is_refused_on_wan_at_start_up(tiny_models):
+    """FirstBlockCache recompiled a compiled Wan engine's blocks on a request (true CFG's two
+    passes): refused when the engine starts, naming what to use instead."""
+    with pytest.raises(StepCacheError, match="'fbcache' is not served on wan: .* use dbcache"):
+        Engine.from_pretrained(tiny_models["wan"], target_rank=8, batch_size=1, compile=False,
+                               step_cache=StepCache(backend="fbcache"))

@@ -26,15 +26,22 @@ class StepCacheError(HotloraError):
     """The step cache cannot be applied to this model (a start-up fault)."""
 
 
-def apply_step_cache(pipeline, denoiser, config: StepCache) -> None:
-    """Install the step cache; call before compiling the denoiser."""
+def apply_step_cache(pipeline, experts, config: StepCache, family=None) -> None:
+    """Install the step cache on every denoiser of ``experts`` (name -> module: Wan 2.2 A14B has
+    two, each with caches of its own); call before compiling them. cache-dit finds both experts
+    itself (its Wan adapter: ``transformer`` and ``transformer_2``, CFG's passes cached apart);
+    diffusers' FirstBlockCache is a hook per model."""
     if config.backend not in BACKENDS:
         raise StepCacheError(f"unknown step cache {config.backend!r}; choose one of {', '.join(BACKENDS)}")
+    refused = family.unserved_step_caches.get(config.backend) if family is not None else None
+    if refused:
+        raise StepCacheError(f"step cache {config.backend!r} is not served on {family.name}: {refused}")
     try:
         if config.backend == "fbcache":
             from diffusers.hooks import FirstBlockCacheConfig
 
-            denoiser.enable_cache(FirstBlockCacheConfig(threshold=config.threshold))
+            for denoiser in experts.values():
+                denoiser.enable_cache(FirstBlockCacheConfig(threshold=config.threshold))
         else:
             import cache_dit
 
@@ -49,5 +56,6 @@ def apply_step_cache(pipeline, denoiser, config: StepCache) -> None:
     except ImportError as exc:
         raise StepCacheError(f"step cache {config.backend!r} needs the 'cache' extra: pip install 'hotlora[cache]'") from exc
     except Exception as exc:  # the libraries reject unsupported models in their own ways
-        raise StepCacheError(f"step cache {config.backend!r} does not support {type(denoiser).__name__}: {exc}") from exc
+        names = ", ".join(sorted({type(d).__name__ for d in experts.values()}))
+        raise StepCacheError(f"step cache {config.backend!r} does not support {names}: {exc}") from exc
     log.info("step cache: %s, threshold %.3f", config.backend, config.threshold)

@@ -86,9 +86,6 @@ def check_expert_config(config: EngineConfig, experts: Mapping) -> None:
     if problem:
         raise UnservedModel(f"{problem} is not served on a model of several experts ({', '.join(experts)}): "
                             "their slots are (adapter_mode='slots', mixed=False)")
-    if config.step_cache is not None:
-        raise UnservedModel(f"step_cache is not served on a model of several experts ({', '.join(experts)}): "
-                            "its hooks go on one transformer")
 
 
 class WarmModel:
@@ -212,7 +209,7 @@ class WarmModel:
             log.info("%d writer states x %d sizes: dynamo recompile_limit raised to %d", states, sizes, needed)
             torch._dynamo.config.recompile_limit = needed
         if self.step_cache is not None:  # installed before compile: the compiled blocks include it
-            apply_step_cache(self.pipeline, self.denoiser, self.step_cache)
+            apply_step_cache(self.pipeline, self.experts, self.step_cache, self.family)
         if config.compile:
             fullgraph = self.step_cache.fullgraph if self.step_cache else True
             for expert in self.experts.values():

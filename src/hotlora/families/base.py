@@ -91,6 +91,8 @@ class ModelFamily:
     # A video family's frame rate: what its videos are timed at when encoded (the model card's)
     # and how OpenAI's videos API's ``seconds`` becomes a frame count (server/routes_videos.py).
     fps: ClassVar[int | None] = None
+    # Step-cache backends refused on this family, each with the reason said at start-up.
+    unserved_step_caches: ClassVar[Mapping[str, str]] = {}
 
     def __repr__(self) -> str:
         return f"<ModelFamily {self.name}>"

@@ -50,6 +50,10 @@ class Wan(ModelFamily):
     latent_multiple = 2  # patch_size (1, 2, 2)
     tokenizer_of = {"text_encoder": "tokenizer"}
     prompt_argument_of = {"text_encoder": "prompt"}
+    # Measured on the tiny Wan 2.1 model, compiled: a request after warm-up recompiled WanTransformerBlock
+    # (FirstBlockCache's per-context state under true CFG's two passes); cache-dit's DBCache did not.
+    unserved_step_caches = {"fbcache": "a request recompiles the compiled blocks under true CFG's two passes; "
+                                       "use dbcache (cache-dit, which caches each pass and each expert apart)"}
     tiny_size = 16
     tiny_frames = 5
     full_size_models = {"wan2.1-t2v-1.3b": "wan21_t2v_1_3b", "wan2.1-t2v-14b": "wan21_t2v_14b",
