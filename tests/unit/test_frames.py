@@ -120,7 +120,7 @@ def test_videos_are_finished_as_frames():
 
 def test_a_two_expert_model_refuses_at_start_up_what_only_one_transformer_is_built_for():
     """Only slots are built on two experts: fused, auto and mixed batches are refused by name,
-    before anything is quantized or installed."""
+    before anything is quantized or installed; a step cache is not (test_step_cache.py)."""
     from hotlora.engine.warm import check_expert_config
     from hotlora.families import UnservedModel
     from hotlora.settings import EngineConfig, StepCache
@@ -128,10 +128,10 @@ def test_a_two_expert_model_refuses_at_start_up_what_only_one_transformer_is_bui
     experts = {"transformer": None, "transformer_2": None}
     check_expert_config(EngineConfig(), experts)
     for options, said in (({"adapter_mode": "fused"}, "adapter_mode='fused'"), ({"adapter_mode": "auto"}, "'auto'"),
-                          ({"mixed": True}, r"mixed batches \(mixed=True\)"),
-                          ({"step_cache": StepCache("dbcache", 0.3)}, "step_cache")):
+                          ({"mixed": True}, r"mixed batches \(mixed=True\)")):
         with pytest.raises(UnservedModel, match=said + r" is not served on a model of several experts \(transformer, "):
             check_expert_config(EngineConfig(**options), experts)
+    check_expert_config(EngineConfig(step_cache=StepCache("dbcache", 0.3)), experts)  # cache-dit caches each expert
 
 
 def test_a_pair_adapter_holds_each_experts_lora_as_diffusers_converts_it(tmp_path):
