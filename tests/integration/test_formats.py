@@ -18,11 +18,14 @@ SAMPLES = {
     # musubi-tuner writes the kohya layout; ai-toolkit the diffusers one under ComfyUI's prefix.
     "zimage": ["identity-diffusers", "style-kohya", "style-comfy"],
     "qwenimage": ["identity-diffusers", "style-kohya", "style-comfy"],
+    # musubi-tuner's kohya names, ai-toolkit's ComfyUI-prefixed original Wan names, lightx2v's
+    # (lora_down / lora_up under ComfyUI's prefix, with all-zero .diff norm patches).
+    "wan": ["identity-diffusers", "style-diffusers", "style-musubi", "style-ai-toolkit", "style-lightx2v"],
 }
 # A sample's name -> the layout hotlora detects: ai-toolkit saves SD3 files in diffusers' key names,
 # and ComfyUI's prefix over diffusers' names is still diffusers' layout.
-LAYOUT = {"style-ai-toolkit": "diffusers", "style-comfy": "diffusers"}
-NO_ALPHAS = ("style-xlabs", "style-ai-toolkit", "style-comfy")  # alpha = rank
+LAYOUT = {"style-ai-toolkit": "diffusers", "style-comfy": "diffusers", "style-musubi": "kohya", "style-lightx2v": "kohya"}
+NO_ALPHAS = ("style-xlabs", "style-ai-toolkit", "style-comfy", "style-lightx2v")  # alpha = rank
 
 
 @pytest.mark.parametrize("family, sample", [pytest.param(f, s, marks=() if f in CORE_FAMILIES else pytest.mark.families)
@@ -59,6 +62,19 @@ def test_layout_matches_load_lora_weights(tiny_models, family, sample):
         module = next(m for m in adapter.modules if m.replace(".", "_") == key.removeprefix("lora_unet_"))
         torch.testing.assert_close(canonical_deltas(adapter)[module], raw[f"{key}.alpha"] / down.shape[0] * (up @ down))
         assert float(raw[f"{key}.alpha"]) != down.shape[0]
+    elif sample == "style-musubi":
+        # diffusers' Wan converters fold alpha / rank into the weights (scaling 1.0): the delta keeps it.
+        from safetensors.torch import load_file
+
+        from hotlora.trainer_layouts import wan_original_name
+
+        raw = load_file(str(path))
+        assert adapter.modules and {round(w.scaling, 6) for w in adapter.modules.values()} == {1.0}
+        for module in adapter.modules:
+            key = "lora_unet_" + wan_original_name(module).replace(".", "_")
+            down, up, alpha = raw[f"{key}.lora_down.weight"], raw[f"{key}.lora_up.weight"], raw[f"{key}.alpha"]
+            assert float(alpha) != down.shape[0]
+            torch.testing.assert_close(canonical_deltas(adapter)[module], alpha / down.shape[0] * (up @ down))
     elif sample not in NO_ALPHAS:
         assert {round(w.scaling, 6) for w in adapter.modules.values()} != {1.0}
 
