@@ -116,3 +116,107 @@ def ai_toolkit_flux_lora(sd: Mapping[str, torch.Tensor], name: str = "corpus") -
         "sshs_model_hash": "0" * 64, "sshs_legacy_hash": "0" * 8, "format": "pt",
     }
     return tensors, meta
+
+
+# --------------------------------------------------------------------------------------------- Wan
+# Wan's trainers name its modules as the original Wan code does (Wan-Video/Wan2.1 ``wan/modules/
+# model.py``: ``WanAttentionBlock``'s ``self_attn.q`` / ``cross_attn.k`` / ``ffn.0``), not as
+# diffusers' WanTransformer3DModel does (``attn1.to_q`` / ``attn2.to_k`` / ``ffn.net.0.proj``).
+WAN_ORIGINAL_PARTS = {"attn1": "self_attn", "attn2": "cross_attn", "to_q": "q", "to_k": "k", "to_v": "v",
+                      "add_k_proj": "k_img", "add_v_proj": "v_img"}
+
+
+def wan_original_name(module: str) -> str:
+    """A diffusers WanTransformer3DModel block Linear (``blocks.0.attn1.to_out.0``) by its original
+    Wan name (``blocks.0.self_attn.o``); ``ffn.net.0.proj`` / ``ffn.net.2`` are ``ffn.0`` / ``ffn.2``
+    (the original FFN is ``nn.Sequential(Linear, GELU, Linear)``). Only the blocks' attention and
+    FFN Linears, what the trainers below target."""
+    parts = module.split(".")
+    if parts[0] != "blocks" or len(parts) < 4:
+        raise ValueError(f"{module}: not a Wan block Linear the trainers wrap")
+    rest = ".".join(parts[2:])
+    ffn = {"ffn.net.0.proj": "ffn.0", "ffn.net.2": "ffn.2"}
+    if rest in ffn:
+        return f"blocks.{parts[1]}.{ffn[rest]}"
+    if parts[2] in ("attn1", "attn2") and rest.endswith("to_out.0"):
+        return f"blocks.{parts[1]}.{WAN_ORIGINAL_PARTS[parts[2]]}.o"
+    if parts[2] in ("attn1", "attn2") and len(parts) == 4 and parts[3] in WAN_ORIGINAL_PARTS:
+        return f"blocks.{parts[1]}.{WAN_ORIGINAL_PARTS[parts[2]]}.{WAN_ORIGINAL_PARTS[parts[3]]}"
+    raise ValueError(f"{module}: not a Wan block Linear the trainers wrap")
+
+
+def wan_block_linear(module: str) -> bool:
+    """Whether ``module`` (a diffusers name) is one of the Linears inside a ``WanAttentionBlock``."""
+    try:
+        wan_original_name(module)
+    except ValueError:
+        return False
+    return True
+
+
+def musubi_wan_lora(sd: Mapping[str, torch.Tensor], alpha: float | None, rank: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """kohya musubi-tuner's Wan LoRA (read: ``src/musubi_tuner/networks/lora_wan.py``, which builds
+    ``networks/lora.py``'s LoRANetwork over ``WanAttentionBlock`` with prefix ``lora_unet`` and the
+    default exclude ``.*(patch_embedding|text_embedding|time_embedding|time_projection|norm|head).*``;
+    ``lora.py`` names a module ``f"{pfx}.{original_name}".replace(".", "_")`` and saves
+    ``lora_down`` / ``lora_up`` and an ``alpha`` buffer per module). So the Linears of the blocks, by
+    their original Wan names: ``lora_unet_blocks_0_self_attn_q.lora_down.weight``, ``..._cross_attn_o``,
+    ``..._ffn_0``. ``sd``: PEFT form, diffusers names (modules outside the blocks are not written).
+    The header as ``hv_train_network.py`` / ``utils/sai_model_spec.py`` write it (``ss_network_module``,
+    ``modelspec.architecture`` "wan2.1/lora"); ``alpha`` None: a file without alphas (older
+    converters' output: readers take alpha = rank). A Wan 2.2 A14B LoRA is shipped as two such files
+    of the same keys, one per expert (``docs/wan.md``: each trained with ``--dit`` on that expert's
+    checkpoint and its timestep range, 875-1000 high noise, 0-875 low noise, for T2V)."""
+    out: dict[str, torch.Tensor] = {}
+    for module in sorted({k.split(".lora_")[0] for k in sd}):
+        if not wan_block_linear(module):
+            continue
+        name = "lora_unet_" + wan_original_name(module).replace(".", "_")
+        out[f"{name}.lora_down.weight"] = sd[f"{module}.lora_A.weight"].contiguous()
+        out[f"{name}.lora_up.weight"] = sd[f"{module}.lora_B.weight"].contiguous()
+        if alpha is not None:
+            out[f"{name}.alpha"] = torch.tensor(float(alpha))
+    meta = {"ss_network_module": "networks.lora_wan", "ss_network_dim": str(rank),
+            "ss_base_model_version": "wan", "modelspec.sai_model_spec": "1.0.0",
+            "modelspec.architecture": "wan2.1/lora", "modelspec.implementation": "https://github.com/Wan-Video/Wan2.1",
+            "ss_training_comment": "None"}
+    if alpha is not None:
+        meta["ss_network_alpha"] = str(float(alpha))
+    return out, meta
+
+
+def ai_toolkit_wan_lora(sd: Mapping[str, torch.Tensor], name: str = "corpus") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """ostris ai-toolkit's Wan LoRA (read: ``toolkit/models/wan21/wan21.py``:
+    ``convert_lora_weights_before_save`` = ``wan_lora_convert.py: convert_to_original``, which maps
+    diffusers' ``transformer.blocks.0.attn1.to_q`` to ComfyUI's ``diffusion_model.blocks.0.self_attn.q``);
+    ``lora_A`` / ``lora_B`` kept, no alphas, float16 and its metadata as for Flux
+    (:func:`ai_toolkit_flux_lora`). Wan 2.2 A14B: ``extensions_built_in/diffusion_models/wan22/
+    wan22_14b_model.py`` splits the same layout into ``<name>_high_noise.safetensors`` and
+    ``<name>_low_noise.safetensors``."""
+    tensors, meta = ai_toolkit_flux_lora({}, name)
+    for key, value in sd.items():
+        module, part = key.split(".lora_")
+        if wan_block_linear(module):
+            tensors[f"diffusion_model.{wan_original_name(module)}.lora_{part}"] = value.to(torch.float16).contiguous()
+    return tensors, meta
+
+
+def lightx2v_wan_lora(sd: Mapping[str, torch.Tensor],
+                      patches: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """ModelTC lightx2v's Wan LoRA (the step/CFG-distill LoRAs; read: ``tools/extract/lora_extractor.py``,
+    which writes SVD factors of a weight difference as ``diffusion_model.<original name>.lora_up.weight``
+    / ``.lora_down.weight`` with no alpha, and differences it does not factor (1-D tensors and any
+    tensor under 1M values) whole: ``<name>.diff`` for a ``.weight``, ``.diff_b`` for a ``.bias``,
+    ``.diff_m`` for a block's ``.modulation``; ``lightx2v/models/networks/wan/lora_adapter.py``
+    adds each to the base weight unscaled). ``patches``: those whole differences by their full
+    original key (``blocks.0.norm3.diff``, ``blocks.0.self_attn.q.diff_b``, ``blocks.0.diff_m``),
+    written under the same prefix; no header metadata (the extractor's ``save_file`` writes none)."""
+    out = {}
+    for key, value in sd.items():
+        module, part = key.split(".lora_")
+        if wan_block_linear(module):
+            kind = "down" if part.startswith("A") else "up"
+            out[f"diffusion_model.{wan_original_name(module)}.lora_{kind}.weight"] = value.contiguous()
+    for key, value in (patches or {}).items():
+        out[f"diffusion_model.{key}"] = value.contiguous()
+    return out

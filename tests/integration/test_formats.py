@@ -18,11 +18,14 @@ SAMPLES = {
     # musubi-tuner writes the kohya layout; ai-toolkit the diffusers one under ComfyUI's prefix.
     "zimage": ["identity-diffusers", "style-kohya", "style-comfy"],
     "qwenimage": ["identity-diffusers", "style-kohya", "style-comfy"],
+    # musubi-tuner's kohya names, ai-toolkit's ComfyUI-prefixed original Wan names, lightx2v's
+    # (lora_down / lora_up under ComfyUI's prefix, with all-zero .diff norm patches).
+    "wan": ["identity-diffusers", "style-diffusers", "style-musubi", "style-ai-toolkit", "style-lightx2v"],
 }
 # A sample's name -> the layout hotlora detects: ai-toolkit saves SD3 files in diffusers' key names,
 # and ComfyUI's prefix over diffusers' names is still diffusers' layout.
-LAYOUT = {"style-ai-toolkit": "diffusers", "style-comfy": "diffusers"}
-NO_ALPHAS = ("style-xlabs", "style-ai-toolkit", "style-comfy")  # alpha = rank
+LAYOUT = {"style-ai-toolkit": "diffusers", "style-comfy": "diffusers", "style-musubi": "kohya", "style-lightx2v": "kohya"}
+NO_ALPHAS = ("style-xlabs", "style-ai-toolkit", "style-comfy", "style-lightx2v")  # alpha = rank
 
 
 @pytest.mark.parametrize("family, sample", [pytest.param(f, s, marks=() if f in CORE_FAMILIES else pytest.mark.families)
@@ -59,6 +62,19 @@ def test_layout_matches_load_lora_weights(tiny_models, family, sample):
         module = next(m for m in adapter.modules if m.replace(".", "_") == key.removeprefix("lora_unet_"))
         torch.testing.assert_close(canonical_deltas(adapter)[module], raw[f"{key}.alpha"] / down.shape[0] * (up @ down))
         assert float(raw[f"{key}.alpha"]) != down.shape[0]
+    elif sample == "style-musubi":
+        # diffusers' Wan converters fold alpha / rank into the weights (scaling 1.0): the delta keeps it.
+        from safetensors.torch import load_file
+
+        from hotlora.trainer_layouts import wan_original_name
+
+        raw = load_file(str(path))
+        assert adapter.modules and {round(w.scaling, 6) for w in adapter.modules.values()} == {1.0}
+        for module in adapter.modules:
+            key = "lora_unet_" + wan_original_name(module).replace(".", "_")
+            down, up, alpha = raw[f"{key}.lora_down.weight"], raw[f"{key}.lora_up.weight"], raw[f"{key}.alpha"]
+            assert float(alpha) != down.shape[0]
+            torch.testing.assert_close(canonical_deltas(adapter)[module], alpha / down.shape[0] * (up @ down))
     elif sample not in NO_ALPHAS:
         assert {round(w.scaling, 6) for w in adapter.modules.values()} != {1.0}
 
@@ -179,3 +195,134 @@ def test_text_parts_and_embeddings_travel_through_the_disk_cache_and_convert(tin
     report = describe(adapter)
     assert report["embeddings"]["tokens"] == ["<s0>", "<s1>", "<s2>"]
     assert set(report["text_encoders"]) == set(fam.lora_text_encoders)
+
+
+@pytest.fixture(scope="module")
+def wan_two_experts(tmp_path_factory):
+    """Wan 2.2 A14B's tiny layout in memory and its trainer-layout samples (musubi-tuner's pair among them)."""
+    from hotlora.testing import denoiser_linears
+
+    wan = family_named("wan")
+    pipeline = wan.build_tiny_variant("two-experts")
+    out = tmp_path_factory.mktemp("wan-trainers")
+    return pipeline, wan.write_trainer_samples(pipeline, denoiser_linears(pipeline), out, 2, [])
+
+
+def _split_pair(deltas: dict) -> tuple[dict, dict]:
+    return ({m: d for m, d in deltas.items() if not m.startswith("transformer_2.")},
+            {m.removeprefix("transformer_2."): d for m, d in deltas.items() if m.startswith("transformer_2.")})
+
+
+@pytest.mark.families
+def test_musubi_expert_files_paired_equal_diffusers_loading_each_into_its_expert(wan_two_experts, tmp_path, monkeypatch):
+    """Wan 2.2 A14B LoRAs ship as two musubi-tuner files: joined by ``pair_experts`` (and by
+    ``hotlora adapters convert --low-noise``) they give per expert what diffusers loads with the high
+    file into ``transformer`` and the low one with ``load_into_transformer_2=True``."""
+    from hotlora.adapters.format.export import pair_experts
+    from hotlora.cli import main
+
+    _, samples = wan_two_experts
+    wan = family_named("wan")
+    pipeline = wan.build_tiny_variant("two-experts")  # its own: loading LoRA into the fixture's would change it
+    high, low = samples["experts-musubi-high"], samples["experts-musubi-low"]
+    pair = pair_experts(load_adapter(high, wan), load_adapter(low, wan))
+    assert pair.layout == "kohya"
+    pipeline.load_lora_weights(str(high), adapter_name="ref")
+    pipeline.load_lora_weights(str(low), adapter_name="ref", load_into_transformer_2=True)
+    theirs_high, theirs_low = loaded_deltas(pipeline.transformer, "ref"), loaded_deltas(pipeline.transformer_2, "ref")
+    ours_high, ours_low = _split_pair(canonical_deltas(pair))
+    assert theirs_high and theirs_low
+    assert_same_deltas(ours_high, theirs_high)
+    assert_same_deltas(ours_low, theirs_low)
+    assert not any(torch.allclose(ours_high[m], ours_low[m]) for m in ours_high)  # two experts, two LoRAs
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["adapters", "convert", str(high), str(tmp_path / "out"), "--family", "wan", "--low-noise", str(low),
+                 "--cache-dir", str(tmp_path / "cache")]) == 0
+    made_high, made_low = _split_pair(canonical_deltas(load_adapter(tmp_path / "out" / "pytorch_lora_weights.safetensors", wan)))
+    assert_same_deltas(made_high, theirs_high)
+    assert_same_deltas(made_low, theirs_low)
+
+
+@pytest.mark.families
+@pytest.mark.parametrize("case", ["attention-only", "later-blocks", "no-alphas"])
+def test_musubi_files_diffusers_own_converter_fails_on_load(wan_two_experts, tmp_path, case):
+    """musubi-tuner files of a subset of the blocks' Linears (its ``exclude_patterns`` /
+    ``include_patterns``) or without alphas: diffusers' musubi converter raises on them (it reads
+    blocks 0 .. n-1, every Linear and its alpha); hotlora reads them through diffusers' ComfyUI-name
+    converter, and each module's delta is the file's ``alpha / rank * up @ down``. When diffusers
+    fixes its converter the first assertion fails: the rename in ``Wan.prepare_raw_lora`` can go."""
+    from safetensors.torch import save_file
+
+    from hotlora.testing import denoiser_linears, random_lora
+    from hotlora.trainer_layouts import musubi_wan_lora, wan_original_name
+
+    pipeline, _ = wan_two_experts
+    linears = denoiser_linears(pipeline)
+    chosen = {"attention-only": [m for m in linears if ".attn" in m],
+              "later-blocks": [m for m in linears if m.startswith("blocks.1.")],
+              "no-alphas": None}[case]
+    tensors, meta = musubi_wan_lora(random_lora(linears, 4, seed=21, modules=chosen), None if case == "no-alphas" else 3.0, 4)
+    path = tmp_path / "musubi.safetensors"
+    save_file(tensors, str(path), metadata=meta)
+    with pytest.raises((KeyError, ValueError)):
+        type(pipeline).lora_state_dict(str(path))
+    adapter = load_adapter(path, family_named("wan"))
+    assert set(adapter.modules) == {m for m in (chosen or linears) if m.startswith("blocks.")}
+    for module, delta in canonical_deltas(adapter).items():
+        key = "lora_unet_" + wan_original_name(module).replace(".", "_")
+        down, up = tensors[f"{key}.lora_down.weight"], tensors[f"{key}.lora_up.weight"]
+        alpha = float(tensors[f"{key}.alpha"]) if case != "no-alphas" else down.shape[0]
+        torch.testing.assert_close(delta, alpha / down.shape[0] * (up @ down))
+
+
+@pytest.mark.families
+@pytest.mark.parametrize("patch", ["blocks.0.self_attn.q.diff_b", "blocks.1.cross_attn.norm_k.diff", "blocks.0.diff_m"])
+def test_lightx2v_patches_that_change_the_model_are_refused_not_dropped(wan_two_experts, tmp_path, patch):
+    """A non-zero lightx2v whole-tensor patch: diffusers loads ``.diff_b`` as a LoRA bias and drops
+    the norm (``.diff``) and modulation (``.diff_m``) ones; a LoRA slot holds neither, so hotlora
+    refuses the file naming the key. The same file with the patch zeroed is served."""
+    from safetensors.torch import load_file, save_file
+
+    pipeline, samples = wan_two_experts
+    sd = load_file(str(samples["style-lightx2v"]))
+    shape = (1, 6, 24) if patch.endswith("diff_m") else (24,)
+    save_file({**sd, f"diffusion_model.{patch}": torch.full(shape, 0.1)}, str(tmp_path / "live.safetensors"))
+    save_file({**sd, f"diffusion_model.{patch}": torch.zeros(shape)}, str(tmp_path / "zero.safetensors"))
+    with pytest.raises(AdapterFormatError, match=rf"whole-tensor patches .*{patch.replace('.', '[.]')}"):
+        load_adapter(tmp_path / "live.safetensors", family_named("wan"))
+    served = load_adapter(tmp_path / "zero.safetensors", family_named("wan"))
+    assert_same_deltas(canonical_deltas(served), canonical_deltas(load_adapter(samples["style-lightx2v"], family_named("wan"))))
+
+
+@pytest.mark.families
+def test_a_negative_wan_alpha_is_refused_not_looped_on(wan_two_experts, tmp_path):
+    """diffusers' Wan converters halve and double until ``scale_down * 2 >= scale_up``, which a
+    negative alpha never reaches: refused first. Run in a forked child, so a regression fails
+    instead of hanging the run."""
+    import multiprocessing
+
+    from safetensors.torch import load_file, save_file
+
+    _, samples = wan_two_experts
+    sd = load_file(str(samples["style-musubi"]))
+    key = "lora_unet_blocks_0_self_attn_q.alpha"
+    save_file({**sd, key: torch.tensor(-1.0)}, str(tmp_path / "negative.safetensors"))
+
+    def child(conn):
+        try:
+            load_adapter(tmp_path / "negative.safetensors", family_named("wan"))
+            conn.send("LOADED")
+        except AdapterFormatError as exc:
+            conn.send(f"REFUSED {exc}")
+
+    receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
+    process = multiprocessing.get_context("fork").Process(target=child, args=(send,))
+    process.start()
+    try:
+        assert receive.poll(60), "load_adapter did not return within 60 s"
+        outcome = receive.recv()
+    finally:
+        process.kill()
+        process.join()
+    assert outcome.startswith("REFUSED") and f"negative alpha in {key}" in outcome

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from hotlora import Engine
+from hotlora.adapters.format.convert import load_adapter
+from hotlora.adapters.format.export import pair_experts, save_as_diffusers
 from hotlora.engine.request import UnservedShape
 from hotlora.errors import InvalidRequest, RequestError
 from hotlora.families import REGISTERED
@@ -115,7 +117,7 @@ def experts_of(engine) -> list[str]:
     return list(engine.warm.experts)
 
 
-def test_two_experts_each_get_their_own_lora_equal_to_plain_diffusers(video):
+def test_two_experts_each_get_their_own_lora_equal_to_plain_diffusers(video, tmp_path):
     """Wan 2.2 A14B: a pair adapter (``transformer.`` and ``transformer_2.`` keys in one file) at two
     scales, the low-noise expert's LoRA alone, and back to the pair, against diffusers loading the
     high-noise file and the low-noise one (``load_into_transformer_2=True``) into a fresh pipeline.
@@ -147,8 +149,13 @@ def test_two_experts_each_get_their_own_lora_equal_to_plain_diffusers(video):
     both({"identity": (pair, (high, low), 0.4), "style": (samples / "style-diffusers", samples / "style-diffusers", 0.6)})
     low_only = both({"style": (samples / "experts-low-only", (None, low), 0.7)})
     high_only = both({"identity": (high, high, 0.9)})
+    # What users ship: musubi-tuner's two files, one per expert (its kohya names), joined as
+    # ``hotlora adapters convert --low-noise`` joins them, against diffusers loading each file.
+    musubi = (samples / "experts-musubi-high.safetensors", samples / "experts-musubi-low.safetensors")
+    joined = save_as_diffusers(pair_experts(*(load_adapter(f, engine.family) for f in musubi)), tmp_path / "musubi").parent
+    from_musubi = both({"style": (joined, musubi, 0.8)})
     assert both({"identity": (pair, (high, low), 0.9)}).equal(at_09)  # whatever ran before
-    for made in (at_09, low_only, high_only):
+    for made in (at_09, low_only, high_only, from_musubi):
         assert (made - base).abs().max() > 1e-2
     assert (at_09 - high_only).abs().max() > 1e-3  # the low-noise expert's part counts
     # The base restored bit for bit: the latents, and every base weight of both experts.

@@ -356,6 +356,13 @@ class ModelFamily:
         """Arguments for the mixin's ``lora_state_dict`` beyond ``return_lora_metadata``."""
         return {}
 
+    def prepare_raw_lora(self, raw: Mapping[str, Any], label: str) -> dict:
+        """``raw`` as this family's diffusers converter should get it: a trainer's layout the
+        converter mishandles rewritten into one it reads right, or refused (AdapterFormatError)
+        where serving it would silently differ from the file. Runs before ``check_raw_lora``;
+        by default ``raw`` unchanged."""
+        return dict(raw)
+
     def check_raw_lora(self, raw: Mapping[str, Any], label: str) -> None:
         """Refuse, with AdapterFormatError, a file diffusers' converter for this family would hang
         or crash on; runs before the converter."""

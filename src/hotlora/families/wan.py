@@ -22,11 +22,25 @@ Wan 2.1 and Wan 2.2 TI2V-5B have one transformer.
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any, Mapping
 
+from hotlora.errors import AdapterFormatError
 from hotlora.families.base import ModelFamily
 
+log = logging.getLogger(__name__)
+
 TEXT_TOKENS = 512  # WanPipeline.__call__'s max_sequence_length: every prompt is padded to it
+
+# musubi-tuner's names of the blocks' Linears (``lora_unet_`` + the original Wan name, dots made
+# underscores), which diffusers' ComfyUI-name converter reads once the dots are back. (Modules outside
+# the blocks, which musubi's ``include_patterns`` can add, are left to diffusers' musubi converter:
+# the ComfyUI-name one has no ``.alpha`` for them either.)
+MUSUBI_NAME = re.compile(r"lora_unet_blocks_(?P<block>\d+)_(?P<module>(?:self_attn|cross_attn)_(?:q|k|v|o|k_img|v_img)|ffn_[02])"
+                         r"\.(?P<part>lora_down\.weight|lora_up\.weight|alpha)")
+# lightx2v's whole-tensor patches (``tools/extract/lora_extractor.py: _generate_lora_diff_key``).
+PATCH_SUFFIXES = (".diff", ".diff_b", ".diff_m")
 
 
 class Wan(ModelFamily):
@@ -158,3 +172,104 @@ class Wan(ModelFamily):
 
     def tiny_defaults(self) -> dict[str, Any]:
         return {"num_frames": self.tiny_frames}
+
+    def prepare_raw_lora(self, raw: Mapping[str, Any], label: str) -> dict:
+        """Two trainers' files, made right before diffusers' converters see them.
+
+        musubi-tuner (``lora_unet_blocks_0_self_attn_q``): diffusers' own musubi converter
+        (``_convert_musubi_wan_lora_to_diffusers``) counts the distinct block numbers and then reads
+        blocks ``0 .. count - 1``, each with every one of its ten Linears and an ``.alpha``, popped
+        without a default: a LoRA of some blocks, of the attention alone (musubi's
+        ``exclude_patterns``), or without alphas fails with a KeyError, and one with modules outside
+        the blocks (``include_patterns``) with a ValueError. The same tensors renamed to the original
+        Wan names under ComfyUI's ``diffusion_model.`` prefix (dots back) go through diffusers'
+        ``_convert_non_diffusers_wan_lora_to_diffusers``, which takes any subset and alpha = rank
+        where a file has none, with the same ``alpha / rank`` split: the rename is all this does,
+        and only where every key is one it knows (anything else is left to diffusers' converter).
+
+        lightx2v (the distill LoRAs): whole-tensor differences beside the LoRA factors, ``.diff``
+        (a norm's weight, or any small weight), ``.diff_b`` (a bias), ``.diff_m`` (a block's
+        modulation). A LoRA slot holds ``B @ A`` only; diffusers reads ``.diff_b`` as a PEFT
+        ``lora_B.bias`` and drops the norm and modulation ones (a debug / info log line). Patches
+        that are all zero change nothing and are dropped here; any other is refused with its keys,
+        rather than served as a model other than the one trained."""
+        raw = dict(raw)
+        self.check_raw_lora(raw, label)  # before the rename: the refusal names the file's own keys
+        patches = [k for k in raw if k.endswith(PATCH_SUFFIXES)]
+        if patches:
+            import torch
+
+            live = sorted(k for k in patches if not isinstance(raw[k], torch.Tensor) or bool(raw[k].ne(0).any()))
+            if live:
+                raise AdapterFormatError(
+                    f"{label}: {len(live)} whole-tensor patches (lightx2v's .diff / .diff_b / .diff_m: a norm's "
+                    f"weight, a bias or a modulation replaced, not a low-rank update), which a LoRA slot cannot "
+                    f"hold: {', '.join(live[:6])}" + (" ..." if len(live) > 6 else "")
+                    + " (diffusers would apply .diff_b as a LoRA bias and drop the others)")
+            log.info("%s: dropping %d all-zero .diff patches (they change nothing)", label, len(patches))
+            raw = {k: v for k, v in raw.items() if k not in patches}
+        if raw and all(k.startswith("lora_unet_") for k in raw):
+            matches = {k: MUSUBI_NAME.fullmatch(k) for k in raw}
+            if all(matches.values()):
+                raw = {_comfy_name(m): v for m, v in zip(matches.values(), raw.values())}
+        return raw
+
+    def check_raw_lora(self, raw: Mapping[str, Any], label: str) -> None:
+        """diffusers' Wan converters split ``alpha / rank`` between down and up in a loop
+        (``get_alpha_scales``: ``while scale_down * 2 < scale_up``) that never ends for a negative
+        alpha, as the kohya Flux one does: refused before it runs."""
+        def below_zero(value) -> bool:
+            try:
+                return value.numel() > 0 and bool((value.detach().double() < 0).any())
+            except (AttributeError, RuntimeError, TypeError):  # not a number tensor: the converter fails by itself
+                return False
+
+        negative = sorted(k for k, v in raw.items() if k.endswith(".alpha") and below_zero(v))
+        if negative:
+            raise AdapterFormatError(f"{label}: negative alpha in {', '.join(negative[:8])} "
+                                     "(diffusers' Wan converters never finish on it)")
+
+    def write_trainer_samples(self, pipeline, linears, out, rank: int, attention_only) -> dict:
+        """The trainers' Wan layouts (``hotlora.trainer_layouts``, each writer citing the source it
+        mirrors): musubi-tuner's ``lora_unet_`` kohya names (alpha rank / 2), ai-toolkit's ComfyUI
+        ``diffusion_model.`` names with ``lora_A`` / ``lora_B``, lightx2v's ``diffusion_model.``
+        names with ``lora_down`` / ``lora_up`` and its whole-tensor ``.diff`` patches of the norms,
+        here all zero (what diffusers' converter says the published distill LoRAs carry; it drops
+        them). With two experts (Wan 2.2 A14B), musubi-tuner's pair too: a high-noise and a
+        low-noise file, what users ship for it."""
+        import torch
+        from safetensors.torch import save_file
+
+        from hotlora.families._tiny import random_lora
+        from hotlora.trainer_layouts import ai_toolkit_wan_lora, lightx2v_wan_lora, musubi_wan_lora
+
+        def save(name, tensors, meta=None):
+            save_file(tensors, str(out / f"{name}.safetensors"), metadata=meta)
+            return out / f"{name}.safetensors"
+
+        blocks = sorted({m.split(".")[1] for m in linears if m.startswith("blocks.")}, key=int)
+        zero_norms = {f"blocks.{b}.{norm}.diff": torch.zeros(pipeline.transformer.config.num_attention_heads
+                                                             * pipeline.transformer.config.attention_head_dim)
+                      for b in blocks for norm in ("self_attn.norm_q", "self_attn.norm_k", "cross_attn.norm_q",
+                                                   "cross_attn.norm_k", "norm3")}
+        samples = {
+            "style-musubi": save("style-musubi", *musubi_wan_lora(random_lora(linears, rank, seed=4), rank / 2, rank)),
+            "style-ai-toolkit": save("style-ai-toolkit", *ai_toolkit_wan_lora(random_lora(linears, rank, seed=5))),
+            "style-lightx2v": save("style-lightx2v", lightx2v_wan_lora(random_lora(linears, rank, seed=6), zero_norms)),
+        }
+        experts = list(self.experts(pipeline))
+        if len(experts) == 2:
+            from hotlora.engine.writers.base import ceiling_modules
+
+            for (which, seed, alpha), expert in zip((("high", 13, rank / 2), ("low", 14, 2 * rank)), experts):
+                sd = random_lora(ceiling_modules(getattr(pipeline, expert), None), rank, seed=seed)
+                samples[f"experts-musubi-{which}"] = save(f"experts-musubi-{which}", *musubi_wan_lora(sd, alpha, rank))
+        return samples
+
+
+def _comfy_name(match: re.Match) -> str:
+    """A musubi-tuner key (``MUSUBI_NAME``'s match) under ComfyUI's prefix with the original Wan name:
+    ``lora_unet_blocks_0_cross_attn_k_img.alpha`` -> ``diffusion_model.blocks.0.cross_attn.k_img.alpha``."""
+    attn, _, proj = match["module"].partition("_attn_")
+    module = f"{attn}_attn.{proj}" if proj else match["module"].replace("_", ".")
+    return f"diffusion_model.blocks.{match['block']}.{module}.{match['part']}"

@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 # 4: text-encoder LoRA and pivotal-tuning embeddings kept (they were skipped)
 # 5: another expert's keys (Wan 2.2's transformer_2.*) kept as its modules (they were skipped)
 # 6: the inference defaults a file declares kept (``Adapter.declared``)
-CONVERTER_VERSION = 6
+# 7: Wan's musubi-tuner files read through diffusers' ComfyUI-name converter (subsets of the blocks'
+#    Linears and alpha-less files load), lightx2v's non-zero ``.diff*`` patches refused (``Wan.prepare_raw_lora``)
+CONVERTER_VERSION = 7
 PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
@@ -333,6 +335,7 @@ def _lora_pairs(ours: dict, label: str) -> dict[str, tuple[torch.Tensor, torch.T
 
 def _diffusers_state_dict(raw, metadata, family: ModelFamily, label, denoiser_config):
     """Run diffusers' own detection and conversion for this family."""
+    raw = family.prepare_raw_lora(raw, label)
     family.check_raw_lora(raw, label)
     kwargs = {"return_lora_metadata": True, **family.lora_state_dict_kwargs(denoiser_config)}
     try:
