@@ -154,7 +154,8 @@ def wan_block_linear(module: str) -> bool:
     return True
 
 
-def musubi_wan_lora(sd: Mapping[str, torch.Tensor], alpha: float | None, rank: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def musubi_wan_lora(sd: Mapping[str, torch.Tensor], alpha: float | None, rank: int,
+                    architecture: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """kohya musubi-tuner's Wan LoRA (read: ``src/musubi_tuner/networks/lora_wan.py``, which builds
     ``networks/lora.py``'s LoRANetwork over ``WanAttentionBlock`` with prefix ``lora_unet`` and the
     default exclude ``.*(patch_embedding|text_embedding|time_embedding|time_projection|norm|head).*``;
@@ -163,7 +164,8 @@ def musubi_wan_lora(sd: Mapping[str, torch.Tensor], alpha: float | None, rank: i
     their original Wan names: ``lora_unet_blocks_0_self_attn_q.lora_down.weight``, ``..._cross_attn_o``,
     ``..._ffn_0``. ``sd``: PEFT form, diffusers names (modules outside the blocks are not written).
     The header as ``hv_train_network.py`` / ``utils/sai_model_spec.py`` write it (``ss_network_module``,
-    ``modelspec.architecture`` "wan2.1/lora"); ``alpha`` None: a file without alphas (older
+    ``modelspec.architecture`` "wan2.1/lora"; ``architecture``: its ``ss_base_model_version``, musubi's
+    name for the architecture, which the family passes); ``alpha`` None: a file without alphas (older
     converters' output: readers take alpha = rank). A Wan 2.2 A14B LoRA is shipped as two such files
     of the same keys, one per expert (``docs/wan.md``: each trained with ``--dit`` on that expert's
     checkpoint and its timestep range, 875-1000 high noise, 0-875 low noise, for T2V)."""
@@ -177,7 +179,7 @@ def musubi_wan_lora(sd: Mapping[str, torch.Tensor], alpha: float | None, rank: i
         if alpha is not None:
             out[f"{name}.alpha"] = torch.tensor(float(alpha))
     meta = {"ss_network_module": "networks.lora_wan", "ss_network_dim": str(rank),
-            "ss_base_model_version": "wan", "modelspec.sai_model_spec": "1.0.0",
+            "ss_base_model_version": architecture, "modelspec.sai_model_spec": "1.0.0",
             "modelspec.architecture": "wan2.1/lora", "modelspec.implementation": "https://github.com/Wan-Video/Wan2.1",
             "ss_training_comment": "None"}
     if alpha is not None:

@@ -262,7 +262,7 @@ def test_musubi_files_diffusers_own_converter_fails_on_load(wan_two_experts, tmp
     chosen = {"attention-only": [m for m in linears if ".attn" in m],
               "later-blocks": [m for m in linears if m.startswith("blocks.1.")],
               "no-alphas": None}[case]
-    tensors, meta = musubi_wan_lora(random_lora(linears, 4, seed=21, modules=chosen), None if case == "no-alphas" else 3.0, 4)
+    tensors, meta = musubi_wan_lora(random_lora(linears, 4, seed=21, modules=chosen), None if case == "no-alphas" else 3.0, 4, "wan")
     path = tmp_path / "musubi.safetensors"
     save_file(tensors, str(path), metadata=meta)
     with pytest.raises((KeyError, ValueError)):

@@ -32,6 +32,7 @@ from hotlora.families.base import ModelFamily
 log = logging.getLogger(__name__)
 
 TEXT_TOKENS = 512  # WanPipeline.__call__'s max_sequence_length: every prompt is padded to it
+MUSUBI_ARCHITECTURE = "wan"  # what musubi-tuner writes as ss_base_model_version for Wan LoRAs
 
 # musubi-tuner's names of the blocks' Linears (``lora_unet_`` + the original Wan name, dots made
 # underscores), which diffusers' ComfyUI-name converter reads once the dots are back. (Modules outside
@@ -253,7 +254,8 @@ class Wan(ModelFamily):
                       for b in blocks for norm in ("self_attn.norm_q", "self_attn.norm_k", "cross_attn.norm_q",
                                                    "cross_attn.norm_k", "norm3")}
         samples = {
-            "style-musubi": save("style-musubi", *musubi_wan_lora(random_lora(linears, rank, seed=4), rank / 2, rank)),
+            "style-musubi": save("style-musubi", *musubi_wan_lora(random_lora(linears, rank, seed=4), rank / 2, rank,
+                                                                  MUSUBI_ARCHITECTURE)),
             "style-ai-toolkit": save("style-ai-toolkit", *ai_toolkit_wan_lora(random_lora(linears, rank, seed=5))),
             "style-lightx2v": save("style-lightx2v", lightx2v_wan_lora(random_lora(linears, rank, seed=6), zero_norms)),
         }
@@ -263,7 +265,8 @@ class Wan(ModelFamily):
 
             for (which, seed, alpha), expert in zip((("high", 13, rank / 2), ("low", 14, 2 * rank)), experts):
                 sd = random_lora(ceiling_modules(getattr(pipeline, expert), None), rank, seed=seed)
-                samples[f"experts-musubi-{which}"] = save(f"experts-musubi-{which}", *musubi_wan_lora(sd, alpha, rank))
+                samples[f"experts-musubi-{which}"] = save(f"experts-musubi-{which}",
+                                                          *musubi_wan_lora(sd, alpha, rank, MUSUBI_ARCHITECTURE))
         return samples
 
 
