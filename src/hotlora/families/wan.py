@@ -261,10 +261,9 @@ class Wan(ModelFamily):
         }
         experts = list(self.experts(pipeline))
         if len(experts) == 2:
-            from hotlora.engine.writers.base import ceiling_modules
-
-            for (which, seed, alpha), expert in zip((("high", 13, rank / 2), ("low", 14, 2 * rank)), experts):
-                sd = random_lora(ceiling_modules(getattr(pipeline, expert), None), rank, seed=seed)
+            # Wan 2.2 A14B's experts share one config: the low-noise one has the same Linears as ``linears``.
+            for which, seed, alpha in (("high", 13, rank / 2), ("low", 14, 2 * rank)):
+                sd = random_lora(linears, rank, seed=seed)
                 samples[f"experts-musubi-{which}"] = save(f"experts-musubi-{which}",
                                                           *musubi_wan_lora(sd, alpha, rank, MUSUBI_ARCHITECTURE))
         return samples
