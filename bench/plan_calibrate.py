@@ -1,6 +1,6 @@
 """Calibrate the activation model of `hotlora plan` (src/hotlora/engine/plan/activations.py).
 
-Usage: PYTHONPATH=src .venv/bin/python bench/plan_calibrate.py
+Usage: PYTHONPATH=src .venv/bin/python bench/plan_calibrate.py [--only wan-vae]
 Builds Flux.1-dev's transformer at its real width (3072) with 1 double + 1 single block, its real
 VAE (hotlora.fullsize.flux), and SDXL's U-Net at its real widths with one transformer layer per
 level (SDXL_UNET below), from the published configurations, zero weights, on the CPU;
@@ -8,11 +8,16 @@ measures the allocator's peak over one forward / one decode at a few small sizes
 (activations.peak_allocated), with and without the engine's slots installed (SlotsWriter, the LoRA
 layers the engine runs), in float32 and bfloat16; fits k by least squares through the origin and
 writes src/hotlora/engine/plan/coefficients.py (the fitted values, the points, the command) and
-bench/results/plan_calibrate.{json,md}. ~3.5 GB peak RSS, ~10 minutes on 2 cores.
+bench/results/plan_calibrate.{json,md}. ~3.5 GB peak RSS, ~10 minutes on 2 cores. Wan 2.1's causal
+video VAE (real width, base_dim 96) is measured over sizes at 5 frames and over frame counts at one
+size (activations.py: its ``(k, c, f)``), in float32 only (bfloat16 reuses that fit: a bf16 Conv3d on
+this CPU takes minutes a point); ``--only wan-vae`` measures just that (~2 minutes) and
+keeps the other parts' results from bench/results/plan_calibrate.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import pprint
@@ -23,8 +28,10 @@ from pathlib import Path
 import torch
 
 from hotlora.engine.plan.activations import (
-    empty_model, fit, flux_blocks, flux_forward_peak, unet_forward_peak, vae_decode_peak,
+    empty_model, fit, flux_blocks, flux_forward_peak, unet_forward_peak, vae_decode_peak, vae_width,
+    video_vae_decode_peak,
 )
+from hotlora.fullsize._encoders import WAN21_VAE
 from hotlora.engine.writers.slots import SlotsWriter
 from hotlora.fullsize.flux import TRANSFORMER, VAE
 from hotlora.fullsize.sdxl import UNET as SDXL_PUBLISHED_UNET
@@ -43,6 +50,9 @@ SDXL_HELD_OUT = (3, 16, 24)
 # layers), with one transformer layer per level instead of 1/2/10 (see activations.py: only one
 # layer of a level is alive at a time).
 SDXL_UNET = {**SDXL_PUBLISHED_UNET, "transformer_layers_per_block": [1, 1, 1]}
+# Wan's VAE, (latent frames, height, width): sizes at 5 frames fit k; frame counts (5, 21, 41) at one size fit f.
+WAN_VAE_SIZES = [(2, 64, 64), (2, 128, 128), (2, 64, 128)]
+WAN_VAE_FRAMES = [(2, 64, 64), (6, 64, 64), (11, 64, 64)]
 SLOT_RANK = 64  # two slots: a rank-128 PEFT adapter; the LoRA temporaries are a few % of the peak
 
 
@@ -103,25 +113,64 @@ def calibrate_vae(dtype: torch.dtype) -> dict:
     return out
 
 
+def calibrate_wan_vae(dtype: torch.dtype) -> dict:
+    from diffusers import AutoencoderKLWan
+
+    vae = empty_model(lambda: AutoencoderKLWan.from_config({k: v for k, v in WAN21_VAE.items() if not k.startswith("_")}),
+                      dtype)
+    element = torch.empty((), dtype=dtype).element_size()
+    channels = vae_width(WAN21_VAE)
+
+    def frames(latent: int) -> int:
+        return 4 * (latent - 1) + 1
+
+    measured = {point: video_vae_decode_peak(vae, 1, *point) for point in dict.fromkeys(WAN_VAE_SIZES + WAN_VAE_FRAMES)}
+    f, _ = fit([(frames(n) * h * w * 3 * element, measured[(n, h, w)]) for n, h, w in WAN_VAE_FRAMES])
+    k, c = fit([(h * w * channels * element, measured[(n, h, w)] - f * frames(n) * h * w * 3 * element)
+                for n, h, w in WAN_VAE_SIZES])
+    return {"k": round(k, 4), "c": round(c), "f": round(f, 4), "points": [
+        {"latent_frames": n, "frames": frames(n), "height": h, "width": w, "peak_bytes": p}
+        for (n, h, w), p in measured.items()]}
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=("wan-vae",), default=None,
+                        help="measure one part; the others' results are kept from bench/results/plan_calibrate.json")
+    args = parser.parse_args()
     began = time.perf_counter()
-    results = {"flux": {"denoiser": {}}, "sdxl": {"denoiser": {}}, "vae": {"decode": {}}}
+    out = ROOT / "bench/results"
+    if args.only:
+        results = json.loads((out / "plan_calibrate.json").read_text())["results"]
+    else:
+        results = {"flux": {"denoiser": {}}, "sdxl": {"denoiser": {}}, "vae": {"decode": {}}}
+    results.setdefault("wan", {"vae_decode": {}})
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
-        results["flux"]["denoiser"][name] = calibrate_flux(dtype)
-        results["sdxl"]["denoiser"][name] = calibrate_sdxl(dtype)
-        results["vae"]["decode"][name] = calibrate_vae(dtype)
-        print(name, json.dumps(results["flux"]["denoiser"][name]), json.dumps(results["vae"]["decode"][name]),
-              file=sys.stderr)
-    table = {part: {what: {d: {k: (v["k"], v["c"]) for k, v in by.items()} for d, by in fitted.items()}
-                    for what, fitted in parts.items()} for part, parts in results.items()}
+        if not args.only:
+            results["flux"]["denoiser"][name] = calibrate_flux(dtype)
+            results["sdxl"]["denoiser"][name] = calibrate_sdxl(dtype)
+            results["vae"]["decode"][name] = calibrate_vae(dtype)
+            print(name, json.dumps(results["flux"]["denoiser"][name]), json.dumps(results["vae"]["decode"][name]),
+                  file=sys.stderr)
+    # Wan's VAE in float32 only: a bfloat16 Conv3d on this CPU (no bf16 kernels) took over 7 minutes for
+    # the smallest point. bfloat16 plans use the float32 fit at 2 bytes an element (the Flux VAE's
+    # bfloat16 k came out 0.95-1.25x its float32 k: a margin of that order, said in the plan's docs).
+    wan = calibrate_wan_vae(torch.float32)
+    results["wan"]["vae_decode"] = {"float32": wan, "bfloat16": {**wan, "measured_in": "float32"}}
+    print("float32", json.dumps(wan), file=sys.stderr)
+
+    def fitted(by: dict):  # by writer or regime ((k, c)); a family's own VAE has no writer ((k, c, f))
+        return (by["k"], by["c"], by["f"]) if "f" in by else {k: (v["k"], v["c"]) for k, v in by.items()}
+
+    table = {part: {what: {d: fitted(by) for d, by in fits.items()} for what, fits in parts.items()}
+             for part, parts in results.items()}
     machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     source = (f'"""Activation coefficients of ``hotlora plan`` (activations.py says what they mean).\n\n'
               f"Written by ``PYTHONPATH=src python bench/plan_calibrate.py`` ({machine}); the measured points\n"
               f'are in bench/results/plan_calibrate.json. Do not edit by hand: run the script again."""\n\n'
               f"COEFFICIENTS = {pprint.pformat(table, indent=4, width=100)}\n")
     (ROOT / "src/hotlora/engine/plan/coefficients.py").write_text(source)
-    out = ROOT / "bench/results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan_calibrate.json").write_text(json.dumps({"machine": machine, "results": results}, indent=2))
     rows = ["| part | dtype | writer | k | c (MiB) | points (peak MiB) |", "|---|---|---|---|---|---|"]
@@ -146,8 +195,14 @@ def main() -> int:
                             for p in v["points"])
             rows.append(f"| Flux VAE decode ({regime} image{'s' if regime == 'batch' else ''}) | {dtype} | - | "
                         f"{v['k']} | {v['c'] / 2**20:.1f} | {pts} |")
+    for dtype, v in results["wan"]["vae_decode"].items():
+        pts = ", ".join(f"{p['frames']}f {p['width']}x{p['height']}: {p['peak_bytes'] / 2**20:.1f}" for p in v["points"])
+        measured_in = f" (the {v['measured_in']} fit)" if "measured_in" in v else ""
+        rows.append(f"| Wan 2.1 VAE decode (k; f = {v['f']} per decoded frame's pixels x 3) | {dtype}{measured_in} | - | {v['k']} | "
+                    f"{v['c'] / 2**20:.1f} | {pts} |")
     (out / "plan_calibrate.md").write_text(
-        f"Command: `PYTHONPATH=src .venv/bin/python bench/plan_calibrate.py` ({machine}, "
+        f"Command: `PYTHONPATH=src .venv/bin/python bench/plan_calibrate.py{' --only ' + args.only if args.only else ''}` "
+        f"({machine}, "
         f"{time.perf_counter() - began:.0f} s)\n\n" + "\n".join(rows) + "\n")
     print("\n".join(rows))
     return 0

@@ -17,7 +17,8 @@ device; a minute or two on a CPU for the whole table. Writes ``bench/results/pla
 A model whose family does not list it in ``full_size_models`` yet is reported as unregistered with
 the line its family needs (the modules ship before the families do). Where a family has no
 activation coefficients (bench/plan_calibrate.py measures them), the cell is the weights and
-buffers only, marked "(weights only)". FP8 needs compute capability 8.9 (torchao's float8): the
+buffers only, marked "(weights only)"; where only the VAE decode is (Wan), "(weights and VAE decode
+only)". FP8 needs compute capability 8.9 (torchao's float8): the
 A10G (Ampere, 8.6) column says so rather than planning it.
 """
 
@@ -67,12 +68,16 @@ def _cell(plan) -> str:
             return f"no ({format_bytes(needed)} static)"
         return f"no (peak {format_bytes(plan.required_bytes)})"
     weights_only = any(s.activation_bytes is None for s in plan.sizes)
+    # The VAE decode modelled, the denoiser's activations not (Wan): no chunk is claimed either.
+    decode_only = not weights_only and any(s.denoiser_bytes is None for s in plan.sizes)
     chunk = min((s.largest_chunk for s in plan.sizes if s.largest_chunk is not None), default=None)
     text = f"yes, {format_bytes(plan.required_bytes)}"
-    if chunk is not None:
+    if chunk is not None and not decode_only:
         text += f", chunk {'64+' if chunk >= 64 else chunk}"
     if weights_only:
         text += " (weights only)"
+    if decode_only:
+        text += " (weights and VAE decode only)"
     if plan.peak_bytes > plan.budget:
         text += ", tight"
     return text

@@ -1,5 +1,5 @@
 """The activation model against new measurements: Flux.1-dev's transformer at its real width
-(3072; 1 double + 1 single block, zero weights) and its real VAE, in float32 on the CPU, at sizes
+(3072; 1 double + 1 single block, zero weights), its real VAE and Wan 2.1's video VAE, in float32 on the CPU, at sizes
 and batches the calibration (bench/plan_calibrate.py) did not use: predicted within 10%.
 ~40 s and ~2.6 GB of memory (the two real-width blocks)."""
 
@@ -48,3 +48,22 @@ def test_vae_decode_peak_is_predicted_within_10_percent(table):
                         vae_channels=VAE["block_out_channels"][0])
         predicted = predict(table, "flux", work, torch.float32, "slots")["vae_decode"]
         assert abs(predicted - measured) / measured < 0.10, (images, height, width, predicted, measured)
+
+
+def test_wan_vae_decode_peak_is_predicted_within_10_percent(table):
+    """Wan 2.1's causal video VAE at its real width (base_dim 96), float32: one frame's activations
+    plus the decoded video, at sizes and frame counts the calibration did not use (it used 64x64,
+    128x128 and 64x128 at 5 frames, and 5, 21 and 41 frames at 64x64)."""
+    from diffusers import AutoencoderKLWan
+
+    from hotlora.engine.plan.activations import video_vae_decode_peak
+    from hotlora.fullsize._encoders import WAN21_VAE
+
+    vae = empty_model(lambda: AutoencoderKLWan.from_config({k: v for k, v in WAN21_VAE.items()
+                                                            if not k.startswith("_")}), torch.float32)
+    for latent_frames, height, width in ((3, 96, 96), (8, 64, 96)):  # 9 and 29 frames
+        measured = video_vae_decode_peak(vae, 1, latent_frames, height, width)
+        work = Workload(batch=1, tokens=0, width=0, images=1, pixels=height * width, vae_channels=WAN21_VAE["base_dim"],
+                        frames=4 * (latent_frames - 1) + 1)
+        predicted = predict(table, "wan", work, torch.float32, "slots")["vae_decode"]
+        assert abs(predicted - measured) / measured < 0.10, (latent_frames, height, width, predicted, measured)

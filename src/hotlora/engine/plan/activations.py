@@ -28,6 +28,12 @@ not reorder weights this way): a small margin, not a claim.
   LoRA layers in the model). Banks use the slots' coefficient (not calibrated separately).
 - The VAE has two coefficients, measured: one image decodes with more memory per pixel than a
   batch does (on the CPU 7.6 vs 6.0 widths per pixel in float32, 9.5 vs 6.0 in bfloat16).
+- A family with a VAE of its own (Wan's causal video VAE) has ``vae_decode`` coefficients
+  ``(k, c, f)``: it decodes one latent frame at a time, so its peak is one frame's activations
+  (``k`` x videos x pixels x base_dim x bytes, fitted over sizes at one frame count) plus the
+  decoded video, which grows with the frames (``f`` x videos x frames x pixels x 3 x bytes, fitted
+  over frame counts at one size), measured on Wan 2.1's VAE at its real width (base_dim 96). The
+  plan decodes the family's default frame count (81 for Wan).
 
 The coefficients live in ``coefficients.py`` beside this file, written by
 ``python bench/plan_calibrate.py``, which measures ``peak_allocated`` below on real-width,
@@ -62,6 +68,7 @@ class Workload:
     images: int  # VAE decode batch
     pixels: int  # per image
     vae_channels: int
+    frames: int = 1  # decoded frames per video (1: an image)
 
 
 def vae_scale_factor(vae_config: dict) -> int:
@@ -88,7 +95,7 @@ def workload(family: ModelFamily, configs: dict, height: int, width: int, images
     factor = vae_scale_factor(vae)
     tokens, layer_width = family.plan_tokens(configs, (height // factor) * (width // factor))
     return Workload(batch=images * (2 if cfg else 1), tokens=tokens, width=layer_width, images=images,
-                    pixels=height * width, vae_channels=vae_width(vae))
+                    pixels=height * width, vae_channels=vae_width(vae), frames=family.default_frames or 1)
 
 
 def coefficient(table: dict, family: str, part: str, dtype: torch.dtype, writer: str | None = None):
@@ -106,8 +113,14 @@ def predict(table: dict, family: str, work: Workload, dtype: torch.dtype, writer
     # (in bfloat16 their fit comes out a few % under it: where the peak sits, no LoRA layer runs).
     writers = ("none",) if writer == "fused" else ("none", "slots")
     fits = [k for k in (coefficient(table, family, "denoiser", dtype, w) for w in writers) if k is not None]
-    k_vae = coefficient(table, "vae", "decode", dtype, "one" if work.images == 1 else "batch")
     denoiser = max((round(k * work.batch * work.tokens * work.width * element + c) for k, c in fits), default=None)
+    own = coefficient(table, family, "vae_decode", dtype)  # a family's own VAE: Wan's causal video VAE
+    if own is not None:
+        k, c, f = own
+        vae = round(k * work.images * work.pixels * work.vae_channels * element
+                    + f * work.images * work.frames * work.pixels * 3 * element + c)
+        return {"denoiser": denoiser, "vae_decode": vae}
+    k_vae = coefficient(table, "vae", "decode", dtype, "one" if work.images == 1 else "batch")
     vae = None if k_vae is None else round(k_vae[0] * work.images * work.pixels * work.vae_channels * element
                                            + k_vae[1])
     return {"denoiser": denoiser, "vae_decode": vae}
@@ -208,6 +221,18 @@ def vae_decode_peak(vae, images: int, height: int, width: int) -> int:
         return peak_allocated(lambda: vae.decode(latents, return_dict=False))
 
 
+def video_vae_decode_peak(vae, videos: int, latent_frames: int, height: int, width: int) -> int:
+    """Peak of one decode of ``videos`` videos of ``latent_frames`` latent frames at ``height`` x
+    ``width`` pixels by a causal video VAE (AutoencoderKLWan: it decodes one latent frame at a time
+    and caches a few of each conv's input frames, so its peak is one frame's activations plus the
+    decoded video, which grows with the frames)."""
+    factor = vae_scale_factor(vae.config)
+    dtype = next(vae.parameters()).dtype
+    latents = torch.zeros(videos, vae.config.z_dim, latent_frames, height // factor, width // factor, dtype=dtype)
+    with torch.no_grad():
+        return peak_allocated(lambda: vae.decode(latents, return_dict=False))
+
+
 def fit(points: list[tuple[float, int]]) -> tuple[float, float]:
     """Least-squares ``(k, c)`` of ``measured = k x units + c``; through the origin (c = 0) when
     the intercept comes out negative (no kernel allocates negative memory)."""
@@ -224,4 +249,4 @@ def fit(points: list[tuple[float, int]]) -> tuple[float, float]:
 
 
 __all__ = ["Workload", "coefficient", "empty_model", "fit", "flux_blocks", "flux_forward_peak",
-           "peak_allocated", "predict", "unet_forward_peak", "vae_decode_peak", "workload"]
+           "peak_allocated", "predict", "unet_forward_peak", "vae_decode_peak", "video_vae_decode_peak", "workload"]

@@ -91,7 +91,7 @@ class MemoryPlan:
             return (f"DOES NOT FIT: the weights and adapter buffers alone need "
                     f"{format_bytes(self.static_bytes - self.estimated_bytes)}, "
                     f"over the {format_bytes(self.budget)} of {self.budget_name}")
-        unknown = [s.size for s in self.sizes if s.activation_bytes is None]
+        unknown = [s.size for s in self.sizes if s.denoiser_bytes is None]
         failing = [s for s in self.sizes if s.fits is False]
         if failing:
             smallest = min((s.largest_chunk or 0) for s in failing)
@@ -108,7 +108,9 @@ class MemoryPlan:
         text = f"FITS: peak {format_bytes(self.peak_bytes)} of {format_bytes(self.budget)} ({self.budget_name}), " \
                f"{format_bytes(free)} to spare"
         if unknown:
-            text += f" (activations not modelled at {', '.join(unknown)}: weights only there)"
+            decoded = any(s.vae_decode_bytes is not None for s in self.sizes if s.denoiser_bytes is None)
+            text += (f" (denoiser activations not modelled at {', '.join(unknown)}: weights"
+                     + (" and the VAE decode" if decoded else "") + " only there)")
         return text
 
     def as_dict(self) -> dict:
@@ -134,6 +136,10 @@ class MemoryPlan:
         for s in self.sizes:
             if s.activation_bytes is None:
                 lines.append(f"  {s.size}: activations not modelled for this family")
+                continue
+            if s.denoiser_bytes is None:
+                lines.append(f"  {s.size} chunk {s.chunk}: VAE decode {format_bytes(s.vae_decode_bytes)} (the family's "
+                             "default frame count); denoiser activations not modelled for this family")
                 continue
             largest = "-" if s.largest_chunk is None else f"{s.largest_chunk}" + (
                 " or more" if s.largest_chunk == MAX_CHUNK_SEARCHED else "")
@@ -173,8 +179,8 @@ def plan_memory(model: str, config: EngineConfig | None = None, *, budget: int |
     cfg = family.doubles_batch(family.default_guidance)
     plans = [_size_plan(spec, table, dtype, writer, cfg, static, budget, chunk, height, width)
              for height, width in sizes]
-    if any(p.activation_bytes is None for p in plans):
-        notes.append(f"no activation coefficients for {family.name} ({_dtype_name(dtype)}) in "
+    if any(p.denoiser_bytes is None for p in plans):
+        notes.append(f"no denoiser activation coefficients for {family.name} ({_dtype_name(dtype)}) in "
                      "hotlora/engine/plan/coefficients.py: bench/plan_calibrate.py measures them")
     notes.append("activations: the eager peak of one chunk (denoiser forward or VAE decode, the larger), "
                  "from coefficients measured on the CPU (engine/plan/activations.py); the text encoders' "
@@ -202,9 +208,9 @@ def _size_plan(spec, table: dict, dtype: torch.dtype, writer: str, cfg: bool, st
         except NotImplementedError:  # a family declaring no workload (the generic ones): weights only
             return None, {"denoiser": None, "vae_decode": None}
         predicted = activations.predict(table, family.name, work, dtype, writer)
-        if predicted["denoiser"] is None:
-            return None, predicted
-        return max(v for v in predicted.values() if v is not None), predicted
+        known = [v for v in predicted.values() if v is not None]
+        # The denoiser not modelled but the VAE decode is (Wan): the decode is the peak's lower bound.
+        return (max(known) if known else None), predicted
 
     at_chunk, predicted = peak(chunk)
     largest, fits = None, None
