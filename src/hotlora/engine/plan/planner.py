@@ -208,9 +208,12 @@ def _size_plan(spec, table: dict, dtype: torch.dtype, writer: str, cfg: bool, st
         except NotImplementedError:  # a family declaring no workload (the generic ones): weights only
             return None, {"denoiser": None, "vae_decode": None}
         predicted = activations.predict(table, family.name, work, dtype, writer)
-        known = [v for v in predicted.values() if v is not None]
-        # The denoiser not modelled but the VAE decode is (Wan): the decode is the peak's lower bound.
-        return (max(known) if known else None), predicted
+        if predicted["denoiser"] is None:
+            # A VAE measured for the family itself (Wan's video VAE), beside a denoiser not modelled: the
+            # decode is the peak's lower bound. The shared AutoencoderKL fit is not extended to other VAEs.
+            own = activations.coefficient(table, family.name, "vae_decode", dtype)
+            return (predicted["vae_decode"] if own is not None else None), predicted
+        return max(v for v in predicted.values() if v is not None), predicted
 
     at_chunk, predicted = peak(chunk)
     largest, fits = None, None
