@@ -23,7 +23,7 @@ from hotlora.adapters.binding import AdapterSpec, Binding
 from hotlora.adapters.format.embeddings import checked_tokens
 from hotlora.adapters.format.convert import Adapter, load_adapter
 from hotlora.adapters.format.export import pair_experts
-from hotlora.adapters.format.validate import SlotCeiling, problems_with
+from hotlora.adapters.format.validate import SlotCeiling, problems_with, served_experts
 from hotlora.errors import AdapterFormatError, AdapterRejected, InvalidRequest
 from hotlora.families import ModelFamily
 from hotlora.lru import LRU
@@ -47,8 +47,7 @@ class AdapterResolver:
         self.max_update = torch.finfo(serving_dtype).max ** 0.5
         # The second expert the slots reach into (Wan 2.2 A14B's transformer_2), or None: a
         # request's ``low_noise`` LoRA has somewhere to go only where it is served.
-        self.second_expert = next((e for e in family.other_denoisers
-                                   if any(m.startswith(f"{e}.") for m in ceiling.modules)), None)
+        self.second_expert = next(iter(served_experts(ceiling)), None)
         self._memos()
 
     def _memos(self) -> None:

@@ -26,14 +26,15 @@ class StepCacheError(HotloraError):
     """The step cache cannot be applied to this model (a start-up fault)."""
 
 
-def apply_step_cache(pipeline, experts, config: StepCache, family=None) -> None:
+def apply_step_cache(pipeline, experts, config: StepCache, family) -> None:
     """Install the step cache on every denoiser of ``experts`` (name -> module: Wan 2.2 A14B has
     two, each with caches of its own); call before compiling them. cache-dit finds both experts
     itself (its Wan adapter: ``transformer`` and ``transformer_2``, CFG's passes cached apart);
-    diffusers' FirstBlockCache is a hook per model."""
+    diffusers' FirstBlockCache is a hook per model. A backend the ``family`` refuses
+    (``unserved_step_caches``) is a StepCacheError with its reason."""
     if config.backend not in BACKENDS:
         raise StepCacheError(f"unknown step cache {config.backend!r}; choose one of {', '.join(BACKENDS)}")
-    refused = family.unserved_step_caches.get(config.backend) if family is not None else None
+    refused = family.unserved_step_caches.get(config.backend)
     if refused:
         raise StepCacheError(f"step cache {config.backend!r} is not served on {family.name}: {refused}")
     try:

@@ -359,7 +359,7 @@ class ModelFamily:
     def prepare_raw_lora(self, raw: Mapping[str, Any], label: str) -> dict:
         """``raw`` as this family's diffusers converter should get it: a trainer's layout the
         converter mishandles rewritten into one it reads right, or refused (AdapterFormatError)
-        where serving it would silently differ from the file. Runs before ``check_raw_lora``;
+        where serving it would silently differ from the file. Runs after ``check_raw_lora``;
         by default ``raw`` unchanged."""
         return dict(raw)
 

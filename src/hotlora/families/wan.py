@@ -195,7 +195,6 @@ class Wan(ModelFamily):
         that are all zero change nothing and are dropped here; any other is refused with its keys,
         rather than served as a model other than the one trained."""
         raw = dict(raw)
-        self.check_raw_lora(raw, label)  # before the rename: the refusal names the file's own keys
         patches = [k for k in raw if k.endswith(PATCH_SUFFIXES)]
         if patches:
             import torch

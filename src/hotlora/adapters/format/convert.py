@@ -335,8 +335,8 @@ def _lora_pairs(ours: dict, label: str) -> dict[str, tuple[torch.Tensor, torch.T
 
 def _diffusers_state_dict(raw, metadata, family: ModelFamily, label, denoiser_config):
     """Run diffusers' own detection and conversion for this family."""
+    family.check_raw_lora(raw, label)  # on the file's own keys: a refusal names what the file holds
     raw = family.prepare_raw_lora(raw, label)
-    family.check_raw_lora(raw, label)
     kwargs = {"return_lora_metadata": True, **family.lora_state_dict_kwargs(denoiser_config)}
     try:
         out = family.pipeline_type.lora_state_dict(raw, **kwargs)

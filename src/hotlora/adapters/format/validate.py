@@ -119,6 +119,15 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
     return problems
 
 
+def served_experts(ceiling: SlotCeiling) -> tuple[str, ...]:
+    """The family's other denoisers the ceiling has slots in (Wan 2.2 A14B's ``transformer_2``;
+    none for a one-transformer model)."""
+    family = FAMILIES.get(ceiling.family)
+    if family is None:
+        return ()
+    return tuple(e for e in family.other_denoisers if any(c.startswith(f"{e}.") for c in ceiling.modules))
+
+
 def _absent_experts(adapter: Adapter, ceiling: SlotCeiling) -> dict[str, int]:
     """Another expert's LoRA (Wan 2.2's ``transformer_2.*`` modules) given to a model without that
     expert: expert -> its module count. Said as such, not as modules outside the ceiling (plain
@@ -126,10 +135,11 @@ def _absent_experts(adapter: Adapter, ceiling: SlotCeiling) -> dict[str, int]:
     family = FAMILIES.get(ceiling.family)
     if family is None or not family.other_denoisers:
         return {}
+    absent_experts = set(family.other_denoisers) - set(served_experts(ceiling))
     absent: dict[str, int] = {}
     for module in adapter.modules:
         expert = module.split(".", 1)[0]
-        if expert in family.other_denoisers and not any(c.startswith(f"{expert}.") for c in ceiling.modules):
+        if expert in absent_experts:
             absent[expert] = absent.get(expert, 0) + 1
     return absent
 
