@@ -18,7 +18,7 @@ setup_podman
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-900}   # a cold compile of the tiny model on a busy 2-core machine
 NAME=hotlora-smoke-$$
 PORT=${SMOKE_PORT:-18765}
-VOLUMES=("$NAME-adapters" "$NAME-compile")
+VOLUMES=("$NAME-adapters" "$NAME-compile" "$NAME-jobs")
 WORK=$(mktemp -d)
 KUBE_YAML="$WORK/kube.yaml"
 KEY=""
@@ -92,6 +92,29 @@ generate_from_host() {
         -H "authorization: Bearer $KEY" -H 'content-type: application/json' -d "$1"
 }
 
+# job_roundtrip <base URL> <curl...>: one generation as a job (`Prefer: respond-async`): a 202 with
+# a Location, polled (at most 60 times) until it succeeds, its content fetched. The job's record
+# and result are written to jobs_dir: a folder the image (and the Deployment) must make writable.
+job_roundtrip() {
+    local base=$1 location="" body="" status="" code
+    shift
+    location=$("$@" -sS -o /dev/null -D - --max-time 60 "$base/v1/generate" -H "authorization: Bearer $KEY" \
+               -H 'content-type: application/json' -H 'prefer: respond-async' \
+               -d '{"prompt": "a watercolor fox", "seed": 1, "adapters": {"identity": "identity-diffusers"}}' \
+               | tr -d '\r' | sed -n 's/^[Ll]ocation: //p') || die "the job request failed"
+    [ -n "$location" ] || die "a job request got no Location"
+    for _ in $(seq 60); do
+        body=$("$@" -sS --max-time 10 -H "authorization: Bearer $KEY" "$base$location") || die "polling $location: $body"
+        status=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["status"])' "$body") \
+            || die "polling $location: ${body:0:300}"
+        case $status in succeeded) break ;; failed|cancelled) die "the job $status: ${body:0:300}" ;; esac
+        sleep 2
+    done
+    [ "$status" = succeeded ] || die "the job was still $status after 60 polls"
+    code=$("$@" -s -o /dev/null -w '%{http_code}' --max-time 30 -H "authorization: Bearer $KEY" "$base$location/content")
+    [ "$code" = 200 ] || die "the job's content answered $code"
+}
+
 # --- 1. build ----------------------------------------------------------------------------------
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
     "$HERE/build.sh"
@@ -112,6 +135,7 @@ chmod 0644 "$WORK/api-keys" "$WORK/hotlora.toml"
 # --- 3. first start: read-only root, caches on volumes ---------------------------------------------
 run_args=(--name "$NAME" --read-only -p "127.0.0.1:$PORT:8000"
           -v "${VOLUMES[0]}:/var/cache/hotlora/adapters" -v "${VOLUMES[1]}:/var/cache/hotlora/compile"
+          -v "${VOLUMES[2]}:/var/cache/hotlora/jobs"
           -v "$WORK/hotlora.toml:/etc/hotlora/hotlora.toml:ro" -v "$WORK/api-keys:/run/secrets/hotlora/api-keys:ro"
           -e HOTLORA_DEVICE=cpu -e HOTLORA_MAX_BATCH_SIZE=2)
 log "starting $NAME ($HOTLORA_IMAGE, read-only root)"
@@ -141,6 +165,9 @@ code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "http://127.0.0.1:$P
 [ "$code" = 401 ] || die "a request without a key got $code, not 401"
 generate_twice generate_from_host
 log "generated with two adapter pairs"
+job_roundtrip "http://127.0.0.1:$PORT" curl
+podman exec "$NAME" sh -c 'ls /var/cache/hotlora/jobs/job_*.json' >/dev/null || die "no job record on the jobs volume"
+log "a job ran to completion (its record on the jobs volume)"
 
 # The engine process killed inside the container (as a segfault or the OOM killer would end it):
 # the server stays up (/healthz 200 throughout), a new engine process starts, and it serves again.
@@ -204,5 +231,6 @@ generate_in_pod() {
         -H "authorization: Bearer $KEY" -H 'content-type: application/json' -d "$1"
 }
 generate_twice generate_in_pod
+job_roundtrip http://127.0.0.1:8000 podman exec "$container" curl
 [ "$(podman exec "$container" id -u)" != 0 ] || die "the pod runs as root"
 log "smoke test passed"

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from hotlora.errors import DoesNotFit, HotloraError, RequestError
+from hotlora.errors import DoesNotFit, HotloraError, RequestError, SettingUnusable
 from hotlora.families import DEFAULT_FAMILY, FAMILIES, full_size_names
 
 log = logging.getLogger("hotlora")
@@ -138,6 +138,9 @@ def cmd_serve(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except DoesNotFit as exc:  # the memory plan, refused before the model is loaded
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except SettingUnusable as exc:  # a folder the settings name (jobs_dir) cannot be written
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except UnservedModel as exc:  # a local model no family serves, refused before anything listens

@@ -196,6 +196,11 @@ class SlotStateCorrupt(EngineError):
     """Slot tensors found in a state no swap can produce."""
 
 
+class SettingUnusable(HotloraError):
+    """Start-up: a folder a setting names cannot be used (not creatable, not writable); the message
+    names the setting and its environment variable. Raised before anything listens."""
+
+
 class DoesNotFit(HotloraError):
     """Start-up: the configured engine's memory plan (``hotlora.engine.plan``) exceeds the memory
     it would run in; raised before the model is loaded. ``plan`` is the ``MemoryPlan``."""

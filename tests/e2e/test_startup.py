@@ -46,3 +46,16 @@ def test_an_engine_that_fails_to_start_ends_the_server_with_exit_1(tiny_models, 
     assert process.returncode == 1, output
     assert "listening on http://" in output  # it failed after it listened: the engine's start, not a check before
     assert "error: start-up failed: ModelLoadError" in output and "broken" in output
+
+
+def test_a_jobs_dir_that_cannot_be_written_exits_before_listening(tiny_models, tmp_path):
+    """A read-only root filesystem with no volume for jobs (the image's first smoke run) would
+    otherwise fail every job on its first write: refused at start-up, naming the setting."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = subprocess.run([sys.executable, "-m", "hotlora.cli", "serve", "--model", str(tiny_models["flux"]),
+                           "--port", str(free_port()), "--no-compile", "--jobs-dir", str(blocker / "jobs")],
+                          capture_output=True, text=True, timeout=EXIT_TIMEOUT_S)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "jobs_dir" in done.stderr and "HOTLORA_JOBS_DIR" in done.stderr and "cannot be written" in done.stderr
+    assert "listening on http://" not in done.stdout + done.stderr

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hotlora.errors import RequestTooLarge
+from hotlora.errors import RequestTooLarge, SettingUnusable
 from hotlora.server.jobstore import RESTARTED, JobRecord, JobStore, new_id, video_object, view
 
 
@@ -104,3 +104,10 @@ def test_owned_lists_one_owners_jobs_of_a_kind_oldest_first_and_not_the_expired(
     store.put_result(second, {"0.mp4": b"x"}, "video/mp4", {})
     clock.now += 10  # past the finished one's retention
     assert [r.id for r in store.owned("key:a", kind="video")] == [first.id]
+
+
+def test_a_folder_that_cannot_be_written_is_refused_naming_the_setting(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SettingUnusable, match="jobs_dir .* cannot be written"):
+        JobStore(blocker / "jobs", max_bytes=100)

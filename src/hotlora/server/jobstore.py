@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import secrets
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel
 
-from hotlora.errors import RequestTooLarge
+from hotlora.errors import RequestTooLarge, SettingUnusable
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +68,22 @@ class JobStore:
 
     def __init__(self, root: str | os.PathLike, max_bytes: int, clock: Callable[[], float] = time.time):
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._check_writable()
         self.max_bytes = max_bytes
         self.clock = clock
         self._lock = threading.RLock()
         self._records: dict[str, JobRecord] = {}
         self._recover()
+
+    def _check_writable(self) -> None:
+        """Fail at start-up, naming the setting, where a job would otherwise fail on its first write
+        (a read-only root filesystem with no volume for jobs_dir)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=self.root).close()
+        except OSError as exc:
+            raise SettingUnusable(f"jobs_dir {str(self.root)!r} (HOTLORA_JOBS_DIR) cannot be written: "
+                                  f"{exc.strerror or exc}; point it at a writable folder, one per server") from None
 
     def _recover(self) -> None:
         """Read what a previous server left: unfinished jobs are failed (nothing runs them now),
