@@ -12,6 +12,7 @@ from hotlora import Engine
 from hotlora.adapters.binding import Binding
 from hotlora.adapters.format.convert import Adapter, LoraWeights
 from hotlora.engine.writers.packing import MAX_PADDING, PackLayout, pack
+from hotlora.engine.writers.slots import SlotsWriter
 from hotlora.testing import random_lora
 
 from ..helpers import TARGET_RANK
@@ -88,6 +89,25 @@ def test_what_stays_per_module(engine):
 def slot_deltas(engine, slot) -> dict[str, torch.Tensor]:
     state = engine.writer._slots[slot]
     return {m: state.up[m].double() @ state.down[m].double() for m in state.down}
+
+
+def test_the_pack_cache_holds_two_requests_at_the_target_rank(tiny_models, monkeypatch):
+    """The request being swapped in and the next one stay packed however large the slots are: a
+    fixed 2 GiB held one full-size Flux adapter of rank 128, and preparing a pair's second adapter
+    evicted its first (an H200 run), whose slot then took the per-module path."""
+    monkeypatch.setattr(SlotsWriter, "MIN_PACK_CACHE_BYTES", 0)  # the tiny slots' own size sets the bound
+    writer = Engine.from_pretrained(tiny_models["flux"], target_rank=TARGET_RANK, batch_size=1, compile=False).writer
+    assert writer.pack_cache_bytes == 2 * writer.nbytes
+    linears = dict(writer.ceiling.modules)
+    adapters = [make_adapter(linears, TARGET_RANK, seed=40 + k) for k in range(5)]
+    for first, second in ((0, 1), (2, 3)):
+        writer.prepare({"identity": Binding(adapters[first], 1.0), "style": Binding(adapters[second], 1.0)})
+    assert all(writer.packs.get(a) is not None for a in adapters[:4])
+    report = writer.swap({"identity": Binding(adapters[0], 0.9), "style": Binding(adapters[1], 0.7)})
+    assert report.packed_writes == 2 and report.per_module_writes == 0
+    writer.prepare({"identity": Binding(adapters[4], 1.0)})  # a fifth: something older goes, within the bound
+    assert writer.packs.get(adapters[4]) is not None and writer.packs.bytes <= writer.pack_cache_bytes
+    assert sum(writer.packs.get(a) is not None for a in adapters) == 4
 
 
 def test_any_sequence_of_swaps_leaves_exactly_the_requested_update(engine):

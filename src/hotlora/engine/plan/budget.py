@@ -16,6 +16,11 @@ ACCELERATORS = {
 # Outside torch's allocator on a GPU: the CUDA context, kernels' modules and library workspaces.
 # Assumed (typically 0.5-1 GiB on recent cards with torch); no GPU was lent to measure it here.
 CUDA_RUNTIME_BYTES = 1 * GiB
+# The activation model's coefficients are CPU measurements; on CUDA the allocator's peak above the
+# static tensors for one decoded pack (full-size Flux, bf16, compiled, 6 images at 1536x1024) was
+# 19.91 GiB against 12.17 GiB planned (an H200, bench/gpu_rows.py plan_check): the plan scales its
+# activation lines on CUDA by that ratio. One measurement, one size: a margin, not a model.
+CUDA_ACTIVATION_FACTOR = 19.914 / 12.166
 # On a CPU the process itself: Python, torch, diffusers, transformers and, compiled, inductor's
 # kernels. Measured: peak RSS of the tiny-Flux engine, whose own tensors are a few MB
 # (bench/results/memory.md: 436 MiB eager, 604 MiB compiled).
@@ -54,4 +59,4 @@ def this_machine(device_type: str, device: str | None = None) -> tuple[int, str]
     return psutil.virtual_memory().available, "available RAM"
 
 
-__all__ = ["ACCELERATORS", "CPU_RUNTIME_BYTES", "CUDA_RUNTIME_BYTES", "format_bytes", "parse_bytes", "this_machine"]
+__all__ = ["ACCELERATORS", "CPU_RUNTIME_BYTES", "CUDA_ACTIVATION_FACTOR", "CUDA_RUNTIME_BYTES", "format_bytes", "parse_bytes", "this_machine"]

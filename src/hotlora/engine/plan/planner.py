@@ -11,7 +11,7 @@ from hotlora.settings import EngineConfig, format_size
 from hotlora.engine.device import default_device
 from hotlora.engine.pipeline import resolve_dtype
 from hotlora.engine.plan import activations
-from hotlora.engine.plan.budget import CPU_RUNTIME_BYTES, CUDA_RUNTIME_BYTES, format_bytes
+from hotlora.engine.plan.budget import CPU_RUNTIME_BYTES, CUDA_ACTIVATION_FACTOR, CUDA_RUNTIME_BYTES, format_bytes
 from hotlora.engine.plan.memory import Part, static_parts
 from hotlora.engine.plan.models import find_model
 
@@ -177,18 +177,22 @@ def plan_memory(model: str, config: EngineConfig | None = None, *, budget: int |
     chunk = config.batch_limit
     # At the family's default guidance: under batch CFG the unconditional half shares the batch.
     cfg = family.doubles_batch(family.default_guidance)
-    plans = [_size_plan(spec, table, dtype, writer, cfg, static, budget, chunk, height, width)
+    factor = CUDA_ACTIVATION_FACTOR if device_type == "cuda" else 1.0
+    plans = [_size_plan(spec, table, dtype, writer, cfg, static, budget, chunk, height, width, factor)
              for height, width in sizes]
     if any(p.denoiser_bytes is None for p in plans):
         notes.append(f"no denoiser activation coefficients for {family.name} ({_dtype_name(dtype)}) in "
                      "hotlora/engine/plan/coefficients.py: bench/plan_calibrate.py measures them")
     notes.append("activations: the eager peak of one chunk (denoiser forward or VAE decode, the larger), "
-                 "from coefficients measured on the CPU (engine/plan/activations.py); the text encoders' "
-                 "activations are not counted")
+                 "from coefficients measured on the CPU (engine/plan/activations.py)"
+                 + (f", times {factor:.2f} on CUDA (the allocator's peak over the CPU model, measured once on "
+                    "an H200 for full-size Flux)" if factor != 1.0 else "")
+                 + "; the text encoders' activations are not counted")
+    packed = (f" and the slots' packed copies up to {format_bytes(summary['pack_cache_bytes'])}"
+              if summary["pack_cache_bytes"] else "")
     notes.append("adapters in use: one per slot at the target rank is counted (an estimate); more adapters "
-                 "held grow the adapter store's RAM cache up to its ram_budget_bytes and the slots' packed "
-                 "copies up to 2 GiB" + ("; on a CPU that is the same memory" if device_type == "cpu" else
-                                        " (host memory)"))
+                 f"held grow the adapter store's RAM cache up to its ram_budget_bytes{packed}"
+                 + ("; on a CPU that is the same memory" if device_type == "cpu" else " (host memory)"))
     settings = {"slots": ",".join(config.slots), "target_rank": config.target_rank,
                 "adapter_mode": config.adapter_mode, "mixed": config.mixed, "batch": chunk,
                 "base_quantization": config.base_quantization, "writer": summary["writer"],
@@ -198,8 +202,9 @@ def plan_memory(model: str, config: EngineConfig | None = None, *, budget: int |
 
 
 def _size_plan(spec, table: dict, dtype: torch.dtype, writer: str, cfg: bool, static: int, budget: int | None,
-               chunk: int, height: int, width: int) -> SizePlan:
-    """One served size: the activation peak at the engine's chunk, and the largest chunk that fits."""
+               chunk: int, height: int, width: int, factor: float = 1.0) -> SizePlan:
+    """One served size: the activation peak at the engine's chunk, and the largest chunk that fits.
+    ``factor`` scales the activation model to the device (``CUDA_ACTIVATION_FACTOR``)."""
     family = spec.family
 
     def peak(images: int) -> tuple[int | None, dict]:
@@ -207,7 +212,8 @@ def _size_plan(spec, table: dict, dtype: torch.dtype, writer: str, cfg: bool, st
             work = activations.workload(family, spec.configs, height, width, images, cfg)
         except NotImplementedError:  # a family declaring no workload (the generic ones): weights only
             return None, {"denoiser": None, "vae_decode": None}
-        predicted = activations.predict(table, family.name, work, dtype, writer)
+        predicted = {part: None if nbytes is None else int(nbytes * factor)
+                     for part, nbytes in activations.predict(table, family.name, work, dtype, writer).items()}
         if predicted["denoiser"] is None:
             # A VAE measured for the family itself (Wan's video VAE), beside a denoiser not modelled: the
             # decode is the peak's lower bound. The shared AutoencoderKL fit is not extended to other VAEs.

@@ -90,5 +90,9 @@ class ExpertsWriter:
     def nbytes(self) -> int:
         return sum(w.nbytes for w in self.writers.values())
 
+    @property
+    def pack_cache_bytes(self) -> int:
+        return sum(getattr(w, "pack_cache_bytes", 0) for w in self.writers.values())
+
 
 __all__ = ["ExpertsWriter"]

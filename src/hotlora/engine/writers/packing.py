@@ -34,7 +34,7 @@ from hotlora.lru import LRU
 # Linear widths), and at full size its per-module swap took 278 ms against 83 ms for a packed one
 # of the same rank on every Linear (the same bytes as its padded pack): copying zeros in two
 # contiguous copies beats hundreds of strided per-module writes up to ~3x the bytes. The price is
-# the pack cache's memory (up to 2x the adapter's bytes per entry, within PACK_CACHE_BYTES).
+# the pack cache's memory (up to 2x the adapter's bytes per entry, within the writer's pack_cache_bytes).
 MAX_PADDING = 2.0
 _UNKNOWN = object()
 

@@ -67,7 +67,12 @@ class SlotsWriter:
     nothing else writes them. One request's adapters at a time."""
 
     mixes_requests = False
-    PACK_CACHE_BYTES = 2 * 1024**3  # packed copies of prepared adapters (engine/writers/packing.py)
+    # Packed copies of prepared adapters (engine/writers/packing.py; host memory beside a GPU): at
+    # least two requests' worth, the one swapping in and the next one being prepared. A flat 2 GiB
+    # held one full-size Flux adapter of rank 128 on every Linear (1.39 GB): preparing a request's
+    # second adapter evicted its first, whose slot then took the per-module path (H200 run,
+    # docs/benchmarks.md "GPU").
+    MIN_PACK_CACHE_BYTES = 2 * 1024**3
 
     def __init__(self, denoiser, family: str, slot_names: Iterable[str], target_rank: int, target_modules=None,
                  served_models: Iterable[str] = (), rank_buckets: Iterable[int] = ()):
@@ -86,7 +91,6 @@ class SlotsWriter:
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
                                    served_models=frozenset(n for n in served_models if n))
         self.layout = PackLayout.of(modules)
-        self.packs = PackCache(self.layout, self.PACK_CACHE_BYTES)
         self._slots: dict[str, _Slot] = {}
         self._peft: list[tuple[str, torch.nn.ModuleDict, torch.nn.ModuleDict]] = []  # what the model reads
         self._layers: list[torch.nn.Module] = []  # the PEFT LoRA layers (bucket 0 switches their branch off)
@@ -96,6 +100,8 @@ class SlotsWriter:
         self.device = next(denoiser.parameters()).device
         if self.slot_names:  # no slots at all is the baseline the benchmarks measure the slots' cost against
             self._slots = self._install(denoiser, modules)
+        self.pack_cache_bytes = max(self.MIN_PACK_CACHE_BYTES, 2 * self.nbytes)
+        self.packs = PackCache(self.layout, self.pack_cache_bytes)
 
     def _install(self, denoiser, modules) -> dict[str, _Slot]:
         """One PEFT adapter of rank ``len(slots) * target_rank`` on the ceiling, whose weights are
