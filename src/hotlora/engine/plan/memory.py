@@ -134,8 +134,7 @@ def _static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, dev
         result.append(Part(f"{encoder} LoRA factors (bound)", type(lora).PLAN_CACHE_BYTES,
                            detail="recent requests' text-encoder LoRA factors, at most"))
     summary = {"family": family.name, "denoiser_parameters": parameters, "writer": kind,
-               "ceiling_modules": len(writer.ceiling.modules),
-               "pack_cache_bytes": getattr(writer, "pack_cache_bytes", 0),
+               "ceiling_modules": len(writer.ceiling.modules), "pack_cache_bytes": getattr(writer, "pack_cache_bytes", 0),
                "embedding_rows": {te: rows.rows * len(writer.slot_names) for te, rows in text.rows.items()}}
     return result, summary
 
