@@ -2,7 +2,14 @@
 
 Usage: .venv/bin/python bench/served.py [--model DIR] [--dtype float32|bfloat16] [--requests 8]
                                         [--steps 4] [--images 3] [--rounds 2] [--size PX] [--no-compile]
-                                        [--name served]
+                                        [--target-rank 8] [--identity REF --style REF] [--name served]
+
+The full-size SDXL architecture (``python -m hotlora.fullsize.sdxl build .cache/fullsize/sdxl``, its
+kohya rank-32 and diffusers rank-128 adapters):
+
+    .venv/bin/python bench/served.py --model .cache/fullsize/sdxl --dtype bfloat16 --size 256 --images 1 \
+        --steps 2 --requests 4 --target-rank 128 --identity .cache/fullsize/sdxl/adapters/kohya-r32.safetensors \
+        --style .cache/fullsize/sdxl/adapters/diffusers-r128 --name served-sdxl-full
 
 Three ways to run the same requests (one prompt, both slots filled with the model's sample
 adapters, the same seeds), each in a fresh process so that none inherits another's threads:
@@ -41,17 +48,25 @@ REPO = Path(__file__).resolve().parents[1]
 PROMPT = "a portrait in the style"
 
 
-def adapters_of(model: Path) -> dict:
+def adapters_of(args, model: Path) -> dict:
+    """Both slots' adapters: ``--identity`` / ``--style``, else the tiny model's samples."""
     root = model / "adapters"
-    return {"identity": {"ref": str(root / "identity-diffusers"), "scale": 1.0},
-            "style": {"ref": str(root / "style-diffusers"), "scale": 0.7}}
+    identity, style = args.identity or root / "identity-diffusers", args.style or root / "style-diffusers"
+    return {"identity": {"ref": str(Path(identity).resolve()), "scale": 1.0},
+            "style": {"ref": str(Path(style).resolve()), "scale": 0.7}}
+
+
+def adapter_roots(args, model: Path) -> str:
+    """The folders the served ways may read adapters from (``--local-roots``)."""
+    refs = [Path(a["ref"]) for a in adapters_of(args, model).values()]
+    return os.pathsep.join(sorted({str(r if r.is_dir() else r.parent) for r in refs}))
 
 
 ENGINE_ALONE = r"""
 import json, sys, time
 from hotlora import Engine
 args = json.loads(sys.argv[1])
-engine = Engine.from_pretrained(args["model"], slots=("identity", "style"), target_rank=8,
+engine = Engine.from_pretrained(args["model"], slots=("identity", "style"), target_rank=args["target_rank"],
                                 batch_size=args["images"], compile=args["compile"], dtype=args["dtype"],
                                 height=args["size"], width=args["size"])
 out = []
@@ -70,7 +85,7 @@ print("RESULT " + json.dumps(out))
 def run_engine_alone(args, model: Path) -> list[dict]:
     spec = {"model": str(model), "images": args.images, "compile": not args.no_compile, "dtype": args.dtype,
             "warm": 1, "requests": args.requests, "size": args.size, "steps": args.steps, "prompt": PROMPT,
-            "adapters": adapters_of(model)}
+            "adapters": adapters_of(args, model), "target_rank": args.target_rank}
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     done = subprocess.run([sys.executable, "-c", ENGINE_ALONE, json.dumps(spec)], capture_output=True, text=True,
                           env=env, timeout=3600)
@@ -85,8 +100,8 @@ def run_served(args, model: Path, engine_process: bool, port: int) -> list[dict]
 
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     command = [str(Path(sys.executable).parent / "hotlora"), "serve", "--model", str(model), "--port", str(port),
-               "--target-rank", "8", "--batch-size", str(args.images), "--dtype", args.dtype,
-               "--local-roots", str(model / "adapters"), *(("--height", str(args.size), "--width", str(args.size))
+               "--target-rank", str(args.target_rank), "--batch-size", str(args.images), "--dtype", args.dtype,
+               "--local-roots", adapter_roots(args, model), *(("--height", str(args.size), "--width", str(args.size))
                                                            if args.size else ()),
                "--engine-process" if engine_process else "--no-engine-process"]
     if args.no_compile:
@@ -111,7 +126,7 @@ def run_served(args, model: Path, engine_process: bool, port: int) -> list[dict]
             out = []
             with httpx.Client(timeout=600) as client:
                 for i in range(1 + args.requests):
-                    body = {"prompt": PROMPT, "adapters": adapters_of(model), "num_images": args.images,
+                    body = {"prompt": PROMPT, "adapters": adapters_of(args, model), "num_images": args.images,
                             "num_inference_steps": args.steps, "seed": i}
                     began = time.perf_counter()
                     answer = client.post(f"{url}/v1/generate", json=body)
@@ -147,6 +162,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--size", type=int, default=None, help="height and width (default: the model's)")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--target-rank", type=int, default=8)
+    parser.add_argument("--identity", default=None, help="the identity slot's adapter (default: the tiny model's sample)")
+    parser.add_argument("--style", default=None, help="the style slot's adapter (default: the tiny model's sample)")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
     parser.add_argument("--name", default="served")
@@ -176,7 +194,9 @@ def main() -> None:
                      r.get("encode_ms", "-"), r["recompiles"], r["runs"]])
     table = markdown_table(["way", "generate ms (median)", "vs engine", "request wall ms", "vs engine", "queue ms",
                             "prepare ms", "encode ms", "recompiles", "requests"], rows)
-    description = (f"Model {model.name}, {args.size or 'default'} px, {args.dtype}, "
+    adapters = ", ".join(f"{slot} {Path(a['ref']).name} x{a['scale']}" for slot, a in adapters_of(args, model).items())
+    description = (f"Model {model.name}, {args.size or 'default'} px, {args.dtype}, target rank {args.target_rank} "
+                   f"({adapters}), "
                    f"{'eager' if args.no_compile else 'compiled'}, "
                    f"{args.images} images x {args.steps} steps per request, both slots filled, "
                    f"{args.requests} requests x {args.rounds} rounds per way (after one warm request), orders "

@@ -68,10 +68,9 @@ class SlotsWriter:
 
     mixes_requests = False
     # Packed copies of prepared adapters (engine/writers/packing.py; host memory beside a GPU): at
-    # least two requests' worth, the one swapping in and the next one being prepared. A flat 2 GiB
-    # held one full-size Flux adapter of rank 128 on every Linear (1.39 GB): preparing a request's
-    # second adapter evicted its first, whose slot then took the per-module path (H200 run,
-    # docs/benchmarks.md "GPU").
+    # least two requests' worth, the one swapping in and the next one being prepared. One full-size
+    # Flux adapter of rank 128 on every Linear is 1.39 GB: a fixed 2 GiB would evict a pair's first
+    # adapter while preparing its second, and that slot would then be copied module by module.
     MIN_PACK_CACHE_BYTES = 2 * 1024**3
 
     def __init__(self, denoiser, family: str, slot_names: Iterable[str], target_rank: int, target_modules=None,
