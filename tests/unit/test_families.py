@@ -338,3 +338,24 @@ def test_a_qwen_image_edit_checkpoint_is_the_qwenimage_family():
     index = {"_class_name": "QwenImageEditPlusPipeline", "processor": ["transformers", "Qwen2VLProcessor"],
              "transformer": ["diffusers", "QwenImageTransformer2DModel"]}
     assert family_of_model_index(index).name == "qwenimage"
+
+
+def test_flux_single_blocks_hand_on_contiguous_outputs_once_compiled():
+    """Flux's single-stream block returns slices of its joined sequence: compiled, its outputs are
+    made contiguous, so every later block receives the first one's strides and runs its graphs
+    (instead of compiling its own for the sliced strides); the double-stream blocks are left alone."""
+    import torch
+
+    from hotlora.engine.pipeline import _contiguous_outputs, compile_denoiser
+
+    flux = family_named("flux")
+    denoiser = flux.build_tiny().transformer
+    compile_denoiser(denoiser, flux)
+    for block in denoiser.modules():
+        hooked = _contiguous_outputs in block._forward_hooks.values()
+        assert hooked == (type(block).__name__ == "FluxSingleTransformerBlock"), type(block).__name__
+    joined = torch.randn(2, 7, 4)
+    text, image = joined[:, :3], joined[:, 3:]
+    assert not image.is_contiguous()
+    out = _contiguous_outputs(None, (), (text, image))
+    assert all(t.is_contiguous() for t in out) and torch.equal(out[1], image)

@@ -58,11 +58,23 @@ def compile_denoiser(denoiser: torch.nn.Module, family: ModelFamily, fullgraph: 
     value; False: one static graph per shape)."""
     if not getattr(denoiser, "_repeated_blocks", None) and family.repeated_blocks:
         denoiser._repeated_blocks = list(family.repeated_blocks)  # what compile_repeated_blocks reads
+    for block in denoiser.modules():
+        if type(block).__name__ in family.contiguous_block_outputs:
+            block.register_forward_hook(_contiguous_outputs)
     if getattr(denoiser, "_repeated_blocks", None):
         denoiser.compile_repeated_blocks(fullgraph=fullgraph, dynamic=dynamic)
         return f"regional ({', '.join(denoiser._repeated_blocks)})"
     denoiser.compile(fullgraph=fullgraph, dynamic=dynamic)
     return "whole model"
+
+
+@torch.compiler.disable  # eager, outside every graph: a traced hook would be a frame of its own
+def _contiguous_outputs(module, args, output):
+    """A block's outputs as contiguous tensors (``ModelFamily.contiguous_block_outputs``): the next
+    block then receives the strides the first one did, and runs its graph."""
+    if isinstance(output, tuple):
+        return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in output)
+    return output.contiguous() if isinstance(output, torch.Tensor) else output
 
 
 def graph_count() -> int:

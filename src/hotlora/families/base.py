@@ -45,6 +45,11 @@ class ModelFamily:
     # Block classes regional compilation repeats, for denoisers that declare no ``_repeated_blocks``
     # (SD3's transformer): the family names them.
     repeated_blocks: ClassVar[tuple[str, ...]] = ()
+    # Repeated block classes whose outputs are views of a larger tensor (Flux's single-stream block
+    # returns slices of its joined text and image sequence): every instance after the first would
+    # receive other strides than the first and compile graphs of its own. Compiled, their outputs are
+    # made contiguous inside their graph.
+    contiguous_block_outputs: ClassVar[tuple[str, ...]] = ()
     # Height and width in latent pixels are multiples of this (the pixel multiple is this times
     # the VAE's factor).
     latent_multiple: ClassVar[int] = 1

@@ -32,6 +32,10 @@ XLABS_DOUBLE_BLOCK = {
 class Flux(ModelFamily):
     name = "flux"
     pipeline_class = "FluxPipeline"
+    # FluxSingleTransformerBlock returns slices of its joined sequence: without this, every single
+    # block after the first compiled graphs of its own for the other strides (19 -> 16 graphs on the
+    # tiny model's warm-up).
+    contiguous_block_outputs = ("FluxSingleTransformerBlock",)
     task_pipelines = {"image-to-image": "FluxImg2ImgPipeline", "inpaint": "FluxInpaintPipeline",
                       "edit": "FluxKontextPipeline"}
     denoiser_class = "FluxTransformer2DModel"
