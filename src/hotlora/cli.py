@@ -134,16 +134,9 @@ def cmd_serve(args) -> int:
         return 0
     try:
         serve(config, store_config)
-    except AuthConfigError as exc:  # a settings problem, not an engine fault
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except DoesNotFit as exc:  # the memory plan, refused before the model is loaded
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except SettingUnusable as exc:  # a folder the settings name (jobs_dir) cannot be written
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except UnservedModel as exc:  # a local model no family serves, refused before anything listens
+    # Refused before anything listens: keys or settings unusable (an unwritable jobs_dir), a memory
+    # plan that does not fit, a local model no family serves. Not engine faults: exit 2.
+    except (AuthConfigError, DoesNotFit, SettingUnusable, UnservedModel) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except StartupFailed as exc:  # the engine failed to start: the server stopped, the orchestrator sees it

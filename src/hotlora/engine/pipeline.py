@@ -59,7 +59,8 @@ def compile_denoiser(denoiser: torch.nn.Module, family: ModelFamily, fullgraph: 
     if not getattr(denoiser, "_repeated_blocks", None) and family.repeated_blocks:
         denoiser._repeated_blocks = list(family.repeated_blocks)  # what compile_repeated_blocks reads
     for block in denoiser.modules():
-        if type(block).__name__ in family.contiguous_block_outputs:
+        if (type(block).__name__ in family.contiguous_block_outputs
+                and _contiguous_outputs not in block._forward_hooks.values()):  # compiled again: once
             block.register_forward_hook(_contiguous_outputs)
     if getattr(denoiser, "_repeated_blocks", None):
         denoiser.compile_repeated_blocks(fullgraph=fullgraph, dynamic=dynamic)
