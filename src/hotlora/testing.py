@@ -113,7 +113,8 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
     advanced training scripts' model cards show. ``prepare(pipeline)``: called once before any
     adapter is loaded (e.g. torchao's ``quantize_`` on the denoiser). ``pipeline_class``: a
     diffusers pipeline class name to load the model as (a task's variant: FluxImg2ImgPipeline),
-    called with ``task_arguments`` too (image, mask_image, strength). A video family's pipeline is
+    called with ``task_arguments`` too (image, mask_image, strength; any other of its arguments the
+    engine passes, e.g. Wan 2.2's ``guidance_scale_2``). A video family's pipeline is
     asked for ``num_frames`` (default: the model's ``hotlora.json``, else the family's), its
     samples through the family's output kind (``num_videos_per_prompt``, ``.frames``). An adapter
     source may be a (high-noise, low-noise) pair of files for a two-expert Wan 2.2 model."""

@@ -212,3 +212,44 @@ def test_what_decoding_did_to_an_input_image_is_said_in_the_answer(served):
     hf = httpx.post(f"{server.url}/", json={"inputs": b64(animated.getvalue()),
                                             "parameters": {"prompt": PROMPT, "num_inference_steps": 1}}, timeout=300)
     assert hf.status_code == 200 and "first of 2 frames" in hf.headers["x-hotlora-input-notes"]
+
+
+@pytest.mark.families
+def test_a_qwen_image_edit_of_two_photos_through_the_openai_client_equals_plain_diffusers(
+        tiny_task_models, tmp_path_factory, start_server):
+    """Qwen-Image-Edit-Plus over HTTP: the official client's ``images.edit`` with two images (its
+    multipart ``image[]``) is one edit with two references, as plain diffusers' edit pipeline makes it
+    from the same two photos fitted to the served size (``engine.inputs.fitted``, what the server does);
+    a third photo is more than the server warmed up: a 422 listing what is served. The engine runs in
+    the server's process here (``engine_process=False``): the tiny model's references are shrunk for
+    these CPUs by patching the pipeline module (``small_edit_references``), which a spawned engine
+    process would not see. The engine process itself is tested with Flux (test_engine_process.py)."""
+    openai = pytest.importorskip("openai")
+    from hotlora.engine.inputs import fitted
+    from hotlora.testing import plain_diffusers_reference
+
+    from ..helpers import small_edit_references
+
+    family, model = family_named("qwenimage"), tiny_task_models["qwenimage"]
+    adapters = model / "adapters"
+    with small_edit_references():
+        server = start_server(model, tmp_path_factory.mktemp("qwen-edit"), roots=(adapters,), compile=False,
+                              engine_process=False, tasks=("edit",), max_reference_images=2, batch_size=1)
+        ready = httpx.get(f"{server.url}/readyz").json()["engine"]
+        height, width = ready["height"], ready["width"]
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused-on-loopback", max_retries=0, timeout=300)
+        photos = [photo(48, 40, 1), photo(32, 32, 2)]  # neither at the served size: each is fitted to it
+        files = [(f"photo{i}.png", png(p), "image/png") for i, p in enumerate(photos)]
+        extra = {"adapters": json_adapters(model), "num_inference_steps": STEPS, "seed": 0}
+        edited = client.images.edit(image=files, prompt=PROMPT, size=f"{width}x{height}", extra_body=extra)
+        given = [Image.fromarray(fitted(np.asarray(p), height, width)) for p in photos]
+        expected = plain_diffusers_reference(
+            model, {slot: (path, SCALES[slot]) for slot, path in adapter_pair(model).items()}, prompt=PROMPT,
+            num_images=1, num_inference_steps=STEPS, guidance_scale=ready["defaults"]["guidance_scale"],
+            height=height, width=width, seed=0, output_type="np", pipeline_class=family.task_pipelines["edit"],
+            task_arguments=family.task_arguments("edit", given, None, None, 2))
+        close(pixels_of(edited.data[0].b64_json), (np.clip(expected[0], 0, 1) * 255).round().astype(np.uint8))
+        one = client.images.edit(image=files[:1], prompt=PROMPT, size=f"{width}x{height}", extra_body=extra)
+        assert not np.array_equal(pixels_of(one.data[0].b64_json), pixels_of(edited.data[0].b64_json))
+        with pytest.raises(openai.UnprocessableEntityError, match=r"edit with 3 reference images is not served"):
+            client.images.edit(image=files + files[:1], prompt=PROMPT, size=f"{width}x{height}", extra_body=extra)

@@ -276,3 +276,38 @@ def test_a_low_noise_file_on_a_model_of_one_transformer_is_refused_before_any_jo
     with pytest.raises(openai.UnprocessableEntityError, match="one denoiser"):
         videos.create(prompt="a cat", seconds=SECONDS, size=SIZE, extra_body={**EXTRA, "adapters": {"identity": spec}})
     assert {v.id for v in videos.list(limit=100).data} == before
+
+
+def test_a_request_sets_the_shift_and_the_low_noise_experts_guidance(two_experts, served):
+    """``shift`` and ``guidance_scale_2`` over HTTP: the frames plain diffusers makes with them (the
+    shift as a diffusers user sets it, a scheduler ``from_config``); on a model of one transformer
+    the openai client's ``guidance_scale_2`` is a 422 before any job."""
+    from hotlora.testing import plain_diffusers_reference
+
+    model, server = two_experts
+    body = {"prompt": "a cat", "seed": 7, "num_inference_steps": STEPS, "guidance_scale": 5.0, "output_format": "png",
+            "guidance_scale_2": 2.0, "shift": 3.0}
+    made = png_frames(httpx.post(f"{server.url}/v1/generate", json=body, timeout=300))
+
+    def at_shift(pipeline):
+        pipeline.scheduler = type(pipeline.scheduler).from_config(pipeline.scheduler.config, shift=3.0)
+
+    reference = plain_diffusers_reference(model, {}, prompt="a cat", num_images=1, num_inference_steps=STEPS,
+                                          guidance_scale=5.0, height=16, width=16, seed=7, num_frames=FRAMES,
+                                          output_type="np", prepare=at_shift,
+                                          task_arguments={"guidance_scale_2": 2.0})
+    expected = (np.clip(reference[0], 0, 1) * 255).round().astype(np.uint8)
+    assert np.abs(made.astype(int) - expected.astype(int)).max() <= 1
+    own = {k: v for k, v in body.items() if k not in ("guidance_scale_2", "shift")}
+    unshifted = png_frames(httpx.post(f"{server.url}/v1/generate", json=own, timeout=300))
+    # They reached the pipeline: the same eager request without them is another video (the tiny VAE
+    # maps even large latent changes to a level or so; test_run_options.py measures the latents).
+    assert not np.array_equal(made, unshifted)
+
+    videos = client(served).videos
+    before = {v.id for v in videos.list(limit=100).data}
+    with pytest.raises(openai.UnprocessableEntityError, match="guidance_scale_2 is taken by a model of two experts"):
+        videos.create(prompt="a cat", seconds=SECONDS, size=SIZE, extra_body={**EXTRA, "guidance_scale_2": 3.0})
+    with pytest.raises(openai.UnprocessableEntityError, match=r"shift must be a number in \(0, 100\]"):
+        videos.create(prompt="a cat", seconds=SECONDS, size=SIZE, extra_body={**EXTRA, "shift": 0})
+    assert {v.id for v in videos.list(limit=100).data} == before

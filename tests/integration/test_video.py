@@ -167,6 +167,28 @@ def test_two_experts_each_get_their_own_lora_equal_to_plain_diffusers(video, tmp
     assert set(engine.describe()["experts"]) == {"transformer", "transformer_2"}
 
 
+def test_a_runs_shift_and_the_low_noise_experts_guidance_compile_nothing(video):
+    """Compiled: a request's scheduler shift (and, with two experts, ``guidance_scale_2``) runs on the
+    warm graphs, equal to plain diffusers given the same values (tests/integration/test_run_options.py
+    has the eager case and the effect of each)."""
+    model_dir, engine = video
+    two = len(experts_of(engine)) > 1
+    for shift, guidance_2 in ((2.0, 1.0 if two else None), (12.0, 8.0 if two else None), (None, None)):
+        ours = engine.generate("a cat", adapters=adapters(model_dir), num_images=2, num_inference_steps=2,
+                               num_frames=5, output_type="latent", shift=shift, guidance_scale_2=guidance_2).images
+
+        def at_shift(pipeline, shift=shift):
+            if shift is not None:
+                pipeline.scheduler = type(pipeline.scheduler).from_config(pipeline.scheduler.config, shift=shift)
+
+        theirs = plain_diffusers_reference(
+            model_dir, adapters(model_dir), prompt="a cat", num_images=2, num_inference_steps=2,
+            guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=0,
+            num_frames=5, prepare=at_shift, task_arguments={} if guidance_2 is None else {"guidance_scale_2": guidance_2})
+        torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
+    assert engine.recompiles == 0
+
+
 def test_a_second_experts_lora_is_refused_by_a_model_of_one_transformer(video, video_models):
     """Keys for transformer_2 given to Wan 2.1: plain diffusers would drop them without a word; the
     engine refuses the request (a 4xx) before touching a slot."""

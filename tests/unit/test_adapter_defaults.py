@@ -14,13 +14,14 @@ def test_declared_values_are_read_from_the_hotlora_keys_only():
             "num_inference_steps": "8", "format": "pt"}
     assert read_declared(meta, "a") == {"num_inference_steps": 4, "guidance_scale": 1.5}
     assert read_declared({"hotlora.guidance_scale": "0"}, "a") == {"guidance_scale": 0.0}
+    assert read_declared({"hotlora.shift": "5"}, "a") == {"shift": 5.0}
     assert read_declared({}, "a") == {} and read_declared(None, "a") == {}
 
 
 @pytest.mark.parametrize("key, raw", [
     ("num_inference_steps", "four"), ("num_inference_steps", "0"), ("num_inference_steps", "4.5"),
     ("num_inference_steps", "9" * 40), ("guidance_scale", "nan"), ("guidance_scale", "-1"),
-    ("guidance_scale", "inf"), ("guidance_scale", ""),
+    ("guidance_scale", "inf"), ("guidance_scale", ""), ("shift", "0"), ("shift", "-3"), ("shift", "nan"),
 ])
 def test_a_value_that_is_not_one_is_the_files_error_naming_its_key(key, raw):
     with pytest.raises(AdapterFormatError, match=f"a.safetensors: hotlora.{key} in the header is"):
@@ -60,12 +61,12 @@ def test_a_catalog_entry_declares_defaults_and_a_bad_one_is_a_start_up_error(tmp
 
     path = tmp_path / "catalog.toml"
     path.write_text('[adapters.turbo]\nref = "/x.safetensors"\nnum_inference_steps = 4\nguidance_scale = 0\n'
-                    '[adapters.plain]\nref = "/y.safetensors"\n')
+                    'shift = 5\n[adapters.plain]\nref = "/y.safetensors"\n')
     catalog = load_catalog(path)
-    assert catalog["turbo"].declared == (("num_inference_steps", 4), ("guidance_scale", 0.0))
+    assert catalog["turbo"].declared == (("num_inference_steps", 4), ("guidance_scale", 0.0), ("shift", 5.0))
     assert catalog["plain"].declared == ()
     for bad in ('num_inference_steps = 0', 'num_inference_steps = 4.5', 'num_inference_steps = true',
-                'guidance_scale = -1.0', 'guidance_scale = "1"'):
+                'guidance_scale = -1.0', 'guidance_scale = "1"', 'shift = 0', 'shift = nan'):
         path.write_text(f'[adapters.turbo]\nref = "/x.safetensors"\n{bad}\n')
         with pytest.raises(CatalogError, match="entry 'turbo' has"):
             load_catalog(path)

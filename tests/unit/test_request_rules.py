@@ -49,3 +49,44 @@ def test_the_work_bound_still_applies_below_the_pixel_bound():
     assert eager.check("a cat", steps=10, height=2048, width=2048).size == "2048x2048"
     with pytest.raises(RequestTooLarge, match="pixel-steps"):
         eager.check("a cat", steps=11, height=2048, width=2048)
+
+
+def test_the_second_experts_guidance_is_taken_by_a_model_of_two_experts_only():
+    wan = family_named("wan")
+    defaults = {"num_inference_steps": 4, "guidance_scale": 5.0, "num_frames": 5}
+
+    def wan_rules(experts):
+        return RequestRules(wan, defaults, RequestLimits(), ((16, 16),), 16, sizes_only=True, experts=experts)
+
+    two = wan_rules(2)
+    assert "guidance_scale_2" in two.options() and "guidance_scale_2" not in wan_rules(1).options()
+    params = two.check("a cat", guidance=5.0, guidance_scale_2=3.0)
+    assert params.guidance_scale_2 == 3.0 and params.pipeline_kwargs(wan)["guidance_scale_2"] == 3.0
+    assert "guidance_scale_2" not in two.check("a cat").pipeline_kwargs(wan)  # the pipeline's own default
+    assert two.check("a cat", guidance=5.0, guidance_scale_2=1.0).guidance_scale_2 == 1.0  # low-noise unguided
+    assert params != two.check("a cat", guidance=5.0, guidance_scale_2=4.0)  # another forward batch
+    with pytest.raises(InvalidRequest, match="guidance_scale_2 is taken by a model of two experts"):
+        wan_rules(1).check("a cat", guidance_scale_2=3.0)
+    for bad in (float("nan"), -1.0, 51.0, True):
+        with pytest.raises(InvalidRequest, match="guidance_scale_2 must be a finite number in 0..50"):
+            two.check("a cat", guidance_scale_2=bad)
+    # WanPipeline guides neither expert at guidance_scale <= 1: a guided low-noise stage would be ignored.
+    with pytest.raises(InvalidRequest, match="guidance_scale_2 4 needs guidance_scale above 1 .got 1."):
+        two.check("a cat", guidance=1.0, guidance_scale_2=4.0)
+
+
+def test_a_shift_is_taken_where_the_scheduler_has_a_fixed_one():
+    fixed = RequestRules(family_named("flux"), DEFAULTS, RequestLimits(), ((1024, 1024),), 16, sizes_only=False,
+                         shift_key="shift", scheduler="FlowMatchEulerDiscreteScheduler")
+    assert "shift" in fixed.options() and fixed.check("a cat", shift=5).shift == 5.0
+    assert fixed.check("a cat").shift is None and "shift" not in fixed.check("a cat", shift=5).pipeline_kwargs(
+        family_named("flux"))  # the runner sets the scheduler; the pipeline takes no shift
+    for bad in (0, -1.0, float("inf"), 101.0, True):
+        with pytest.raises(InvalidRequest, match=r"shift must be a number in \(0, 100\]"):
+            fixed.check("a cat", shift=bad)
+    dynamic = RequestRules(family_named("flux"), DEFAULTS, RequestLimits(), ((1024, 1024),), 16, sizes_only=False,
+                           scheduler="FlowMatchEulerDiscreteScheduler")
+    assert "shift" not in dynamic.options()
+    with pytest.raises(InvalidRequest, match=r"shift is not taken by this model: its scheduler "
+                                             r"\(FlowMatchEulerDiscreteScheduler\) has no fixed timestep shift"):
+        dynamic.check("a cat", shift=5.0)

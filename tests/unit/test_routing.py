@@ -119,3 +119,19 @@ def test_a_public_ray_ingress_needs_keys_and_its_replicas_know_they_are_public(t
     config = RayServeConfig.from_dict({**models, "host": "0.0.0.0"}, keyed, store)
     assert config.models["flux"].server.host == "0.0.0.0"  # the replicas' apps require keys too
     assert RayServeConfig.from_dict(models, ServerConfig(), store).models["flux"].server.host == "127.0.0.1"
+
+
+def test_jobs_are_refused_at_the_edge_not_lost_to_another_replica(config):
+    """A job lives on the replica that took it; Serve would route its poll to any replica of the model."""
+    from hotlora.scaleout.routing import JobsNotRouted
+
+    for method, path, headers in (("POST", "/v1/generate", {"prefer": "respond-async"}),
+                                  ("POST", "/v1/generate", {"prefer": "wait=10, Respond-Async"}),
+                                  ("POST", "/v1/videos", {}), ("GET", "/v1/videos", {}),
+                                  ("GET", "/v1/videos/video_1/content", {}), ("GET", "/v1/jobs/job_1", {}),
+                                  ("DELETE", "/v1/jobs/job_1", {})):
+        with pytest.raises(JobsNotRouted, match="not served through the Ray ingress: each replica keeps its own"):
+            routed(config, path, headers=headers, method=method)
+    assert issubclass(JobsNotRouted, InvalidRequest)  # a 422 in hotlora's or OpenAI's error shape
+    assert routed(config, headers={"prefer": "return=minimal"}).deployment == "flux"  # other preferences pass
+    assert routed(config, "/v1/jobsite", b"", method="GET").deployment == "flux"  # only the job resources

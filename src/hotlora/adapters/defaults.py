@@ -6,12 +6,13 @@ requires), under hotlora's namespace::
 
     hotlora.num_inference_steps = "4"      an integer >= 1
     hotlora.guidance_scale      = "1.0"    a finite number >= 0
+    hotlora.shift               = "5.0"    a finite number > 0: the scheduler's timestep shift
 
 No trainer writes an equivalent key that could be cited (kohya's ``ss_*`` keys and diffusers'
 ``lora_adapter_metadata`` describe training, not inference; the Lightning / Hyper / lightx2v
-releases give their steps in model cards and code), so only these keys are read. A scheduler
-shift is not declarable: it lives in the scheduler's config, and changing it per request means a
-scheduler object per request (or mutating the shared one under concurrent preparation).
+releases give their steps in model cards and code), so only these keys are read. A declared shift
+is applied where the model's scheduler has a fixed one (``engine.shift``: Wan, SD3, Z-Image), with
+a scheduler of its own for the run; it is ignored on a model that shifts by image size (Flux).
 
 Rules (``merge``): a value the request sets always wins; otherwise the adapters' declarations
 apply, and adapters that disagree on a value the request leaves open are refused (InvalidRequest)
@@ -27,7 +28,9 @@ from typing import Mapping
 from hotlora.errors import AdapterFormatError, InvalidRequest
 
 PREFIX = "hotlora."
-PARAMETERS = ("num_inference_steps", "guidance_scale")
+PARAMETERS = ("num_inference_steps", "guidance_scale", "shift")
+RULES = {"num_inference_steps": "an integer >= 1", "guidance_scale": "a finite number >= 0",
+         "shift": "a finite number > 0"}
 MAX_DECLARED_CHARS = 32  # "4", "1.0": anything longer is not a number a trainer meant
 
 
@@ -45,7 +48,7 @@ def read_declared(header_metadata: Mapping | None, label: str) -> dict[str, int 
         value = _parse(name, raw)
         if value is None:
             shown = raw[:MAX_DECLARED_CHARS] if isinstance(raw, str) else type(raw).__name__
-            rule = "an integer >= 1" if name == "num_inference_steps" else "a finite number >= 0"
+            rule = RULES[name]
             raise AdapterFormatError(f"{label}: {PREFIX}{name} in the header is {shown!r}, not {rule}")
         declared[name] = value
     return declared
@@ -55,13 +58,21 @@ def _parse(name: str, raw) -> int | float | None:
     if not isinstance(raw, str) or len(raw) > MAX_DECLARED_CHARS:
         return None
     try:
-        if name == "num_inference_steps":
-            value = int(raw.strip())
-            return value if value >= 1 else None
-        value = float(raw.strip())
+        value = int(raw.strip()) if name == "num_inference_steps" else float(raw.strip())
     except ValueError:
         return None
-    return value if math.isfinite(value) and value >= 0 else None
+    return valid_value(name, value)
+
+
+def valid_value(name: str, value) -> int | float | None:
+    """``value`` as parameter ``name`` takes it (``RULES``), or None where it is not one."""
+    if isinstance(value, bool):
+        return None
+    if name == "num_inference_steps":
+        return value if isinstance(value, int) and value >= 1 else None
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value) if (value > 0 if name == "shift" else value >= 0) else None
 
 
 def merge(declared: Mapping[str, Mapping[str, int | float]], given: Mapping[str, object]) -> dict[str, dict]:

@@ -29,6 +29,7 @@ from hotlora.engine.request import (
 )
 from hotlora.engine.results import GenerationResult
 from hotlora.engine.runner import Runner
+from hotlora.engine.shift import static_shift_key
 from hotlora.engine.warm import WarmModel, load_model
 from hotlora.engine.writers import AdapterWriter, TextWriter
 from hotlora.families import ModelFamily
@@ -53,7 +54,9 @@ class Engine:
                              sizes_only=config.compile or bool(config.sizes), size_policy=config.size_policy,
                              tasks=warm.tasks, max_reference_images=config.max_reference_images,
                              strengths={task: family.default_strength(task) for task in warm.tasks},
-                             frames=warm.frames)
+                             frames=warm.frames, experts=len(warm.experts),
+                             shift_key=static_shift_key(warm.pipeline.scheduler),
+                             scheduler=type(warm.pipeline.scheduler).__name__)
         self.runner = Runner(warm)
         self.front = EngineFront(family, rules, self.resolver, warm.text.checks)
 
@@ -163,7 +166,7 @@ class Engine:
             "target_rank": self.ceiling.target_rank, "ceiling_modules": len(self.ceiling.modules),
             "batch_size": self.batch_size, "chunks": self.chunks, "height": self.height, "width": self.width,
             "defaults": {k: self.defaults[k] for k in ("num_inference_steps", "guidance_scale")},
-            "request_options": list(self.family.request_options()), "cfg": self.family.cfg,
+            "request_options": list(self.rules.options()), "cfg": self.family.cfg,
             "tasks": list(self.rules.tasks), "max_reference_images": self.rules.max_reference_images,
             "default_strengths": dict(self.rules.strengths),  # task -> the strength a request without one runs at
             "size_policy": self.rules.size_policy, "dynamic_sizes": self.dynamic_sizes,

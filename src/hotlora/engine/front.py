@@ -86,10 +86,12 @@ class EngineFront:
         adapters are read, so here rather than in ``check``; the new values go through the same
         ``RequestRules`` check as a request's own (max_steps, max_work, strength), so a declared
         value the warm engine cannot serve is a 4xx naming the adapter, never a compile.
-        Guidance a family does not take is not applied (klein distilled ignores it)."""
+        Guidance a family does not take is not applied (klein distilled ignores it), nor a shift
+        where the model's scheduler has none to set (it shifts by image size: Flux, Qwen-Image)."""
         r = checked.request
-        declared = {slot: {k: v for k, v in b.adapter.declared.items()
-                           if k != "guidance_scale" or self.family.takes_guidance}
+        untaken = {*(() if self.family.takes_guidance else ("guidance_scale",)),
+                   *(() if self.rules.shift_key else ("shift",))}
+        declared = {slot: {k: v for k, v in b.adapter.declared.items() if k not in untaken}
                     for slot, b in bindings.items() if b is not None and b.writes and b.adapter.declared}
         applied = merge_declared(declared, {name: getattr(r, name) for name in DECLARABLE})
         if not applied:

@@ -22,6 +22,7 @@ from typing import Callable, Mapping
 from hotlora.adapters.binding import AdapterSpec, Binding, Bindings  # noqa: F401 (re-exported)
 from hotlora.settings import RequestLimits, format_size
 from hotlora.errors import InvalidRequest, RequestTooLarge
+from hotlora.engine.shift import shift_problems
 from hotlora.families import ModelFamily
 from hotlora.tracing import NO_TRACE, Trace
 
@@ -97,6 +98,9 @@ class CallParams:
     # The steps a strength leaves to run (``ModelFamily.denoising_steps``); None: all of them.
     strength_steps: int | None = field(default=None, compare=False)
     num_frames: int | None = None  # a video family's frames per video; None for images
+    # A model of two experts (Wan 2.2 A14B): the low-noise one's guidance (None: ``guidance_scale``).
+    guidance_scale_2: float | None = None
+    shift: float | None = None  # the scheduler's timestep shift for this run (None: the model's own)
 
     @property
     def denoising_steps(self) -> int:
@@ -117,6 +121,7 @@ class CallParams:
         """The pipeline's arguments for these parameters (guidance the family's way: ``call_arguments``)."""
         return {"num_inference_steps": self.num_inference_steps, "height": self.height, "width": self.width,
                 **({} if self.num_frames is None else {"num_frames": self.num_frames}),
+                **({} if self.guidance_scale_2 is None else {"guidance_scale_2": self.guidance_scale_2}),
                 **family.call_arguments(self.guidance_scale)}
 
 
@@ -151,6 +156,8 @@ class GenerationRequest:
     mask: object = field(default=None, compare=False)
     strength: float | None = None
     num_frames: int | None = None  # a video family's frames per video (None: the engine's default)
+    guidance_scale_2: float | None = None  # two experts (Wan 2.2 A14B): the low-noise one's guidance
+    shift: float | None = None  # the scheduler's timestep shift (None: the model's own)
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
     trace: Trace = field(default=NO_TRACE, compare=False)
 
@@ -238,6 +245,16 @@ class RequestRules:
     strengths: Mapping = field(default_factory=dict)  # task -> the strength a request without one runs at
     # A video family's frame counts warmed up, the default first (a compiled engine serves only these).
     frames: tuple[int, ...] = ()
+    experts: int = 1  # the denoisers a run switches between (Wan 2.2 A14B: 2, one guidance each)
+    # The scheduler's fixed-shift config key (``engine.shift``; None: no shift a request can set) and its class.
+    shift_key: str | None = None
+    scheduler: str = ""
+
+    def options(self) -> tuple[str, ...]:
+        """What a request may set on this model: its family's options, and the model's own
+        (``guidance_scale_2`` with two experts, ``shift`` where the scheduler has a fixed one)."""
+        return (*self.family.request_options(), *(("guidance_scale_2",) if self.experts > 1 else ()),
+                *(("shift",) if self.shift_key else ()))
 
     def sizes_text(self) -> str:
         return ", ".join(self.size_names())
@@ -259,7 +276,7 @@ class RequestRules:
         """``check`` on a request's parameters."""
         r = request
         params = self.check(r.prompt, r.num_images, r.num_inference_steps, r.guidance_scale, r.height, r.width, r.seed,
-                            r.output_type, r.negative_prompt, r.num_frames)
+                            r.output_type, r.negative_prompt, r.num_frames, r.guidance_scale_2, r.shift)
         return self.check_task(params, r.task, len(r.images), r.mask is not None, r.strength)
 
     def implied_task(self, images: int, mask: bool) -> str:
@@ -319,7 +336,8 @@ class RequestRules:
                        strength_steps=self.family.denoising_steps(params.num_inference_steps, strength))
 
     def check(self, prompt, num_images=1, steps=None, guidance=None, height=None, width=None, seed=0,
-              output_type="pil", negative_prompt=None, num_frames=None) -> CallParams:
+              output_type="pil", negative_prompt=None, num_frames=None, guidance_scale_2=None,
+              shift=None) -> CallParams:
         """Every problem at once (InvalidRequest), or a work / length / pixel bound (RequestTooLarge),
         or a size not served (UnservedShape, policy "refuse"). The CallParams returned hold the size
         served: the one asked for, or the nearest served one (policy "nearest"; ``requested`` and
@@ -341,8 +359,7 @@ class RequestRules:
         problems += self._untaken(negative_prompt=negative_prompt, guidance_scale=guidance, num_frames=num_frames)
         frames = self._frames(num_frames, problems)
         guidance = self.defaults["guidance_scale"] if guidance is None else guidance
-        if not (isinstance(guidance, (int, float)) and math.isfinite(guidance) and 0 <= guidance <= 50):
-            problems.append("guidance_scale must be a finite number in 0..50")
+        problems += self._guidance(guidance, guidance_scale_2) + shift_problems(shift, self.shift_key, self.scheduler)
         height, width = height or self.sizes[0][0], width or self.sizes[0][1]
         for label, value in (("height", height), ("width", width)):
             if not (isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 4096):
@@ -373,7 +390,29 @@ class RequestRules:
                 f"serves at most {limits.max_pixels:,} (max_pixels) at a size it was not configured with")
         self._bound_work(height, width, num_images, steps, frames)
         return CallParams(num_inference_steps=steps, guidance_scale=float(guidance), height=height, width=width,
-                          requested=requested, num_frames=frames)
+                          requested=requested, num_frames=frames,
+                          guidance_scale_2=None if guidance_scale_2 is None else float(guidance_scale_2),
+                          shift=None if shift is None else float(shift))
+
+    def _guidance(self, guidance, guidance_2) -> list[str]:
+        """``guidance_scale`` in 0..50, and the low-noise expert's (``guidance_scale_2``): taken with two
+        experts; a number like ``guidance_scale``; above 1 only with ``guidance_scale`` above 1, since
+        ``WanPipeline`` runs the unconditional pass for both experts only then (it would otherwise be
+        ignored without a word)."""
+        if not (isinstance(guidance, (int, float)) and math.isfinite(guidance) and 0 <= guidance <= 50):
+            return ["guidance_scale must be a finite number in 0..50"]
+        if guidance_2 is None:
+            return []
+        if self.experts < 2:
+            return ["guidance_scale_2 is taken by a model of two experts (Wan 2.2 A14B: the low-noise one's "
+                    "guidance); this one has one denoiser"]
+        if isinstance(guidance_2, bool) or not isinstance(guidance_2, (int, float)) \
+                or not (math.isfinite(guidance_2) and 0 <= guidance_2 <= 50):
+            return ["guidance_scale_2 must be a finite number in 0..50"]
+        if guidance_2 > 1 and guidance <= 1:
+            return [f"guidance_scale_2 {guidance_2:g} needs guidance_scale above 1 (got {guidance:g}): the pipeline "
+                    "runs classifier-free guidance for either expert only when guidance_scale > 1"]
+        return []
 
     def _bound_work(self, height: int, width: int, num_images: int, steps: int, frames: int | None) -> None:
         """RequestTooLarge past ``max_work`` pixel-steps (a video's every frame counted)."""

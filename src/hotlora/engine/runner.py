@@ -26,6 +26,7 @@ from hotlora.engine.inputs import as_pil
 from hotlora.engine.prompts import batch_prompts
 from hotlora.engine.request import IMAGE_TASKS, PreparedRequest, Timings, all_cancelled
 from hotlora.engine.results import IMAGES, GenerationResult, OutputKind, build_result
+from hotlora.engine.shift import shifted
 from hotlora.engine.writers import SwapReport
 from hotlora.errors import ClientGone, InvalidRequest
 from hotlora.tracing import NO_TRACE, Trace, together
@@ -288,11 +289,12 @@ class Runner:
             if one_prompt:  # one request: its text-encoder state once, its prompt encoded by the pipeline
                 with trace.span("swap", target="text_encoders"):
                     swap.text_ms += warm.text.apply(first.adapters)
-            images = run_chunks(warm.task_pipelines[params.task], chunks, seeds=[r.seed for r in requests],
-                                output_type=warm.output.pipeline_output_type(first.output_type), call_kwargs=call,
-                                timings=timings, progress=fan_out([r.progress for r in requests]),
-                                before_chunk=before_chunk, trace=trace, output=warm.output,
-                                steps=params.denoising_steps, stop=all_cancelled(r.cancelled for r in requests))
+            with shifted(pipeline := warm.task_pipelines[params.task], params.shift):
+                images = run_chunks(pipeline, chunks, seeds=[r.seed for r in requests],
+                                    output_type=warm.output.pipeline_output_type(first.output_type), call_kwargs=call,
+                                    timings=timings, progress=fan_out([r.progress for r in requests]),
+                                    before_chunk=before_chunk, trace=trace, output=warm.output,
+                                    steps=params.denoising_steps, stop=all_cancelled(r.cancelled for r in requests))
             refused = {}
             for i, request in enumerate(requests):  # samples are independent: a request that overflowed fails alone
                 try:

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from hotlora.errors import InvalidRequest, UnknownModel
 from hotlora.server.errors import validation_error
-from hotlora.server.schemas import GenerateRequest, OpenAIImagesRequest
+from hotlora.server.schemas import GenerateRequest, OpenAIImagesRequest, prefers_async
 
 MODEL_HEADER = "x-hotlora-model"  # names the model when neither the path nor the body does
 REPLICA_HEADER = "x-hotlora-replica"  # which replica answered (its Serve replica id)
@@ -25,6 +25,13 @@ HF_MODEL_PREFIX = "/models/"
 # the OpenAI API has a `model` field of its own and keeps it.
 STRIP_MODEL_FIELD = {"/v1/generate"}
 SCHEMAS = {"/v1/generate": GenerateRequest, "/v1/images/generations": OpenAIImagesRequest}
+JOB_PATHS = ("/v1/jobs", "/v1/videos")  # a job's resources, and OpenAI's videos (each video a job)
+
+
+class JobsNotRouted(InvalidRequest):
+    """A job asked of the Ray ingress. Each replica keeps its own jobs (its ``jobs_dir``), and Serve
+    routes a poll to any replica of the model, which would answer 404 for a job another one holds:
+    refused at the edge instead, before any job exists."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ def route(method: str, path: str, query: Mapping[str, str], headers: Mapping[str
           table: Mapping[str, str], default: str, identity_slot: Mapping[str, str]) -> Route:
     """Pick the deployment (path ``/models/{id}``, body ``model``, header, query ``model``, else the
     default) and read the identity adapter. Raises RequestError for what no replica could serve."""
+    _refuse_jobs(method, path, headers)
     data = _json_body(path, headers, body) if method == "POST" else None
     model_id = _model_id(path, query, headers, data)
     if model_id is None:
@@ -53,6 +61,17 @@ def route(method: str, path: str, query: Mapping[str, str], headers: Mapping[str
         _validate(SCHEMAS[path], data)
     slot = identity_slot[deployment]
     return Route(deployment, _identity(path, headers, data, slot), body)
+
+
+def _refuse_jobs(method: str, path: str, headers: Mapping[str, str]) -> None:
+    prefer = headers.getlist("prefer") if hasattr(headers, "getlist") else [headers.get("prefer", "")]
+    asked_async = method == "POST" and path.startswith("/v1/generate") and prefers_async(prefer)
+    if asked_async or any(path == p or path.startswith(p + "/") for p in JOB_PATHS):
+        raise JobsNotRouted(
+            "jobs ('Prefer: respond-async', /v1/jobs, /v1/videos) are not served through the Ray ingress: each "
+            "replica keeps its own, and a poll could reach another replica; send the request without "
+            "'Prefer: respond-async' (a video model answers /v1/generate with the MP4), or serve this model "
+            "with 'hotlora serve'")
 
 
 def _json_body(path: str, headers: Mapping[str, str], body: bytes) -> dict | None:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hotlora.errors import HotloraError, InvalidRequest
 from hotlora.server.errors import stream_error
 from hotlora.server.jobs import Jobs, view
-from hotlora.server.schemas import GenerateRequest
+from hotlora.server.schemas import GenerateRequest, prefers_async
 from hotlora.server.service import Generated, Service, result_headers
 
 log = logging.getLogger(__name__)
@@ -74,8 +74,7 @@ def json_routes(service: Service, jobs: Jobs) -> APIRouter:
 
 def respond_async(request: Request) -> bool:
     """Whether a ``Prefer`` header asks for ``respond-async`` (among other preferences, any case)."""
-    return any(pref.split(";")[0].split("=")[0].strip().lower() == "respond-async"
-               for value in request.headers.getlist("prefer") for pref in value.split(","))
+    return prefers_async(request.headers.getlist("prefer"))
 
 
 def json_body(out: Generated) -> dict:

@@ -62,6 +62,8 @@ class GenerateRequest(BaseModel):
     height: int | None = None
     seed: int | None = None
     num_frames: int | None = None  # a video model's frames per video (None: its default)
+    guidance_scale_2: float | None = None  # two experts (Wan 2.2 A14B): the low-noise one's guidance
+    shift: float | None = None  # the scheduler's timestep shift, where it has a fixed one (None: the model's)
     output_format: Format | None = None  # None: the model's default (png; a video model's mp4)
     timeout_s: float | None = Field(default=None, gt=0, le=3600)
     # Image-conditioned tasks (served when the engine was started with them): ``task`` None is
@@ -80,7 +82,8 @@ class GenerateRequest(BaseModel):
                                  num_inference_steps=self.num_inference_steps, guidance_scale=self.guidance_scale,
                                  height=self.height, width=self.width, seed=self.seed or 0,
                                  negative_prompt=self.negative_prompt, timeout_s=self.timeout_s, progress=progress,
-                                 num_frames=self.num_frames, **image_inputs(self.task, self.images, self.mask, self.strength))
+                                 num_frames=self.num_frames, guidance_scale_2=self.guidance_scale_2, shift=self.shift,
+                                 **image_inputs(self.task, self.images, self.mask, self.strength))
 
 
 class HFParameters(BaseModel):
@@ -208,7 +211,8 @@ class OpenAIEditsRequest(OpenAIImagesRequest):
 
 class OpenAIVideosRequest(SizedRequest):
     """``POST /v1/videos`` (OpenAI videos API; JSON, or multipart as the openai client sends it), with
-    hotlora's ``adapters``, ``seed``, ``num_inference_steps`` and ``negative_prompt`` as extensions.
+    hotlora's ``adapters``, ``seed``, ``num_inference_steps``, ``guidance_scale`` (and ``guidance_scale_2``),
+    ``shift`` and ``negative_prompt`` as extensions.
     ``seconds`` (OpenAI writes it as a string, "4") becomes a frame count at the route
     (``routes_videos.frames_for``): it needs the served model's frame rate."""
 
@@ -220,13 +224,25 @@ class OpenAIVideosRequest(SizedRequest):
     adapters: Adapters = Field(default_factory=dict)
     seed: int | None = None
     num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    guidance_scale_2: float | None = None
+    shift: float | None = None
     retention_s: float | None = Field(default=None, gt=0)  # the job's (server/jobs.py)
 
     def to_request(self, num_frames: int | None) -> GenerationRequest:
         height, width = self.dimensions()
         return GenerationRequest(prompt=self.prompt, adapters=specs(self.adapters), num_images=1, height=height,
                                  width=width, seed=self.seed or 0, num_inference_steps=self.num_inference_steps,
-                                 negative_prompt=self.negative_prompt, num_frames=num_frames)
+                                 negative_prompt=self.negative_prompt, num_frames=num_frames,
+                                 guidance_scale=self.guidance_scale, guidance_scale_2=self.guidance_scale_2,
+                                 shift=self.shift)
+
+
+def prefers_async(prefer_values) -> bool:
+    """Whether ``Prefer`` header values ask for ``respond-async`` (RFC 7240; among other preferences,
+    any case): a job rather than an answer."""
+    return any(pref.split(";")[0].split("=")[0].strip().lower() == "respond-async"
+               for value in prefer_values for pref in value.split(","))
 
 
 def image_inputs(task, images, mask, strength) -> dict:

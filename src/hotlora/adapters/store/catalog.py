@@ -10,6 +10,7 @@ TOML (or YAML with the same shape)::
     # the inference defaults it was trained for (a step-distilled LoRA), over any its file declares
     num_inference_steps = 4
     guidance_scale = 1.0
+    shift = 5.0        # the scheduler's timestep shift (a model with a fixed one: Wan, SD3, Z-Image)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from hotlora.adapters.defaults import PARAMETERS as DECLARABLE
+from hotlora.adapters.defaults import PARAMETERS as DECLARABLE, RULES, valid_value
 from hotlora.adapters.store.references import parse_reference
 from hotlora.settings import read_config_file
 from hotlora.errors import HotloraError
@@ -34,7 +35,7 @@ class CatalogEntry:
     ref: str
     scale: float = 1.0
     pin: bool = False
-    # num_inference_steps / guidance_scale the entry declares (``adapters.defaults``); they override
+    # num_inference_steps / guidance_scale / shift the entry declares (``adapters.defaults``); they override
     # what the file's header declares: the operator's catalog is the word about how it is served.
     declared: tuple[tuple[str, int | float], ...] = ()
 
@@ -65,15 +66,12 @@ def load_catalog(path: str | Path) -> dict[str, CatalogEntry]:
 
 def _declared(path: Path, name: str, entry: dict) -> tuple[tuple[str, int | float], ...]:
     declared = []
-    steps = entry.get("num_inference_steps")
-    if steps is not None:
-        if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1):
-            raise CatalogError(f"{path}: entry {name!r} has num_inference_steps {steps!r}, not an integer >= 1")
-        declared.append(("num_inference_steps", steps))
-    guidance = entry.get("guidance_scale")
-    if guidance is not None:
-        if not (isinstance(guidance, (int, float)) and not isinstance(guidance, bool) and math.isfinite(guidance)
-                and guidance >= 0):
-            raise CatalogError(f"{path}: entry {name!r} has guidance_scale {guidance!r}, not a finite number >= 0")
-        declared.append(("guidance_scale", float(guidance)))
+    for parameter in DECLARABLE:
+        given = entry.get(parameter)
+        if given is None:
+            continue
+        value = valid_value(parameter, given)
+        if value is None:
+            raise CatalogError(f"{path}: entry {name!r} has {parameter} {given!r}, not {RULES[parameter]}")
+        declared.append((parameter, value))
     return tuple(declared)
