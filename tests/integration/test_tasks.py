@@ -317,3 +317,56 @@ def test_task_pipelines_leave_every_dtype_as_loaded(tiny_models):
         dtypes = {t.dtype for m in pipeline.components.values() if isinstance(m, torch.nn.Module)
                   for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()}
         assert dtypes == {torch.bfloat16}, f"{type(pipeline).__name__}: {dtypes}"
+
+
+def test_kontext_edits_with_different_references_share_one_forward_batch(tiny_task_models):
+    """Kontext takes one reference per batch position (``edit_references_per_image``): edits of one
+    reference each, with different photos (adapters, prompts, seeds), have equal batch keys, so a
+    mixed engine packs them into ONE forward pass; each request's images equal that request alone and
+    plain diffusers' Kontext pipeline given its photo. Eager: the packed batch has the shapes of one
+    edit of as many images, which a compiled engine warms up anyway (``test_each_task_equals_plain_diffusers_variant``).
+    Flux.2's edits (its references go to every prompt of a call) still run alone."""
+    from hotlora.testing import plain_diffusers_reference, random_lora, save_diffusers_lora
+
+    family, model_dir = family_named("flux"), tiny_task_models["flux"]
+    engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=4, compile=False, mixed=True,
+                                    rank_buckets=(), tasks=("edit",))
+    height, width = engine.height, engine.width
+    linears = dict(engine.ceiling.modules)
+    pool = [save_diffusers_lora(model_dir.parent / f"kontext-pool-{i}", "flux",
+                                random_lora(linears, 4, seed=70 + i), rank=4, alpha=4) for i in range(2)]
+    cases = [  # (prompt, adapters, images, seed, reference)
+        ("the same cat, at dusk", {"identity": (pool[0], 0.9)}, 2, 11, photo(height, width, 3)),
+        ("a red house instead", {"style": (pool[1], 1.1)}, 1, 40, photo(2 * height, width, 4)),
+        ("an astronaut", {}, 1, 7, photo(height, width, 5)),
+    ]
+
+    def prepared(i):
+        prompt, adapters, images, seed, image = cases[i]
+        return engine.prepare(prompt, adapters=adapters, num_images=images, seed=seed, num_inference_steps=STEPS,
+                              output_type="latent", task="edit", images=(image,))
+
+    requests = [prepared(i) for i in range(len(cases))]
+    assert all(r.params.reference_per_image for r in requests)
+    assert len({r.batch_key() for r in requests}) == 1, "the worker would not pack these requests"
+    together = engine.run(requests)
+    for i, (prompt, adapters, images, seed, image) in enumerate(cases):
+        assert together[i].timings.chunks == [4], "not one forward pass"
+        alone = engine.run(prepared(i)).images
+        assert (together[i].images - alone).abs().max().item() <= TOLERANCE
+        given = Image.fromarray(fitted(np.asarray(image), height, width))
+        theirs = plain_diffusers_reference(
+            model_dir, {slot: (str(path), scale) for slot, (path, scale) in adapters.items()}, prompt=prompt,
+            num_images=images, num_inference_steps=STEPS, guidance_scale=engine.defaults["guidance_scale"],
+            height=height, width=width, seed=seed, pipeline_class=family.task_pipelines["edit"],
+            task_arguments=family.task_arguments("edit", [given], None, None, 1))
+        diff = (together[i].images - theirs).abs().max().item()
+        assert diff <= TOLERANCE, f"kontext edit request {i}: packed vs plain diffusers differ by {diff}"
+    # Each reference counted: the second request's photo given to the first gives other images.
+    swapped = engine.run(engine.prepare(cases[0][0], adapters=cases[0][1], num_images=2, seed=11,
+                                        num_inference_steps=STEPS, output_type="latent", task="edit",
+                                        images=(cases[1][4],))).images
+    assert (swapped - together[0].images).abs().max().item() > 1e-3
+    flux2 = engine.rules.__class__(family_named("flux2"), engine.defaults, engine.limits, engine.rules.sizes, 16,
+                                   sizes_only=False, tasks=("text-to-image", "edit"))
+    assert not flux2.check_task(flux2.check("a cat"), "edit", 1, False, None).reference_per_image

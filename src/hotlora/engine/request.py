@@ -98,6 +98,9 @@ class CallParams:
     # The steps a strength leaves to run (``ModelFamily.denoising_steps``); None: all of them.
     strength_steps: int | None = field(default=None, compare=False)
     num_frames: int | None = None  # a video family's frames per video; None for images
+    # An edit of one reference the pipeline takes per batch position (``ModelFamily.edit_references_per_image``):
+    # it may share a forward batch with other such edits (``PreparedRequest.batch_key``).
+    reference_per_image: bool = False
     # A model of two experts (Wan 2.2 A14B): the low-noise one's guidance (None: ``guidance_scale``).
     guidance_scale_2: float | None = None
     shift: float | None = None  # the scheduler's timestep shift for this run (None: the model's own)
@@ -212,10 +215,10 @@ class PreparedRequest:
         with different input images too (one image per batch position; the runner resizes each to
         the served size). An edit's references are the pipeline's for every prompt of its call
         (``image``: Flux.2's pipelines take a list as several references of EVERY prompt, so two
-        edits in one call would each see the other's), so an edit shares its batch with none.
-        Kontext could take one reference per batch position (an ``image`` list as long as the
-        batch); the families do not declare that yet."""
-        return (self.params, self.output_type, *((id(self),) if self.params.task == "edit" else ()))
+        edits in one call would each see the other's), so an edit shares its batch with none, unless
+        the pipeline takes one reference per batch position (Kontext, ``reference_per_image``)."""
+        alone = self.params.task == "edit" and not self.params.reference_per_image
+        return (self.params, self.output_type, *((id(self),) if alone else ()))
 
 
 def all_cancelled(predicates) -> Callable[[], bool] | None:
@@ -331,7 +334,8 @@ class RequestRules:
         if problems:
             raise InvalidRequest("; ".join(problems))
         if strength is None:
-            return replace(params, task=task, references=images)
+            per_image = task == "edit" and images == 1 and self.family.edit_references_per_image
+            return replace(params, task=task, references=images, reference_per_image=per_image)
         return replace(params, task=task, strength=float(strength), references=images,
                        strength_steps=self.family.denoising_steps(params.num_inference_steps, strength))
 

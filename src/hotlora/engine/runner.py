@@ -214,10 +214,13 @@ class TaskInputs:
     """A run's input images as its task pipeline takes them, per chunk (``ModelFamily.task_arguments``):
     each request's arrays made PIL images once, image-to-image and inpaint inputs at the served size
     (``at_served_size``). Image-to-image and inpaint pass one image (and mask) per image of the
-    chunk, in order; an edit its request's references once (fitted to the served size in prepare)."""
+    chunk, in order; an edit its request's references once (fitted to the served size in prepare),
+    or, in a mixed batch of edits the pipeline takes a reference per position of (Kontext), each
+    request's reference once per image of it."""
 
-    def __init__(self, family, params, requests: Sequence[PreparedRequest], pipeline):
+    def __init__(self, family, params, requests: Sequence[PreparedRequest], pipeline, mixed: bool = False):
         self.family, self.params = family, params
+        self.per_position = mixed and params.reference_per_image
         self.images = [[as_pil(x) for x in r.images] for r in requests]
         self.masks = [None if r.mask is None else as_pil(r.mask) for r in requests]
         if params.task in IMAGE_TASKS:
@@ -229,12 +232,12 @@ class TaskInputs:
     def arguments(self, chunk: Chunk) -> dict:
         if not self.images or not self.images[0]:
             return {}
-        per_image = self.params.task in IMAGE_TASKS
+        per_image = self.params.task in IMAGE_TASKS or self.per_position
         owners = [part.request for part in chunk for _ in range(part.count if per_image else 1)]
         images = [image for i in owners for image in self.images[i]]
         masks = None if self.masks[0] is None else [self.masks[i] for i in owners]
         return self.family.task_arguments(self.params.task, images, masks, self.params.strength,
-                                          self.params.references)
+                                          len(images) if self.per_position else self.params.references)
 
 
 class Runner:
@@ -266,10 +269,10 @@ class Runner:
         call = params.pipeline_kwargs(warm.family)
         # An edit's batch is one request (``batch_key``) and its pipeline takes the prompt once beside
         # the references (Qwen-Image-Edit-Plus refuses a list of prompts): a pack's prompt, also when
-        # it runs as a mixed batch.
-        one_prompt = not mixed or params.task == "edit"
+        # it runs as a mixed batch; unless each position takes its own reference (Kontext).
+        one_prompt = not mixed or (params.task == "edit" and not params.reference_per_image)
         texts = warm.text.prompts(first.adapters, first.prompt, first.negative_prompt) if one_prompt else None
-        inputs = TaskInputs(warm.family, params, requests, warm.task_pipelines[params.task])
+        inputs = TaskInputs(warm.family, params, requests, warm.task_pipelines[params.task], mixed)
         per_prompt = warm.output.per_prompt
 
         def before_chunk(chunk: Chunk) -> dict:

@@ -208,6 +208,12 @@ class ModelFamily:
     refused_tasks: ClassVar[Mapping[str, str]] = {}
     # The reference images the edit pipeline takes with one prompt (Kontext: one; Flux.2: several).
     max_edit_references: ClassVar[int] = 1
+    # Whether the edit pipeline takes one reference per batch position: an ``image`` list as long as
+    # the batch gives each position its own (Kontext's ``prepare_latents`` repeats a reference only
+    # when there are fewer; its VAE encodes each with its own generator). Edits of one reference with
+    # different images then share a forward batch of a mixed engine, as image-to-image requests do.
+    # Not Flux.2 (a list is several references of EVERY prompt) nor Qwen-Image-Edit (one prompt a call).
+    edit_references_per_image: ClassVar[bool] = False
 
     def served_tasks(self) -> tuple[str, ...]:
         return ("text-to-image", *self.task_pipelines)
@@ -253,7 +259,9 @@ class ModelFamily:
         VAE sample from that image's own generator, so an image is the same whatever chunk it runs
         in; given one image for several, diffusers' Flux img2img samples it from the first
         generator of the call). Edit: its ``references`` images, the same for every prompt (the
-        edit pipelines encode them with the VAE's mean: no generator is drawn)."""
+        edit pipelines encode them with the VAE's mean: no generator is drawn); where the family takes
+        a reference per batch position (``edit_references_per_image``), a batch of several requests'
+        edits gives one image per image of the batch, as ``references`` of them."""
         arguments: dict[str, Any] = {}
         if task == "edit":
             arguments["image"] = images if references > 1 else images[0]

@@ -38,6 +38,7 @@ class Flux(ModelFamily):
     contiguous_block_outputs = ("FluxSingleTransformerBlock",)
     task_pipelines = {"image-to-image": "FluxImg2ImgPipeline", "inpaint": "FluxInpaintPipeline",
                       "edit": "FluxKontextPipeline"}
+    edit_references_per_image = True  # Kontext: an ``image`` list as long as the batch
     denoiser_class = "FluxTransformer2DModel"
     default_steps, default_guidance = 28, 3.5
     cfg = "none"  # guidance goes in through the guidance embedding
