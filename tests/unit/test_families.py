@@ -354,8 +354,15 @@ def test_flux_single_blocks_hand_on_contiguous_outputs_once_compiled():
     for block in denoiser.modules():
         hooked = _contiguous_outputs in block._forward_hooks.values()
         assert hooked == (type(block).__name__ == "FluxSingleTransformerBlock"), type(block).__name__
-    joined = torch.randn(2, 7, 4)
-    text, image = joined[:, :3], joined[:, 3:]
-    assert not image.is_contiguous()
-    out = _contiguous_outputs(None, (), (text, image))
-    assert all(t.is_contiguous() for t in out) and torch.equal(out[1], image)
+    compile_denoiser(denoiser, flux)  # compiled again (a rebuilt engine): still one hook a block
+    assert sum(_contiguous_outputs in b._forward_hooks.values() for b in denoiser.modules()) == \
+        len(denoiser.single_transformer_blocks)
+    for batch in (2, 1):  # a batch of one: the slice "is contiguous" to torch, but not in its batch stride
+        joined = torch.randn(batch, 7, 4)
+        text, image = joined[:, :3], joined[:, 3:]
+        assert image.stride()[0] == 28
+        out = _contiguous_outputs(None, (), (text, image))
+        assert [t.stride() for t in out] == [(12, 4, 1), (16, 4, 1)], batch  # what a fresh tensor has
+        assert torch.equal(out[0], text) and torch.equal(out[1], image)
+    fresh = torch.randn(1, 4, 4)
+    assert _contiguous_outputs(None, (), fresh) is fresh  # nothing copied when nothing differs

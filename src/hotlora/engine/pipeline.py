@@ -71,11 +71,25 @@ def compile_denoiser(denoiser: torch.nn.Module, family: ModelFamily, fullgraph: 
 
 @torch.compiler.disable  # eager, outside every graph: a traced hook would be a frame of its own
 def _contiguous_outputs(module, args, output):
-    """A block's outputs as contiguous tensors (``ModelFamily.contiguous_block_outputs``): the next
+    """A block's outputs with row-major strides (``ModelFamily.contiguous_block_outputs``): the next
     block then receives the strides the first one did, and runs its graph."""
     if isinstance(output, tuple):
-        return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in output)
-    return output.contiguous() if isinstance(output, torch.Tensor) else output
+        return tuple(_row_major(t) if isinstance(t, torch.Tensor) else t for t in output)
+    return _row_major(output) if isinstance(output, torch.Tensor) else output
+
+
+def _row_major(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with the strides a fresh tensor of its shape has. Not ``.contiguous()``: a slice with
+    a batch of one counts as contiguous whatever its batch stride (a size-1 dimension's stride is
+    ignored there), so it comes back as it is, and dynamo's guards compare that stride too (a
+    single-image pack recompiled every later block for it)."""
+    expected, step = [], 1
+    for size in reversed(tensor.shape):
+        expected.append(step)
+        step *= max(size, 1)
+    if tensor.stride() == tuple(reversed(expected)):
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def graph_count() -> int:
