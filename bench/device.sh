@@ -28,6 +28,9 @@
 # does not expect to finish in time, and `timeout` kills it 25 s before the end, which leaves time
 # to print the summary. Extra arguments go to gpu_flux.py, e.g. a second call for what the first
 # one skipped: `bash bench/device.sh --configs attention_only,eager_every_linear,fused_host`.
+# MODEL=wan runs the Wan rows instead (Wan 2.1 T2V 1.3B, random bf16 weights, 480x832, 81 frames, 30
+# steps with true CFG, one video a pack, rank 128: every_linear with its swap rows, no_slots, the rank
+# bucket, attention only, eager): `MODEL=wan bash bench/device.sh`.
 #
 #   bash bench/device.sh --dry-run        # here, on the CPU, in minutes: tiny sizes, eager (float8_base is
 #                                         # skipped with a message: FP8 needs CUDA)
@@ -44,6 +47,7 @@ OUT=${OUT:-$REPO/out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
+MODEL=${MODEL:-flux}  # flux, or wan: Wan 2.1 T2V 1.3B at 480x832, 81 frames, one video a pack
 if [ "$DRY" = 1 ]; then BUDGET=${DEVICE_BUDGET_S:-240}; else BUDGET=${DEVICE_BUDGET_S:-530}; fi
 DEPS=${DEVDEPS:-$REPO/.cache/devdeps}
 WHEELS=${WHEELS_DIR:-$REPO/.whl}
@@ -204,13 +208,18 @@ main() {
     preflight || { echo "preflight FAILED: no GPU time spent on the bench"; return 3; }
 
     local args left hard
-    if [ "$DRY" = 1 ]; then
+    if [ "$DRY" = 1 ] && [ "$MODEL" = wan ]; then
+        args=(--model wan --device cpu --height 16 --width 16 --frames 5 --steps 2 --pack 1 --rank 4 --layers 1
+              --heads 2 --text-width 64 --swap-repeats 3)
+    elif [ "$DRY" = 1 ]; then
         args=(--device cpu --height 64 --width 64 --steps 2 --pack 2 --rank 4 --layers 1 --single-layers 1
               --heads 2 --text-width 256 --swap-repeats 3)
-        [ "${DRY_COMPILE:-0}" = 1 ] || args+=(--no-compile)
+    elif [ "$MODEL" = wan ]; then
+        args=(--model wan --height 480 --width 832 --frames 81 --steps 30 --pack 1 --rank 128)
     else
         args=(--height 1024 --width 1536 --steps 30 --pack 6 --rank 128)
     fi
+    if [ "$DRY" = 1 ] && [ "${DRY_COMPILE:-0}" != 1 ]; then args+=(--no-compile); fi
     left=$(( BUDGET - $(elapsed) ))
     hard=$(( left - 25 ))                  # kill the bench 25 s before the end: time for the summary
     if [ "$hard" -lt 30 ]; then echo "no time left for the bench"; return 4; fi

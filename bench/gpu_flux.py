@@ -36,6 +36,14 @@ this order (the most valuable figures first; --configs picks and orders others):
      swap then also brings W0 over the bus.
 Every configuration records its build and warm-up (compile) times, pack time and CUDA peak.
 
+``--model wan`` (``MODEL=wan bash bench/device.sh``): the same rows on Wan 2.1 T2V 1.3B's transformer
+as published (``hotlora.fullsize.wan21_t2v_1_3b``: 30 blocks, 12 heads of 128; ``--layers`` /
+``--heads`` fewer), its VAE and UniPC flow scheduler, random bf16 weights, a two-layer random UMT5 of
+the real width; a pack is ``--pack`` videos of ``--frames`` frames (device.sh: one video, 480x832,
+81 frames, 30 steps, true CFG: two forwards a step): every_linear (with its swap rows), no_slots,
+every_linear_rank_bucket, attention_only, eager_every_linear. No plan row (the activation model is
+calibrated on Flux), no fused or quantized rows.
+
 Timing: CUDA is synchronised at every measurement boundary (torch.cuda.synchronize before the
 clock starts and before it is read). ``pack_ms`` is the engine's own per-chunk generate time (summed);
 ``wall_ms`` is the whole ``Engine.generate`` call timed here (request resolution, swap, generation,
@@ -71,6 +79,9 @@ RESULTS_NAME = "gpu.json"
 # next, for the overhead (every row's overhead_pct is derived whenever both exist).
 CONFIG_ORDER = ("every_linear", "no_slots", "fused_kept", "float8_base", "int8_base", "every_linear_rank_bucket", "fused",
                 "attention_only", "eager_every_linear", "fused_host")
+# --model wan (Wan 2.1 T2V 1.3B, one video a pack): the rows that measure the slots themselves; the
+# fused, FP8/int8 and plan rows are Flux's questions, answered there.
+WAN_CONFIG_ORDER = ("every_linear", "no_slots", "every_linear_rank_bucket", "attention_only", "eager_every_linear")
 # The most of --budget-s one row may spend: once its first pack is measured, the row's further
 # measurements (more packs, swap ranks, the plan check, effect images) stop at its share and the
 # time goes to the rows after it.
@@ -119,6 +130,38 @@ def build_full_flux(layers: int, single_layers: int, device: str = "cuda", heads
                         transformer=transformer)
 
 
+def build_full_wan(layers: int, device: str = "cuda", heads: int = 12, text_width: int = 4096):
+    """Wan 2.1 T2V 1.3B's transformer as published (``hotlora.fullsize.wan21_t2v_1_3b``: 30 blocks of
+    12 heads; fewer with ``layers`` / ``heads`` for a dry run), its VAE and UniPC flow scheduler,
+    random bf16 weights, and a two-layer random UMT5 of the real width (the denoiser's ``text_dim``)."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from hotlora.families._tiny import t5_tokenizer
+    from hotlora.fullsize import wan21_t2v_1_3b as published
+
+    def config(values: dict, **changed) -> dict:
+        return {k: v for k, v in {**values, **changed}.items() if not k.startswith("_")}
+
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            transformer = WanTransformer3DModel(**config(published.TRANSFORMER, num_layers=layers,
+                                                         num_attention_heads=heads, text_dim=text_width))
+            tokenizer = t5_tokenizer()
+            text_encoder = UMT5EncoderModel(UMT5Config(
+                vocab_size=len(tokenizer), d_model=text_width, d_kv=64, d_ff=text_width * 5 // 2, num_layers=2,
+                num_heads=max(1, text_width // 64), relative_attention_num_buckets=32, decoder_start_token_id=0,
+                pad_token_id=0, eos_token_id=1)).eval()
+            vae = AutoencoderKLWan(**config(published.VAE))
+    finally:
+        torch.set_default_dtype(previous)
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
+                       scheduler=UniPCMultistepScheduler(**config(published.SCHEDULER)))
+
+
 class Report:
     """The results file: rewritten whole after every measurement, through a temporary file."""
 
@@ -165,14 +208,18 @@ def derive(data: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=("flux", "wan"), default="flux",
+                        help="flux: Flux.1's transformer; wan: Wan 2.1 T2V 1.3B's (a video of --frames a pack)")
+    parser.add_argument("--frames", type=int, default=81, help="--model wan: frames a video (4k + 1)")
     parser.add_argument("--height", type=int, default=1024)
     parser.add_argument("--width", type=int, default=1536)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--pack", type=int, default=6)
     parser.add_argument("--rank", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=19)
+    parser.add_argument("--layers", type=int, default=None, help="blocks (default: flux 19 double-stream, wan 30)")
     parser.add_argument("--single-layers", type=int, default=38)
-    parser.add_argument("--heads", type=int, default=24, help="attention heads of 128 (24: width 3072)")
+    parser.add_argument("--heads", type=int, default=None,
+                        help="attention heads of 128 (default: flux 24, width 3072; wan 12, width 1536)")
     parser.add_argument("--text-width", type=int, default=4096, help="T5 width = the transformer's joint width")
     parser.add_argument("--budget-s", type=float, default=420)
     parser.add_argument("--out", default=os.environ.get("OUT") or "bench/results",
@@ -188,6 +235,9 @@ def main() -> None:
                         help="every_linear_rank_bucket: slots of --rank with one rank bucket at this rank and "
                              "adapters of this rank (default: a quarter of --rank, the engine's default bucket; 0: off)")
     args = parser.parse_args()
+    wan = args.model == "wan"
+    args.layers = args.layers or (30 if wan else 19)
+    args.heads = args.heads or (12 if wan else 24)
     if args.bucket_rank < 0:
         args.bucket_rank = max(1, args.rank // 4)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -201,11 +251,12 @@ def main() -> None:
     from bench.swap import allow_many_compiled_engines
 
     allow_many_compiled_engines()
+    known = WAN_CONFIG_ORDER if wan else CONFIG_ORDER
     order = [c.strip() for c in args.configs.split(",") if c.strip()] or [
-        c for c in CONFIG_ORDER if c != "every_linear_rank_bucket" or args.bucket_rank]
-    unknown = sorted(set(order) - set(CONFIG_ORDER))
+        c for c in known if c != "every_linear_rank_bucket" or args.bucket_rank]
+    unknown = sorted(set(order) - set(known))
     if unknown or ("every_linear_rank_bucket" in order and not args.bucket_rank):
-        raise SystemExit(f"--configs: unknown {unknown} (known: {', '.join(CONFIG_ORDER)}; the rank-bucket "
+        raise SystemExit(f"--configs: unknown {unknown} (known for {args.model}: {', '.join(known)}; the rank-bucket "
                          "one needs --bucket-rank)")
 
     versions = {}
@@ -263,7 +314,7 @@ def main() -> None:
             row.setdefault("skipped", []).append(note)
         return False
 
-    flux = family_named("flux")
+    family = family_named(args.model)
     latents: dict[str, torch.Tensor] = {}  # image 0 of a row's first pack: a quantized base's effect kept
     for label in order:
         # Explicit: no rank buckets (the default adds 0 and rank/4), so each row measures what it names.
@@ -296,7 +347,8 @@ def main() -> None:
                 torch.cuda.reset_peak_memory_stats()
             sync()
             began = time.monotonic()
-            pipeline = build_full_flux(args.layers, args.single_layers, args.device, args.heads, args.text_width)
+            pipeline = (build_full_wan(args.layers, args.device, args.heads, args.text_width) if wan else
+                        build_full_flux(args.layers, args.single_layers, args.device, args.heads, args.text_width))
             pipeline.set_progress_bar_config(disable=True)
             sync()
             seen["build"] = row["build_s"] = round(time.monotonic() - began, 1)
@@ -306,8 +358,9 @@ def main() -> None:
                 continue
             sync()
             began = time.monotonic()
-            engine = Engine(pipeline, flux, **{"target_rank": args.rank, "batch_size": args.pack, "height": args.height,
-                                               "width": args.width, "compile": not args.no_compile, **options})
+            engine = Engine(pipeline, family, **{"target_rank": args.rank, "batch_size": args.pack, "height": args.height,
+                                                 "width": args.width, "compile": not args.no_compile,
+                                                 **({"frames": (args.frames,)} if wan else {}), **options})
             sync()
             row["warmup_s"] = round(time.monotonic() - began, 1)
             seen["warmup_compiled" if compiled else "warmup_eager"] = row["warmup_s"]
@@ -353,6 +406,7 @@ def main() -> None:
                 print(json.dumps({label: row}), flush=True)
             if label == "every_linear":
                 _swap_measurements(engine, args, report, fits)
+            if label == "every_linear" and not wan:  # the plan's activation model is calibrated on Flux
                 plan_activation_check(engine, request, args, report, lambda what: fits(what, estimate("pack", compiled)))
             if label in FUSED and request:
                 fused_swap_measurements(engine, request, label, args, report, fits)
@@ -384,7 +438,8 @@ def _pack(engine, request, args) -> dict:
     sync()
     began = time.perf_counter()
     result = engine.generate("a portrait", adapters=request, num_images=args.pack, num_inference_steps=args.steps,
-                             height=args.height, width=args.width, seed=0, output_type="latent")
+                             height=args.height, width=args.width, seed=0, output_type="latent",
+                             **({"num_frames": args.frames} if args.model == "wan" else {}))
     sync()
     wall_ms = (time.perf_counter() - began) * 1000
     return {"pack_ms": round(sum(result.timings.generate_ms), 1), "wall_ms": round(wall_ms, 1),

@@ -109,7 +109,7 @@ def adapters(engine, rank: int):
             down = torch.randn(rank, i, generator=g).to(dtype)
             up = torch.randn(o, rank, generator=g).to(dtype).mul_(0.01)
             modules[m] = LoraWeights(down.pin_memory() if pin else down, up.pin_memory() if pin else up, 1.0)
-        out.append(Adapter(f"random-{seed}", "flux", "diffusers", modules, sha256=f"gpu-random-{seed}"))
+        out.append(Adapter(f"random-{seed}", engine.family.name, "diffusers", modules, sha256=f"gpu-random-{seed}"))
     return out
 
 

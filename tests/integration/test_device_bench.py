@@ -62,11 +62,11 @@ def device(tmp_path_factory):
     return {"python": python, "wheels": wheels, "root": root, "log": fetched.stdout}
 
 
-def run_device_sh(repo: Path, device: dict, out: Path, *args: str) -> subprocess.CompletedProcess:
+def run_device_sh(repo: Path, device: dict, out: Path, *args: str, model: str = "flux") -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "bench/device.sh", "--dry-run", *args], cwd=repo, capture_output=True, text=True,
                           check=False, timeout=600,
                           env=clean_env(PYTHON=device["python"], OUT=str(out), WHEELS_DIR=str(device["wheels"]),
-                                        DEVDEPS=str(out.parent / f"{out.name}-deps")))
+                                        DEVDEPS=str(out.parent / f"{out.name}-deps"), MODEL=model))
 
 
 def test_the_wheels_carry_the_declared_dependencies(device):
@@ -88,6 +88,19 @@ def test_dry_run_in_the_image_only_python(device):
     assert report[ROW]["pack_ms"] > 0 and report["swap"] and report["plan_check"]["planned_activation_gib"] > 0
     assert not [k for k in report if k.startswith("error_")], report
     assert (out / "device.log").exists()
+
+
+def test_the_wan_rows_dry_run_in_the_image_only_python(device):
+    """``MODEL=wan``: Wan 2.1 T2V 1.3B's transformer (here one block of two heads) serving one video
+    a pack with two adapters, its swap rows; no plan row (calibrated on Flux)."""
+    out = device["root"] / "out-wan"
+    run = run_device_sh(REPO, device, out, "--configs", ROW, model="wan")
+    assert run.returncode == 0, run.stdout[-6000:]
+    report = json.loads((out / "gpu.json").read_text())
+    assert report["args"]["model"] == "wan" and report["args"]["frames"] == 5
+    assert report["configs_done"] == [ROW] and report["done"] is True and "plan_check" not in report
+    assert report[ROW]["pack_ms"] > 0 and report[ROW]["recompiles"] == 0 and report["swap"]
+    assert not [k for k in report if k.startswith("error_")], report
 
 
 def test_an_undeclared_dependency_fails_the_preflight(device, tmp_path):
