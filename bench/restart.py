@@ -46,16 +46,16 @@ def timed(owner, name, label):
     setattr(owner, name, wrapper)
 
 timed(core, "load_model", "load")
-timed(warm, "install_writer", "writers")
+timed(warm, "install_expert_writers", "writers")
 timed(warm, "install_text_writer", "writers")
 timed(warm, "measured_chunks", "chunk measurement")
 timed(CompileArtifacts, "load", "artifacts load")
 timed(CompileArtifacts, "save", "artifacts saves")
 passes = []
 run = warmup._run
-def counted(engine, batch, height, width, scale, prompt="warm-up"):
+def counted(engine, batch, height, width, scale, prompt="warm-up", **keywords):  # keywords: tasks, frames
     graphs, began = graph_count(), time.perf_counter()
-    run(engine, batch, height, width, scale, prompt)
+    run(engine, batch, height, width, scale, prompt, **keywords)
     passes.append({"batch": batch, "s": round(time.perf_counter() - began, 2), "graphs": graph_count() - graphs})
 warmup._run = counted
 ran = []

@@ -2,6 +2,20 @@
 
 Usage: .venv/bin/python bench/tasks.py [--images 3] [--steps 4] [--requests 4] [--rounds 2] [--strength 0.6]
                                        [--no-full-size] [--out bench/results]
+                                       [--model DIR --dtype bfloat16 --size 256 --target-rank 128
+                                        --identity REF --style REF --name tasks-sdxl-full]
+
+Real width (``--model``): the speed rows on another model's tasks, e.g. the full-size SDXL architecture
+(``python -m hotlora.fullsize.sdxl build .cache/fullsize/sdxl``, random weights, with the kohya rank-32
+and diffusers rank-128 adapters bench/served.py uses), its text-to-image, image-to-image and inpaint::
+
+    .venv/bin/python bench/tasks.py --model .cache/fullsize/sdxl --dtype bfloat16 --size 256 --images 1 \
+        --steps 4 --requests 3 --target-rank 128 --identity .cache/fullsize/sdxl/adapters/kohya-r32.safetensors \
+        --style .cache/fullsize/sdxl/adapters/diffusers-r128 --name tasks-sdxl-full --no-eager
+
+(no memory rows there: the tiny run's full-size rows measure them on the meta device; diffusers' task
+pipelines there are made with ``from_pipe`` from its text-to-image one, adapters loaded once, so that one
+copy of the weights serves each way; ``--no-eager`` leaves the eager engine's copy out).
 
 Speed, tiny Flux (its 32x32), float32, one request = ``--images`` images x ``--steps`` steps with both
 slots filled (the model's sample adapters, scales 1.0 and 0.7), the same request for every way, per
@@ -170,6 +184,15 @@ def main() -> None:
     parser.add_argument("--strength", type=float, default=0.6)
     parser.add_argument("--no-full-size", action="store_true", help="skip the full-size architectures' memory rows")
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
+    parser.add_argument("--model", default=None, help="a model directory (default: the tiny Flux)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--size", type=int, default=None, help="height = width served (default: the model's)")
+    parser.add_argument("--target-rank", type=int, default=8)
+    parser.add_argument("--identity", default=None, help="the identity slot's adapter (default: the model's sample)")
+    parser.add_argument("--style", default=None, help="the style slot's adapter (default: the model's sample)")
+    parser.add_argument("--name", default="tasks", help="results file name")
+    parser.add_argument("--no-eager", action="store_true",
+                        help="no eager engine (a full-size model's third copy of the weights)")
     args = parser.parse_args()
 
     import diffusers
@@ -178,49 +201,62 @@ def main() -> None:
     from hotlora import Engine
     from hotlora.tiny import save_tiny_model
 
-    model = REPO / ".cache" / "bench" / "tiny-flux"
-    if not (model / "model_index.json").is_file():
+    model = Path(args.model) if args.model else REPO / ".cache" / "bench" / "tiny-flux"
+    if args.model is None and not (model / "model_index.json").is_file():
         save_tiny_model(model, "flux")
-    adapters = {"identity": (str(model / "adapters" / "identity-diffusers"), 1.0),
-                "style": (str(model / "adapters" / "style-diffusers"), 0.7)}
+    adapters = {"identity": (args.identity or str(model / "adapters" / "identity-diffusers"), 1.0),
+                "style": (args.style or str(model / "adapters" / "style-diffusers"), 0.7)}
+    dtype = getattr(torch, args.dtype)
+    from hotlora.families import family_of_model_index
 
-    engines = {label: Engine.from_pretrained(model, target_rank=8, batch_size=args.images, compile=compiled,
-                                             rank_buckets=(), tasks=TASKS[1:], max_reference_images=1)
-               for label, compiled in (("hotlora eager", False), ("hotlora compiled", True))}
+    tasks = ("text-to-image", *family_of_model_index(model).task_pipelines)
+    size = {} if args.size is None else {"height": args.size, "width": args.size}
+    engines = {label: Engine.from_pretrained(model, target_rank=args.target_rank, batch_size=args.images,
+                                             compile=compiled, rank_buckets=(), tasks=tasks[1:], dtype=args.dtype,
+                                             **({"max_reference_images": 1} if "edit" in tasks else {}), **size)
+               for label, compiled in (("hotlora eager", False), ("hotlora compiled", True))
+               if compiled or not args.no_eager}
     family = engines["hotlora compiled"].family
     height, width = engines["hotlora compiled"].height, engines["hotlora compiled"].width
     guidance = engines["hotlora compiled"].defaults["guidance_scale"]
     references = {}
-    for task in TASKS:
+    for task in tasks:
         name = family.pipeline_class if task == "text-to-image" else family.task_pipelines[task]
-        pipeline = getattr(diffusers, name).from_pretrained(str(model), local_files_only=True)
+        if args.model is not None and task != "text-to-image":
+            # A full-size model: the task's pipeline shares the text-to-image one's weights and LoRA layers
+            # (from_pipe, as diffusers documents it for this), instead of a copy of every weight each.
+            pipeline = getattr(diffusers, name).from_pipe(references["text-to-image"], torch_dtype=dtype)
+        else:
+            pipeline = getattr(diffusers, name).from_pretrained(str(model), local_files_only=True, torch_dtype=dtype)
+            for slot, (source, _) in adapters.items():
+                pipeline.load_lora_weights(source, adapter_name=slot)
+            pipeline.set_adapters(list(adapters), [scale for _, scale in adapters.values()])
         pipeline.set_progress_bar_config(disable=True)
-        for slot, (source, _) in adapters.items():
-            pipeline.load_lora_weights(source, adapter_name=slot)
-        pipeline.set_adapters(list(adapters), [scale for _, scale in adapters.values()])
         references[task] = pipeline
 
     def way(label: str, task: str, seed: int):
         keywords, arguments = task_inputs(family, task, height, width, args.images, args.strength)
         if label == "diffusers":
             generators = [torch.Generator().manual_seed(seed + i) for i in range(args.images)]
+            # SDXL's image-to-image pipeline takes no size (it denoises at the input's: made at the size served).
+            takes_size = "height" in inspect.signature(type(references[task]).__call__).parameters
             return lambda: references[task](prompt=PROMPT, num_images_per_prompt=args.images, generator=generators,
-                                            num_inference_steps=args.steps, height=height, width=width,
-                                            guidance_scale=guidance, **arguments)
+                                            num_inference_steps=args.steps, guidance_scale=guidance,
+                                            **({"height": height, "width": width} if takes_size else {}), **arguments)
         engine = engines[label]
         return lambda: engine.generate(PROMPT, adapters=adapters, num_images=args.images,
                                        num_inference_steps=args.steps, seed=seed, **keywords)
 
-    labels = ("diffusers", "hotlora eager", "hotlora compiled")
-    runs = {task: {label: [] for label in labels} for task in TASKS}
-    for task in TASKS:  # one untimed request each: first-call costs (allocations, lazy imports) out of the figures
+    labels = ("diffusers", *engines)
+    runs = {task: {label: [] for label in labels} for task in tasks}
+    for task in tasks:  # one untimed request each: first-call costs (allocations, lazy imports) out of the figures
         for label in labels:
             way(label, task, 0)()
     # The ways take turns request by request (a shared machine's load then falls on all of them alike),
     # in an order that alternates each round.
     for round_ in range(args.rounds):
         order = labels if round_ % 2 == 0 else tuple(reversed(labels))
-        for task in TASKS:
+        for task in tasks:
             for i in range(args.requests):
                 for label in order:
                     call = way(label, task, 1 + i)
@@ -231,30 +267,33 @@ def main() -> None:
 
     recompiles = engines["hotlora compiled"].recompiles
     rows, speed = [], {}
-    for task in TASKS:
+    for task in tasks:
         median = {label: statistics.median(runs[task][label]) for label in labels}
         speed[task] = {"median_ms": median, "runs_ms": runs[task]}
         base = median["diffusers"]
+        eager = median.get("hotlora eager")
         rows.append([task, type(engines["hotlora compiled"].warm.task_pipelines[task]).__name__, round(base, 1),
-                     round(median["hotlora eager"], 1), f"{base / median['hotlora eager']:.2f}x",
+                     "-" if eager is None else round(eager, 1), "-" if eager is None else f"{base / eager:.2f}x",
                      round(median["hotlora compiled"], 1), f"{base / median['hotlora compiled']:.2f}x"])
-    memory, memory_data = memory_rows(engines["hotlora compiled"], model, not args.no_full_size)
+    memory, memory_data = memory_rows(engines["hotlora compiled"], model, not args.no_full_size) if args.model is None \
+        else ([], {})
     table = (markdown_table(["task", "pipeline", "diffusers (ms/request)", "hotlora eager (ms)", "speedup",
                              "hotlora compiled (ms)", "speedup"], rows)
              + f"\n\nRecompiles of the compiled engine after warm-up, over every task: {recompiles}.\n\n"
-             + markdown_table(["model", "task pipeline", "from_pipe: bytes not shared with the warm pipeline",
-                               "a second from_pretrained pipeline: bytes",
-                               "the warm pipeline after a plain from_pipe (no torch_dtype)"], memory))
-    description = (f"Tiny Flux {width}x{height}, float32, {args.images} images x {args.steps} steps per request "
+             + (markdown_table(["model", "task pipeline", "from_pipe: bytes not shared with the warm pipeline",
+                                "a second from_pretrained pipeline: bytes",
+                                "the warm pipeline after a plain from_pipe (no torch_dtype)"], memory) if memory else ""))
+    shown = "Tiny Flux" if args.model is None else f"{family.name} from {model}"
+    description = (f"{shown} {width}x{height}, {args.dtype}, {args.images} images x {args.steps} steps per request "
                    f"(image-to-image and inpaint at strength {args.strength}: fewer steps run), both slots filled; "
                    f"{args.requests} requests x {args.rounds} rounds per task and way (after one untimed request), "
                    "the ways taking turns request by request, orders alternating; median ms per request. diffusers: the task's own pipeline, "
                    "from_pretrained, load_lora_weights x2 + set_adapters, eager. hotlora: one warm engine serving "
-                   "all four tasks (from_pipe). Speedup = diffusers ms / hotlora ms. Memory: parameters and "
+                   f"every task ({', '.join(tasks)}; from_pipe). Speedup = diffusers ms / hotlora ms. Memory: parameters and "
                    "buffers; the full-size rows are the published architectures built on the meta device. The "
                    "last column: diffusers' from_pipe without torch_dtype casts the pipeline it makes, the shared "
                    "modules included, to float32 (what the engine's shared_pipeline prevents).")
-    write_results(args.out, "tasks", {"args": {k: str(v) for k, v in vars(args).items()}, "speed": speed,
+    write_results(args.out, args.name, {"args": {k: str(v) for k, v in vars(args).items()}, "speed": speed,
                                       "recompiles": recompiles, "memory": memory_data}, table, description)
 
 

@@ -61,3 +61,33 @@ def test_serve_sees_a_hash_of_the_identity_never_its_url(tmp_path):
     assert recording.model_ids == [reference_id(PRESIGNED)]
     assert "5ecret5ig" not in recording.model_ids[0] and len(recording.model_ids[0]) == 32
     assert recording.forwarded[0].identity == PRESIGNED  # the replica fetches by the reference itself
+
+
+def test_a_multipart_edit_carries_its_identity_as_the_affinity_key(tmp_path):
+    """``openai.images.edit`` sends a multipart form, its ``extra_body`` flattened into bracketed
+    fields: the ingress reads the identity from ``adapters[identity][ref]`` (and the model from the
+    form's ``model``) and forwards the body as it came."""
+    import httpx
+    from starlette.requests import Request
+
+    config = RayServeConfig.from_dict({"models": {"flux": {"model": "org/flux"}, "sdxl": {"model": "org/sdxl"}}},
+                                      ServerConfig(), StoreConfig(cache_dir=tmp_path))
+    handles = {"flux": RecordingHandle(), "sdxl": RecordingHandle()}
+    ingress = Ingress.func_or_class(handles, config)
+    made = httpx.Request("POST", "http://ingress/v1/images/edits", files=[("image", ("a.png", b"\x89PNG...", "image/png"))],
+                         data={"prompt": "x", "model": "sdxl", "adapters[identity][ref]": PRESIGNED,
+                               "adapters[identity][scale]": "0.8", "adapters[style]": "watercolor"})
+    body = made.read()
+
+    async def call():
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/images/edits", "query_string": b"",
+                 "headers": [(k.lower().encode(), v.encode()) for k, v in made.headers.items()]}
+        return await ingress(Request(scope, receive))
+
+    response = asyncio.run(call())
+    assert response.status_code == 200
+    assert handles["sdxl"].model_ids == [reference_id(PRESIGNED)] and not handles["flux"].forwarded
+    assert handles["sdxl"].forwarded[0].identity == PRESIGNED and handles["sdxl"].forwarded[0].body == body

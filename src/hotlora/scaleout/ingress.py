@@ -22,8 +22,9 @@ from hotlora.adapters.store.references import reference_id
 from hotlora.scaleout.config import RayServeConfig
 from hotlora.scaleout.replica import ForwardedReply, ForwardedRequest
 from hotlora.scaleout.routing import ATTEMPTS_HEADER, Route, route
-from hotlora.errors import HotloraError, ModelsOverloaded, ReplicasUnavailable
+from hotlora.errors import HotloraError, InvalidRequest, ModelsOverloaded, ReplicasUnavailable
 from hotlora.server.errors import error_reply, is_openai
+from hotlora.server.schemas import MAX_FORM_FIELDS, MAX_INPUT_IMAGES, place
 
 log = logging.getLogger(__name__)
 # A replica process that died (killed, OOM, node lost) under a request, or one Serve already
@@ -48,7 +49,7 @@ class Ingress:
         body = await request.body()
         try:
             chosen = route(request.method, path, request.query_params, request.headers, body, self.table,
-                           self.config.default_model, self.identity_slot)
+                           self.config.default_model, self.identity_slot, form=await _form_fields(request))
             forwarded = ForwardedRequest(request.method, path, request.url.query, list(request.headers.items()),
                                          chosen.body, identity=chosen.identity)
             reply, attempts = await self._forward(chosen, forwarded)
@@ -88,6 +89,30 @@ class Ingress:
                     await asyncio.sleep(config.retry_backoff_s * attempt)
         raise ReplicasUnavailable(f"model {chosen.deployment!r}: the replica died under the request "
                                   f"{config.max_attempts} times ({'; '.join(problems)})")
+
+
+async def _form_fields(request: Request) -> dict | None:
+    """A multipart POST's text fields nested (``adapters[identity][ref]``), for the affinity key; None
+    for any other body. Files are not kept; a form the server would refuse is the replica's to answer
+    (its fields are then read as far as they go)."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if request.method != "POST" or media != "multipart/form-data":
+        return None
+    fields: dict = {}
+    try:
+        form = await request.form(max_files=MAX_INPUT_IMAGES + 1, max_fields=MAX_FORM_FIELDS)
+    except Exception:  # noqa: BLE001 - starlette's parse errors vary; the replica parses and answers again
+        return fields
+    try:
+        for key, value in form.multi_items():
+            if isinstance(value, str):
+                try:
+                    place(fields, key, value)
+                except InvalidRequest:
+                    continue
+    finally:
+        await form.close()
+    return fields
 
 
 async def _result(response):

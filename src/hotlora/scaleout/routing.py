@@ -42,12 +42,15 @@ class Route:
 
 
 def route(method: str, path: str, query: Mapping[str, str], headers: Mapping[str, str], body: bytes,
-          table: Mapping[str, str], default: str, identity_slot: Mapping[str, str]) -> Route:
+          table: Mapping[str, str], default: str, identity_slot: Mapping[str, str],
+          form: Mapping | None = None) -> Route:
     """Pick the deployment (path ``/models/{id}``, body ``model``, header, query ``model``, else the
-    default) and read the identity adapter. Raises RequestError for what no replica could serve."""
+    default) and read the identity adapter. ``form``: a multipart body's text fields, nested as the
+    server nests them (``schemas.place``; the OpenAI edits route, as the openai client sends it),
+    read like a JSON body's. Raises RequestError for what no replica could serve."""
     _refuse_jobs(method, path, headers)
-    data = _json_body(path, headers, body) if method == "POST" else None
-    model_id = _model_id(path, query, headers, data)
+    data = _json_body(path, headers, body) if method == "POST" and form is None else None
+    model_id = _model_id(path, query, headers, data if form is None else form)
     if model_id is None:
         deployment = default
     elif model_id in table:
@@ -60,7 +63,7 @@ def route(method: str, path: str, query: Mapping[str, str], headers: Mapping[str
     if data is not None and path in SCHEMAS:
         _validate(SCHEMAS[path], data)
     slot = identity_slot[deployment]
-    return Route(deployment, _identity(path, headers, data, slot), body)
+    return Route(deployment, _identity(path, headers, data if form is None else form, slot), body)
 
 
 def _refuse_jobs(method: str, path: str, headers: Mapping[str, str]) -> None:

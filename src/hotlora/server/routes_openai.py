@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import base64
-import json
-import re
 import time
 
 from fastapi import APIRouter, Depends, Request
@@ -17,13 +15,10 @@ from starlette.datastructures import UploadFile
 from hotlora.errors import InvalidRequest, UnsupportedMediaType
 from hotlora.server.errors import validation_error
 from hotlora.server.inputs import ImageInput
-from hotlora.server.schemas import MAX_INPUT_IMAGES, OpenAIEditsRequest, OpenAIImagesRequest
+from hotlora.server.schemas import MAX_FORM_FIELDS, MAX_INPUT_IMAGES, OpenAIEditsRequest, OpenAIImagesRequest, place
 from hotlora.server.service import Generated, Service, result_headers
 
 IMAGE_FIELDS = ("image", "image[]")  # the openai client names a list of files "image[]"
-MAX_FORM_FIELDS = 64
-# A bracketed form key as the openai client flattens ``extra_body``: adapters[identity][scale].
-FORM_KEY = re.compile(r"^(?P<name>[^\[\]]+)(?P<path>(?:\[[^\[\]]*\])*)$")
 
 
 def openai_routes(service: Service) -> APIRouter:
@@ -97,26 +92,3 @@ async def edit_form(form) -> tuple[dict, list[ImageInput], ImageInput | None]:
             raise InvalidRequest(f"form field {key!r} must be a file (an image upload), not text")
         place(fields, key, value)
     return fields, images, mask
-
-
-def place(fields: dict, key: str, value: str) -> None:
-    """``adapters[identity][ref]=x`` as ``fields["adapters"]["identity"]["ref"] = "x"``."""
-    match = FORM_KEY.match(key)
-    if match is None:
-        raise InvalidRequest(f"form field name {key[:80]!r} is malformed")
-    path = [match.group("name"), *re.findall(r"\[([^\[\]]*)\]", match.group("path"))]
-    if path[-1] == "":
-        raise InvalidRequest(f"form field {key[:80]!r}: lists are taken for image files only")
-    if len(path) == 1 and value.lstrip().startswith("{"):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise InvalidRequest(f"form field {key!r} starts like a JSON object but is not one") from None
-    target = fields
-    for name in path[:-1]:
-        target = target.setdefault(name, {})
-        if not isinstance(target, dict):
-            raise InvalidRequest(f"form field {key[:80]!r} conflicts with another field of the form")
-    if path[-1] in target:
-        raise InvalidRequest(f"form field {key[:80]!r} is given twice")
-    target[path[-1]] = value

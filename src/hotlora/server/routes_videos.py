@@ -28,8 +28,7 @@ from hotlora.server.access import public_model_id
 from hotlora.server.errors import validation_error
 from hotlora.server.jobs import Jobs
 from hotlora.server.jobstore import JobRecord, video_object
-from hotlora.server.routes_openai import MAX_FORM_FIELDS, place
-from hotlora.server.schemas import OpenAIVideosRequest
+from hotlora.server.schemas import MAX_FORM_FIELDS, OpenAIVideosRequest, place
 
 POLL_AFTER_MS = 500  # the openai client's poll helper waits this long between polls (else 1 s)
 

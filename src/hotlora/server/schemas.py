@@ -4,6 +4,8 @@ import no torch, so neither does this module (the Ray ingress validates bodies w
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -236,6 +238,34 @@ class OpenAIVideosRequest(SizedRequest):
                                  negative_prompt=self.negative_prompt, num_frames=num_frames,
                                  guidance_scale=self.guidance_scale, guidance_scale_2=self.guidance_scale_2,
                                  shift=self.shift)
+
+
+MAX_FORM_FIELDS = 64
+# A bracketed form key as the openai client flattens ``extra_body``: adapters[identity][scale].
+FORM_KEY = re.compile(r"^(?P<name>[^\[\]]+)(?P<path>(?:\[[^\[\]]*\])*)$")
+
+
+def place(fields: dict, key: str, value: str) -> None:
+    """``adapters[identity][ref]=x`` as ``fields["adapters"]["identity"]["ref"] = "x"``."""
+    match = FORM_KEY.match(key)
+    if match is None:
+        raise InvalidRequest(f"form field name {key[:80]!r} is malformed")
+    path = [match.group("name"), *re.findall(r"\[([^\[\]]*)\]", match.group("path"))]
+    if path[-1] == "":
+        raise InvalidRequest(f"form field {key[:80]!r}: lists are taken for image files only")
+    if len(path) == 1 and value.lstrip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InvalidRequest(f"form field {key!r} starts like a JSON object but is not one") from None
+    target = fields
+    for name in path[:-1]:
+        target = target.setdefault(name, {})
+        if not isinstance(target, dict):
+            raise InvalidRequest(f"form field {key[:80]!r} conflicts with another field of the form")
+    if path[-1] in target:
+        raise InvalidRequest(f"form field {key[:80]!r} is given twice")
+    target[path[-1]] = value
 
 
 def prefers_async(prefer_values) -> bool:
