@@ -225,9 +225,9 @@ def main() -> None:
         if args.model is not None and task != "text-to-image":
             # A full-size model: the task's pipeline shares the text-to-image one's weights and LoRA layers
             # (from_pipe, as diffusers documents it for this), instead of a copy of every weight each.
-            pipeline = getattr(diffusers, name).from_pipe(references["text-to-image"], torch_dtype=dtype)
+            pipeline = getattr(diffusers, name).from_pipe(references["text-to-image"], dtype=dtype)
         else:
-            pipeline = getattr(diffusers, name).from_pretrained(str(model), local_files_only=True, torch_dtype=dtype)
+            pipeline = getattr(diffusers, name).from_pretrained(str(model), local_files_only=True, dtype=dtype)
             for slot, (source, _) in adapters.items():
                 pipeline.load_lora_weights(source, adapter_name=slot)
             pipeline.set_adapters(list(adapters), [scale for _, scale in adapters.values()])
@@ -284,15 +284,19 @@ def main() -> None:
                                 "a second from_pretrained pipeline: bytes",
                                 "the warm pipeline after a plain from_pipe (no torch_dtype)"], memory) if memory else ""))
     shown = "Tiny Flux" if args.model is None else f"{family.name} from {model}"
+    made = ("the text-to-image pipeline from_pretrained with load_lora_weights x2 + set_adapters, the task "
+            "pipelines from_pipe of it (adapters shared)" if args.model else
+            "the task's own pipeline, from_pretrained, load_lora_weights x2 + set_adapters")
+    memory_text = ("" if args.model else " Memory: parameters and buffers; the full-size rows are the published "
+                   "architectures built on the meta device. The last column: diffusers' from_pipe without "
+                   "torch_dtype casts the pipeline it makes, the shared modules included, to float32 (what the "
+                   "engine's shared_pipeline prevents).")
     description = (f"{shown} {width}x{height}, {args.dtype}, {args.images} images x {args.steps} steps per request "
-                   f"(image-to-image and inpaint at strength {args.strength}: fewer steps run), both slots filled; "
-                   f"{args.requests} requests x {args.rounds} rounds per task and way (after one untimed request), "
-                   "the ways taking turns request by request, orders alternating; median ms per request. diffusers: the task's own pipeline, "
-                   "from_pretrained, load_lora_weights x2 + set_adapters, eager. hotlora: one warm engine serving "
-                   f"every task ({', '.join(tasks)}; from_pipe). Speedup = diffusers ms / hotlora ms. Memory: parameters and "
-                   "buffers; the full-size rows are the published architectures built on the meta device. The "
-                   "last column: diffusers' from_pipe without torch_dtype casts the pipeline it makes, the shared "
-                   "modules included, to float32 (what the engine's shared_pipeline prevents).")
+                   f"(image-to-image and inpaint at strength {args.strength}: fewer steps run), both slots filled "
+                   f"(target rank {args.target_rank}); {args.requests} requests x {args.rounds} rounds per task and "
+                   "way (after one untimed request), the ways taking turns request by request, orders alternating; "
+                   f"median ms per request. diffusers: {made}, eager. hotlora: one warm engine serving every task "
+                   f"({', '.join(tasks)}; from_pipe). Speedup = diffusers ms / hotlora ms.{memory_text}")
     write_results(args.out, args.name, {"args": {k: str(v) for k, v in vars(args).items()}, "speed": speed,
                                       "recompiles": recompiles, "memory": memory_data}, table, description)
 
