@@ -91,3 +91,41 @@ def test_a_multipart_edit_carries_its_identity_as_the_affinity_key(tmp_path):
     assert response.status_code == 200
     assert handles["sdxl"].model_ids == [reference_id(PRESIGNED)] and not handles["flux"].forwarded
     assert handles["sdxl"].forwarded[0].identity == PRESIGNED and handles["sdxl"].forwarded[0].body == body
+
+
+def test_a_body_over_every_models_cap_is_refused_at_the_ingress(tmp_path):
+    """The ingress reads a body before it knows the model: past the largest cap of the models it serves
+    (``max_body_bytes`` here; more on a server with image tasks) it answers 413 and forwards nothing,
+    by the declared length before reading, or as the body arrives when none is declared."""
+    from starlette.requests import Request
+
+    config = RayServeConfig.from_dict({"models": {"flux": {"model": "org/flux", "server": {"max_body_bytes": 4096}},
+                                                  "sdxl": {"model": "org/sdxl", "server": {"max_body_bytes": 8192}}}},
+                                      ServerConfig(), StoreConfig(cache_dir=tmp_path))
+    handles = {"flux": RecordingHandle(), "sdxl": RecordingHandle()}
+    ingress = Ingress.func_or_class(handles, config)
+
+    def call(size: int, declared: bool):
+        body = json.dumps({"prompt": "x" * size}).encode()
+        chunks = [body[i:i + 1000] for i in range(0, len(body), 1000)]
+
+        async def run():
+            async def receive():
+                chunk = chunks.pop(0)
+                return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+
+            headers = [(b"content-type", b"application/json")]
+            if declared:
+                headers.append((b"content-length", str(len(body)).encode()))
+            scope = {"type": "http", "method": "POST", "path": "/v1/generate", "query_string": b"", "headers": headers}
+            return await ingress(Request(scope, receive))
+
+        return asyncio.run(run())
+
+    for declared in (True, False):
+        refused = call(9000, declared)
+        assert refused.status_code == 413, refused.body
+        assert b"8192-byte limit" in refused.body
+    assert not handles["flux"].forwarded and not handles["sdxl"].forwarded
+    assert call(6000, declared=False).status_code == 200  # over flux's cap, under sdxl's: the replica decides
+    assert len(handles["flux"].forwarded) == 1

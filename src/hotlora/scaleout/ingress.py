@@ -22,8 +22,9 @@ from hotlora.adapters.store.references import reference_id
 from hotlora.scaleout.config import RayServeConfig
 from hotlora.scaleout.replica import ForwardedReply, ForwardedRequest
 from hotlora.scaleout.routing import ATTEMPTS_HEADER, Route, route
-from hotlora.errors import HotloraError, InvalidRequest, ModelsOverloaded, ReplicasUnavailable
+from hotlora.errors import HotloraError, InvalidRequest, ModelsOverloaded, ReplicasUnavailable, RequestTooLarge
 from hotlora.server.errors import error_reply, is_openai
+from hotlora.server.middleware import body_limits, too_large
 from hotlora.server.schemas import MAX_FORM_FIELDS, MAX_INPUT_IMAGES, place
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class Ingress:
         self.config = config
         self.table = config.routing_table()
         self.identity_slot = {name: spec.server.lora_header_slot for name, spec in config.models.items()}
+        # Each model's server caps bodies per path; here, before the model is known, the largest of them.
+        self.body_limits = [body_limits(spec.server) for spec in config.models.values()]
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
@@ -46,10 +49,10 @@ class Ingress:
             return JSONResponse({"status": "alive"})
         if request.method == "GET" and path == "/v1/models":
             return JSONResponse({"default": self.config.default_model, "routes": self.table})
-        body = await request.body()
         try:
+            body = await _bounded_body(request, max(limit_of(path) for limit_of in self.body_limits))
             chosen = route(request.method, path, request.query_params, request.headers, body, self.table,
-                           self.config.default_model, self.identity_slot, form=await _form_fields(request))
+                           self.config.default_model, self.identity_slot, form=await _form_fields(request, body))
             forwarded = ForwardedRequest(request.method, path, request.url.query, list(request.headers.items()),
                                          chosen.body, identity=chosen.identity)
             reply, attempts = await self._forward(chosen, forwarded)
@@ -91,16 +94,35 @@ class Ingress:
                                   f"{config.max_attempts} times ({'; '.join(problems)})")
 
 
-async def _form_fields(request: Request) -> dict | None:
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    """The body, refused (RequestTooLarge, 413) past ``limit`` bytes: by its declared length before a
+    byte is read, else as soon as what arrived passes it. The replica caps it again (BodyLimit)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestTooLarge(too_large(int(declared), limit))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLarge(too_large(size, limit, at_least=True))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _form_fields(request: Request, body: bytes) -> dict | None:
     """A multipart POST's text fields nested (``adapters[identity][ref]``), for the affinity key; None
     for any other body. Files are not kept; a form the server would refuse is the replica's to answer
     (its fields are then read as far as they go)."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if request.method != "POST" or media != "multipart/form-data":
         return None
+
+    async def replay():  # the body was read already: the form parser reads it again from here
+        return {"type": "http.request", "body": body, "more_body": False}
+
     fields: dict = {}
     try:
-        form = await request.form(max_files=MAX_INPUT_IMAGES + 1, max_fields=MAX_FORM_FIELDS)
+        form = await Request(request.scope, replay).form(max_files=MAX_INPUT_IMAGES + 1, max_fields=MAX_FORM_FIELDS)
     except Exception:  # noqa: BLE001 - starlette's parse errors vary; the replica parses and answers again
         return fields
     try:

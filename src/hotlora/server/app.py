@@ -21,7 +21,7 @@ from hotlora.engine.worker import Worker
 from hotlora.server.handlers import error_response, install_error_handlers
 from hotlora.server.jobs import Jobs, JobStore
 from hotlora.server.logs import redact_url_logs
-from hotlora.server.middleware import BodyLimit, CountRequests, browser_guards
+from hotlora.server.middleware import BodyLimit, CountRequests, body_limits, browser_guards
 from hotlora.server.routes_admin import admin_routes
 from hotlora.server.routes_inference import inference_routes
 from hotlora.server.routes_jobs import jobs_routes
@@ -60,21 +60,6 @@ def create_app(serving: Serving, config: ServerConfig, *, start_worker: bool = T
                    inference_routes(service), openai_routes(service), videos_routes(jobs)):
         app.include_router(router)
     return app
-
-
-# The routes a request's input images arrive on (base64 in JSON, or a multipart upload).
-IMAGE_ROUTES = ("/", "/v1/generate", "/v1/generate/stream", "/v1/images/edits")
-
-
-def body_limits(config: ServerConfig):
-    """The body cap per path: ``max_body_bytes``, and on the generation routes of an engine that
-    serves tasks with input images, room for as many images as a request may give (references or
-    an image, and a mask), each ``input_image_max_bytes`` as base64, beside the rest of the body."""
-    if tuple(config.tasks) == ("text-to-image",):
-        return None
-    images = max(config.max_reference_images, 1) + 1
-    larger = config.max_body_bytes + images * (config.input_image_max_bytes * 4 // 3 + 4096)
-    return lambda path: larger if path in IMAGE_ROUTES or path.startswith("/models/") else config.max_body_bytes
 
 
 def _lifespan(service: Service, jobs: Jobs, start_worker: bool):

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from hotlora.errors import BodyTimeout, CrossOriginRefused, RequestTooLarge
 from hotlora.server.auth import is_loopback
 from hotlora.server.errors import is_openai
+from hotlora.settings import ServerConfig
 
 BODY_METHODS = {"POST", "PUT", "PATCH"}
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
@@ -63,6 +64,21 @@ class CountRequests:
                                          time.monotonic() - began)
 
 
+# The routes a request's input images arrive on (base64 in JSON, or a multipart upload).
+IMAGE_ROUTES = ("/", "/v1/generate", "/v1/generate/stream", "/v1/images/edits")
+
+
+def body_limits(config: ServerConfig):
+    """The body cap per path: ``max_body_bytes``, and on the generation routes of an engine that
+    serves tasks with input images, room for as many images as a request may give (references or
+    an image, and a mask), each ``input_image_max_bytes`` as base64, beside the rest of the body."""
+    if tuple(config.tasks) == ("text-to-image",):
+        return lambda path: config.max_body_bytes
+    images = max(config.max_reference_images, 1) + 1
+    larger = config.max_body_bytes + images * (config.input_image_max_bytes * 4 // 3 + 4096)
+    return lambda path: larger if path in IMAGE_ROUTES or path.startswith("/models/") else config.max_body_bytes
+
+
 class BodyLimit:
     """Read the body (bounded in size and time) before the app does, then replay it. ``limit_of``:
     the cap for a path when some paths take more (the generation routes of an engine serving
@@ -83,7 +99,7 @@ class BodyLimit:
         limit = self.limit_of(scope.get("path", ""))
         declared = dict(scope.get("headers") or []).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            return await self._answer(RequestTooLarge(_too_large(int(declared), limit)), openai, scope, receive, send)
+            return await self._answer(RequestTooLarge(too_large(int(declared), limit)), openai, scope, receive, send)
         try:
             body, disconnected = await asyncio.wait_for(self._read(receive, limit), self.deadline_s)
         except RequestTooLarge as exc:
@@ -113,7 +129,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise RequestTooLarge(_too_large(size, limit, at_least=True))
+                raise RequestTooLarge(too_large(size, limit, at_least=True))
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks), False
@@ -124,7 +140,7 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
-def _too_large(size: int, limit: int, at_least: bool = False) -> str:
+def too_large(size: int, limit: int, at_least: bool = False) -> str:
     return f"request body of {'at least ' if at_least else ''}{size} bytes exceeds the {limit}-byte limit"
 
 
