@@ -400,9 +400,8 @@ class RequestRules:
 
     def _guidance(self, guidance, guidance_2) -> list[str]:
         """``guidance_scale`` in 0..50, and the low-noise expert's (``guidance_scale_2``): taken with two
-        experts; a number like ``guidance_scale``; above 1 only with ``guidance_scale`` above 1, since
-        ``WanPipeline`` runs the unconditional pass for both experts only then (it would otherwise be
-        ignored without a word)."""
+        experts; a number like ``guidance_scale``; then as the family's pipeline reads the pair
+        (``ModelFamily.second_guidance_problems``)."""
         if not (isinstance(guidance, (int, float)) and math.isfinite(guidance) and 0 <= guidance <= 50):
             return ["guidance_scale must be a finite number in 0..50"]
         if guidance_2 is None:
@@ -413,10 +412,7 @@ class RequestRules:
         if isinstance(guidance_2, bool) or not isinstance(guidance_2, (int, float)) \
                 or not (math.isfinite(guidance_2) and 0 <= guidance_2 <= 50):
             return ["guidance_scale_2 must be a finite number in 0..50"]
-        if guidance_2 > 1 and guidance <= 1:
-            return [f"guidance_scale_2 {guidance_2:g} needs guidance_scale above 1 (got {guidance:g}): the pipeline "
-                    "runs classifier-free guidance for either expert only when guidance_scale > 1"]
-        return []
+        return self.family.second_guidance_problems(guidance, guidance_2)
 
     def _bound_work(self, height: int, width: int, num_images: int, steps: int, frames: int | None) -> None:
         """RequestTooLarge past ``max_work`` pixel-steps (a video's every frame counted)."""

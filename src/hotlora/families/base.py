@@ -321,6 +321,11 @@ class ModelFamily:
         at guidance 1 runs a batch half as big."""
         return [default, *([1.0] if self.cfg == "batch" and default != 1.0 else [])]
 
+    def second_guidance_problems(self, guidance_scale: float, guidance_scale_2: float) -> list[str]:
+        """What is wrong with a second expert's guidance beside ``guidance_scale``, as the family's
+        pipeline reads the pair (both already numbers in range; only a model of two experts asks)."""
+        return []
+
     def call_arguments(self, guidance_scale: float) -> dict[str, Any]:
         """The pipeline's keyword arguments for hotlora's one ``guidance_scale`` (plus any option the
         family fixes): Qwen-Image takes it as ``true_cfg_scale``, most as ``guidance_scale``. The

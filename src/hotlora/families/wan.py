@@ -108,6 +108,15 @@ class Wan(ModelFamily):
         raise ValueError(f"no warm-up of {steps} to {steps + 63} steps reaches both experts "
                          f"(boundary_ratio={pipeline.config.boundary_ratio})")
 
+    def second_guidance_problems(self, guidance_scale: float, guidance_scale_2: float) -> list[str]:
+        """``WanPipeline.do_classifier_free_guidance`` reads ``guidance_scale`` alone: at 1 or below
+        neither expert runs the unconditional pass, so a low-noise guidance above 1 would be ignored
+        without a word."""
+        if guidance_scale_2 > 1 and guidance_scale <= 1:
+            return [f"guidance_scale_2 {guidance_scale_2:g} needs guidance_scale above 1 (got {guidance_scale:g}): "
+                    "the pipeline runs classifier-free guidance for either expert only when guidance_scale > 1"]
+        return []
+
     def vae_scale_factor(self, pipeline) -> int:
         """WanPipeline has no ``vae_scale_factor``: its spatial factor (the temporal one is 4)."""
         return pipeline.vae_scale_factor_spatial
