@@ -189,7 +189,7 @@ for row in report.get("fused_kept_rows", []):
           f"{row.get('auto_serves')}, prepare {row.get('prepare_ms')} ms, swap fused {row.get('fused_swap_ms')} / "
           f"slots {row.get('slots_swap_ms')} ms, output effect fused vs unfused {row.get('effect_fused_vs_unfused')}")
 for key, value in report.items():
-    if key.startswith(("skipped_", "error_")) or key == "killed":
+    if key.startswith(("skipped_", "error_")) or key in ("killed", "running"):
         print(f"  {key}: {str(value).splitlines()[-1] if value else value}")
 EOF
 }

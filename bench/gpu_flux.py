@@ -63,6 +63,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import signal
 import statistics
@@ -273,6 +274,10 @@ def main() -> None:
                      "versions": versions, "order": order, "steps_done": [], "configs_done": []})
     data = report.data
     report.save()
+    # The engine's own progress (quantization, each warm-up pass) in the log, and the running row's stage
+    # in the results ("running"): where a row's time went when the time limit cuts it before its figures.
+    logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("hotlora").setLevel(logging.INFO)
 
     def on_term(signum, frame):  # `timeout` in bench/device.sh: say so in the file, then stop
         data["killed"] = f"signal {signum} after {time.monotonic() - report.began:.0f} s (hard time limit)"
@@ -347,6 +352,7 @@ def main() -> None:
                 torch.cuda.reset_peak_memory_stats()
             sync()
             began = time.monotonic()
+            report.save("running", {"row": label, "stage": "build"})
             pipeline = (build_full_wan(args.layers, args.device, args.heads, args.text_width) if wan else
                         build_full_flux(args.layers, args.single_layers, args.device, args.heads, args.text_width))
             pipeline.set_progress_bar_config(disable=True)
@@ -358,6 +364,7 @@ def main() -> None:
                 continue
             sync()
             began = time.monotonic()
+            report.save("running", {"row": label, "stage": "engine start (quantize, warm-up)", "build_s": row["build_s"]})
             engine = Engine(pipeline, family, **{"target_rank": args.rank, "batch_size": args.pack, "height": args.height,
                                                  "width": args.width, "compile": not args.no_compile,
                                                  **({"frames": (args.frames,)} if wan else {}), **options})
@@ -372,6 +379,7 @@ def main() -> None:
                 row["restore"] = engine.describe()["restore"]
             finite = record_finite()
             data["configs_done"].append(label)
+            data.pop("running", None)
             report.save(label, row)  # built and warm: already worth keeping
             if label == "fused_kept":
                 row_ends[0] = row_began + share
@@ -419,6 +427,8 @@ def main() -> None:
                 data["configs_done"].append(label)
             report.save(label, row)
         finally:
+            if data.pop("running", None) is not None:  # a skipped or failed row says why in its own key
+                report.save(quiet=True)
             del engine, pipeline, request
             gc.collect()
             if torch.cuda.is_available():

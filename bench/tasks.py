@@ -1,13 +1,14 @@
 """Tasks on one warm denoiser against plain diffusers' variant pipelines, and the memory ``from_pipe`` saves.
 
 Usage: .venv/bin/python bench/tasks.py [--images 3] [--steps 4] [--requests 4] [--rounds 2] [--strength 0.6]
-                                       [--no-full-size] [--out bench/results]
+                                       [--no-full-size] [--out bench/results] [--tasks text-to-image,edit]
                                        [--model DIR --dtype bfloat16 --size 256 --target-rank 128
                                         --identity REF --style REF --name tasks-sdxl-full]
 
 Real width (``--model``): the speed rows on another model's tasks, e.g. the full-size SDXL architecture
 (``python -m hotlora.fullsize.sdxl build .cache/fullsize/sdxl``, random weights, with the kohya rank-32
-and diffusers rank-128 adapters bench/served.py uses), its text-to-image, image-to-image and inpaint::
+and diffusers rank-128 adapters bench/served.py uses), its text-to-image, image-to-image and inpaint
+(the edit task's real-width rows: FLUX.1's transformer at its width with fewer blocks, bench/flux_width.py)::
 
     .venv/bin/python bench/tasks.py --model .cache/fullsize/sdxl --dtype bfloat16 --size 256 --images 1 \
         --steps 4 --requests 3 --target-rank 128 --identity .cache/fullsize/sdxl/adapters/kohya-r32.safetensors \
@@ -191,6 +192,8 @@ def main() -> None:
     parser.add_argument("--identity", default=None, help="the identity slot's adapter (default: the model's sample)")
     parser.add_argument("--style", default=None, help="the style slot's adapter (default: the model's sample)")
     parser.add_argument("--name", default="tasks", help="results file name")
+    parser.add_argument("--tasks", default=None,
+                        help="comma-separated tasks to time (default: every task of the model's family)")
     parser.add_argument("--no-eager", action="store_true",
                         help="no eager engine (a full-size model's third copy of the weights)")
     args = parser.parse_args()
@@ -210,6 +213,12 @@ def main() -> None:
     from hotlora.families import family_of_model_index
 
     tasks = ("text-to-image", *family_of_model_index(model).task_pipelines)
+    if args.tasks:
+        unknown = set(args.tasks.split(",")) - set(tasks)
+        if unknown:
+            parser.error(f"--tasks: {', '.join(sorted(unknown))} not among this model's tasks ({', '.join(tasks)})")
+        # text-to-image stays first: the other tasks' diffusers pipelines are made from it.
+        tasks = tuple(t for t in tasks if t == "text-to-image" or t in args.tasks.split(","))
     size = {} if args.size is None else {"height": args.size, "width": args.size}
     engines = {label: Engine.from_pretrained(model, target_rank=args.target_rank, batch_size=args.images,
                                              compile=compiled, rank_buckets=(), tasks=tasks[1:], dtype=args.dtype,
@@ -283,7 +292,10 @@ def main() -> None:
              + (markdown_table(["model", "task pipeline", "from_pipe: bytes not shared with the warm pipeline",
                                 "a second from_pretrained pipeline: bytes",
                                 "the warm pipeline after a plain from_pipe (no torch_dtype)"], memory) if memory else ""))
-    shown = "Tiny Flux" if args.model is None else f"{family.name} from {model}"
+    denoiser = getattr(engines["hotlora compiled"].pipeline, family.denoiser)
+    shown = "Tiny Flux" if args.model is None else (
+        f"{family.name} from {model} ({type(denoiser).__name__}, "
+        f"{sum(p.numel() for p in denoiser.parameters()) / 1e9:.2f}B parameters)")
     made = ("the text-to-image pipeline from_pretrained with load_lora_weights x2 + set_adapters, the task "
             "pipelines from_pipe of it (adapters shared)" if args.model else
             "the task's own pipeline, from_pretrained, load_lora_weights x2 + set_adapters")
