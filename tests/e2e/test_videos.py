@@ -118,6 +118,10 @@ def test_the_same_request_makes_the_same_video_and_the_adapter_matters(served):
     other = made(adapters={"identity": "identity-diffusers"})
     assert np.array_equal(first, again)
     assert np.abs(first - other).mean() > 0.5
+    # No seconds (the API's default): the model's default frame count, its seconds in the video object.
+    default = videos.create_and_poll(prompt="a cat walking", size=SIZE, poll_interval_ms=100, extra_body=EXTRA)
+    assert default.status == "completed" and default.seconds == SECONDS
+    assert np.array_equal(decode(videos.download_content(default.id).read())[1].astype(int), first)
 
 
 def test_a_video_at_the_steps_its_adapter_declared_says_so(served, declared):
@@ -311,3 +315,31 @@ def test_a_request_sets_the_shift_and_the_low_noise_experts_guidance(two_experts
     with pytest.raises(openai.UnprocessableEntityError, match=r"shift must be a number in \(0, 100\]"):
         videos.create(prompt="a cat", seconds=SECONDS, size=SIZE, extra_body={**EXTRA, "shift": 0})
     assert {v.id for v in videos.list(limit=100).data} == before
+
+
+@pytest.mark.families
+def test_an_ltx_video_through_the_openai_client(tiny_models, tmp_path_factory, start_server):
+    """LTX-Video served as Wan is: the job made, polled and downloaded, an MP4 of the tiny model's
+    8k + 1 frames at LTX's 25 fps; seconds that make another count are a 422 before any job, as is one
+    step (its scheduler needs two)."""
+    family = FAMILIES["ltx"]
+    model = tiny_models["ltx"]
+    side = family.tiny_size
+    server = start_server(model, tmp_path_factory.mktemp("ltx-videos"), roots=(model / "adapters",),
+                          compile=False, batch_size=1, sizes=f"{side}x{side}")
+    videos = client(server).videos
+    seconds = f"{(family.tiny_frames - 1) / family.fps:g}"
+    extra = {"num_inference_steps": STEPS, "seed": 3, "adapters": {"style": "style-comfy.safetensors"}}
+    created = videos.create(prompt="a cat walking", seconds=seconds, size=f"{side}x{side}", extra_body=extra)
+    done = until_finished(videos, created.id)
+    assert done.status == "completed", done.error
+    (codec, rate, width, height), frames = decode(videos.download_content(created.id).read())
+    assert (codec, rate, width, height) == ("h264", Fraction(family.fps), side, side)
+    assert frames.shape == (family.tiny_frames, side, side, 3) and frames.std() > 1
+    with pytest.raises(openai.UnprocessableEntityError, match=rf"\(5 frames at 25 fps\) is not served; served: {seconds} "):
+        videos.create(prompt="a cat", seconds=f"{4 / family.fps:g}", size=f"{side}x{side}")
+    # No seconds: the default frame count, reported as its seconds.
+    default = videos.create(prompt="a cat", size=f"{side}x{side}", extra_body=extra)
+    assert default.seconds == seconds and until_finished(videos, default.id).status == "completed"
+    with pytest.raises(openai.UnprocessableEntityError, match=r"num_inference_steps must be an integer in 2\.\."):
+        videos.create(prompt="a cat", seconds=seconds, size=f"{side}x{side}", extra_body={"num_inference_steps": 1})

@@ -21,7 +21,7 @@ from hotlora.families import family_named
 from hotlora.errors import InvalidRequest
 from hotlora.testing import TINY_SIZE, controlled_lora, random_lora, save_diffusers_lora
 
-from ..helpers import TARGET_RANK, engine_reference, recompiles_are_errors, family_params
+from ..helpers import BF16_GAPS, TARGET_RANK, engine_reference, family_params, pipeline_output, recompiles_are_errors
 
 RANK = 16
 STEPS = 2
@@ -31,8 +31,9 @@ TOLERANCE = 1e-4  # float32 latents; compiled kernels reorder sums
 
 def call_kwargs(family):
     side = TINY_SIZE[family]
+    # A video family's tiny frame count (the engine's default from hotlora.json; the pipeline's own is 81 or 161).
     return {"num_inference_steps": STEPS, "guidance_scale": family_named(family).default_guidance, "height": side,
-            "width": side, "output_type": "latent"}
+            "width": side, "output_type": "latent", **family_named(family).tiny_defaults()}
 
 
 def latents(engine, family, path=None):
@@ -48,8 +49,11 @@ def effect(out, base, ref, ref_base):
 
 
 @pytest.mark.parametrize("family", family_params())
-def test_bf16_strong_adapter_fused_weak_adapter_through_slots(tiny_models, tmp_path, family):
+def test_bf16_strong_adapter_fused_weak_adapter_through_slots(tiny_models, tmp_path, family, request):
     from diffusers import DiffusionPipeline
+
+    if family in BF16_GAPS:
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=BF16_GAPS[family]))
 
     model_dir = tiny_models[family]
     pipelines = {dtype: DiffusionPipeline.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
@@ -69,7 +73,7 @@ def test_bf16_strong_adapter_fused_weak_adapter_through_slots(tiny_models, tmp_p
         out = pipeline(prompt=PROMPT, generator=[torch.Generator().manual_seed(0)], **call_kwargs(family))
         if path is not None:
             pipeline.unload_lora_weights()
-        return out.images.float().reshape(1, -1)
+        return pipeline_output(out).float().reshape(1, -1)
 
     for pipeline in pipelines.values():
         pipeline.set_progress_bar_config(disable=True)

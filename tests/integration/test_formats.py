@@ -21,6 +21,8 @@ SAMPLES = {
     # musubi-tuner's kohya names, ai-toolkit's ComfyUI-prefixed original Wan names, lightx2v's
     # (lora_down / lora_up under ComfyUI's prefix, with all-zero .diff norm patches).
     "wan": ["identity-diffusers", "style-diffusers", "style-musubi", "style-ai-toolkit", "style-lightx2v"],
+    # LTX-Video-Trainer: diffusers' names under ComfyUI's prefix.
+    "ltx": ["identity-diffusers", "style-diffusers", "style-comfy"],
 }
 # A sample's name -> the layout hotlora detects: ai-toolkit saves SD3 files in diffusers' key names,
 # and ComfyUI's prefix over diffusers' names is still diffusers' layout.

@@ -24,7 +24,7 @@ from hotlora.families import family_named
 from hotlora.errors import AdapterRejected
 from hotlora.testing import TINY_SIZE, controlled_lora, save_diffusers_lora
 
-from ..helpers import family_params
+from ..helpers import BF16_GAPS, family_params, pipeline_output
 
 RANK = 16
 MAGNITUDES = (0.001, 0.003, 0.01, 0.03)
@@ -50,8 +50,9 @@ def adapters(request, tiny_models, tmp_path_factory):
 
 def call_kwargs(family):
     side = TINY_SIZE[family]
+    # A video family's tiny frame count (the engine's default from hotlora.json; the pipeline's own is 81 or 161).
     return {"num_inference_steps": STEPS, "guidance_scale": family_named(family).default_guidance, "height": side,
-            "width": side, "output_type": "latent"}
+            "width": side, "output_type": "latent", **family_named(family).tiny_defaults()}
 
 
 def engine_latents(engine, family, path=None):
@@ -62,7 +63,7 @@ def engine_latents(engine, family, path=None):
 
 def pipeline_latents(pipeline, family):
     generator = [torch.Generator().manual_seed(0)]
-    return pipeline(prompt=PROMPT, generator=generator, **call_kwargs(family)).images.float().reshape(1, -1)
+    return pipeline_output(pipeline(prompt=PROMPT, generator=generator, **call_kwargs(family))).float().reshape(1, -1)
 
 
 def effect(out, base, ref, ref_base):
@@ -71,10 +72,12 @@ def effect(out, base, ref, ref_base):
     return float(got @ wanted / (wanted @ wanted)), float((got - wanted).norm() / wanted.norm())
 
 
-def test_slots_in_bf16_keep_what_plain_diffusers_unfused_keeps(adapters):
+def test_slots_in_bf16_keep_what_plain_diffusers_unfused_keeps(adapters, request):
     from diffusers import DiffusionPipeline
 
     family, model_dir, made = adapters
+    if family in BF16_GAPS:
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=BF16_GAPS[family]))
     pipelines = {dtype: DiffusionPipeline.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
                  for dtype in (torch.float32, torch.bfloat16)}
     for pipeline in pipelines.values():

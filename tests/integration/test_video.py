@@ -13,7 +13,7 @@ from hotlora.adapters.format.convert import load_adapter
 from hotlora.adapters.format.export import pair_experts, save_as_diffusers
 from hotlora.engine.request import UnservedShape
 from hotlora.errors import InvalidRequest, RequestError
-from hotlora.families import REGISTERED
+from hotlora.families import REGISTERED, family_named
 from hotlora.testing import plain_diffusers_reference
 
 from ..helpers import TARGET_RANK, recompiles_are_errors
@@ -21,7 +21,12 @@ from ..helpers import TARGET_RANK, recompiles_are_errors
 pytestmark = pytest.mark.families
 
 TOLERANCE = 1e-4
-FRAMES = (5, 9)  # the default first
+
+
+def frames_of(family) -> tuple[int, int]:
+    """Two frame counts of the family's tk + 1 rule, the default first: Wan (5, 9), LTX (9, 17)."""
+    t = family.frame_multiple
+    return t + 1, 2 * t + 1
 
 
 # Each video family's tiny model, and each of its variants (Wan 2.2's two experts), by name.
@@ -48,7 +53,7 @@ def video(request, video_models):
     model_dir = video_models(request.param)
     with torch._dynamo.config.patch(error_on_recompile=False):  # warm-up compiles by definition
         engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=2, compile=True,
-                                        rank_buckets=(), frames=FRAMES)
+                                        rank_buckets=(), frames=frames_of(family_named(request.param.partition(":")[0])))
     with recompiles_are_errors():
         yield model_dir, engine
     assert engine.recompiles == 0
@@ -68,24 +73,30 @@ def reference(engine, model_dir, frames, output_type="latent", num_images=3):
 
 def test_every_served_frame_count_is_warm_and_equals_plain_diffusers(video):
     model_dir, engine = video
-    assert engine.rules.frames == FRAMES and engine.describe()["frames"] == list(FRAMES)
-    assert (engine.describe()["output"], engine.describe()["fps"]) == ("frames", 16)  # what the playground reads
-    for frames in FRAMES:
+    served = frames_of(engine.family)
+    assert engine.rules.frames == served and engine.describe()["frames"] == list(served)
+    # What the playground reads.
+    assert (engine.describe()["output"], engine.describe()["fps"]) == ("frames", engine.family.fps)
+    shapes = []
+    for frames in served:
         ours = engine.generate("a cat", adapters=adapters(model_dir), num_images=3, num_inference_steps=2,
                                num_frames=frames, output_type="latent").images
-        latent_frames = (frames - 1) // 4 + 1
-        assert ours.shape[0] == 3 and ours.shape[2] == latent_frames
+        assert ours.shape[0] == 3
         torch.testing.assert_close(ours, reference(engine, model_dir, frames), atol=TOLERANCE, rtol=0)
-    assert engine.generate("a cat", num_inference_steps=2, output_type="latent").images.shape[2] == 2  # 5 frames
+        shapes.append(ours.shape[1:])
+    assert shapes[0] != shapes[1]  # latents of more frames (Wan's (C, T, H, W); LTX's packed (tokens, C))
+    assert engine.generate("a cat", num_inference_steps=2, output_type="latent").images.shape[1:] == shapes[0]
     assert engine.recompiles == 0
 
 
 def test_a_frame_count_not_served_is_refused_before_running(video):
     model_dir, engine = video
-    with pytest.raises(UnservedShape, match="13 frames is not served .* 5, 9"):
-        engine.generate("a cat", num_frames=13)
-    with pytest.raises(InvalidRequest, match=r"4k \+ 1 .* got 7"):
-        engine.generate("a cat", num_frames=7)
+    t = engine.family.frame_multiple
+    first, second = frames_of(engine.family)
+    with pytest.raises(UnservedShape, match=f"{3 * t + 1} frames is not served .* {first}, {second}"):
+        engine.generate("a cat", num_frames=3 * t + 1)
+    with pytest.raises(InvalidRequest, match=rf"{t}k \+ 1 .* got {t + 3}"):
+        engine.generate("a cat", num_frames=t + 3)
 
 
 def test_output_types_are_diffusers_own(video):
@@ -93,22 +104,23 @@ def test_output_types_are_diffusers_own(video):
     move a value across a rounding boundary: at most one level); "np" (B, T, H, W, C) floats;
     "uint8" what the engine process ships, the "pil" pixels as one tensor."""
     model_dir, engine = video
+    frames = frames_of(engine.family)[0]
 
     def ours(output_type):
         return engine.generate("a cat", adapters=adapters(model_dir), num_images=2, num_inference_steps=2,
-                               num_frames=5, output_type=output_type).images
+                               num_frames=frames, output_type=output_type).images
 
-    pil, theirs = ours("pil"), reference(engine, model_dir, 5, "pil", num_images=2)
-    assert [len(v) for v in pil] == [5, 5] and pil[0][0].size == (engine.width, engine.height)
+    pil, theirs = ours("pil"), reference(engine, model_dir, frames, "pil", num_images=2)
+    assert [len(v) for v in pil] == [frames, frames] and pil[0][0].size == (engine.width, engine.height)
     ours_pixels = np.stack([[np.asarray(f, dtype=np.int16) for f in v] for v in pil])
     their_pixels = np.stack([[np.asarray(f, dtype=np.int16) for f in v] for v in theirs])
     assert np.abs(ours_pixels - their_pixels).max() <= 1
     arrays = ours("np")
-    assert arrays.shape == (2, 5, engine.height, engine.width, 3)
-    np.testing.assert_allclose(arrays, reference(engine, model_dir, 5, "np", num_images=2), atol=1e-3, rtol=0)
+    assert arrays.shape == (2, frames, engine.height, engine.width, 3)
+    np.testing.assert_allclose(arrays, reference(engine, model_dir, frames, "np", num_images=2), atol=1e-3, rtol=0)
     # "uint8" is no request's output type: the engine process sets it on a prepared "pil" request.
     prepared = engine.prepare("a cat", adapters=adapters(model_dir), num_images=2, num_inference_steps=2,
-                              num_frames=5, output_type="pil")
+                              num_frames=frames, output_type="pil")
     shipped = engine.run(dataclasses.replace(prepared, output_type="uint8")).images
     assert shipped.dtype == torch.uint8 and np.array_equal(shipped.numpy().astype(np.int16), ours_pixels)
 
@@ -171,11 +183,18 @@ def test_a_runs_shift_and_the_low_noise_experts_guidance_compile_nothing(video):
     """Compiled: a request's scheduler shift (and, with two experts, ``guidance_scale_2``) runs on the
     warm graphs, equal to plain diffusers given the same values (tests/integration/test_run_options.py
     has the eager case and the effect of each)."""
+    from hotlora.engine.shift import static_shift_key
+
     model_dir, engine = video
     two = len(experts_of(engine)) > 1
+    frames = frames_of(engine.family)[0]
+    if static_shift_key(engine.pipeline.scheduler) is None:  # LTX's scheduler shifts by the video's size
+        with pytest.raises(InvalidRequest, match="shift"):
+            engine.generate("a cat", num_frames=frames, shift=2.0)
+        pytest.skip(f"{type(engine.pipeline.scheduler).__name__} here has no fixed shift to set")
     for shift, guidance_2 in ((2.0, 1.0 if two else None), (12.0, 8.0 if two else None), (None, None)):
         ours = engine.generate("a cat", adapters=adapters(model_dir), num_images=2, num_inference_steps=2,
-                               num_frames=5, output_type="latent", shift=shift, guidance_scale_2=guidance_2).images
+                               num_frames=frames, output_type="latent", shift=shift, guidance_scale_2=guidance_2).images
 
         def at_shift(pipeline, shift=shift):
             if shift is not None:
@@ -184,7 +203,7 @@ def test_a_runs_shift_and_the_low_noise_experts_guidance_compile_nothing(video):
         theirs = plain_diffusers_reference(
             model_dir, adapters(model_dir), prompt="a cat", num_images=2, num_inference_steps=2,
             guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=0,
-            num_frames=5, prepare=at_shift, task_arguments={} if guidance_2 is None else {"guidance_scale_2": guidance_2})
+            num_frames=frames, prepare=at_shift, task_arguments={} if guidance_2 is None else {"guidance_scale_2": guidance_2})
         torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
     assert engine.recompiles == 0
 

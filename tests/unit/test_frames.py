@@ -1,4 +1,5 @@
-"""Video families' frame counts: a request's ``num_frames`` is checked against the VAE's 4k + 1 rule
+"""Video families' frame counts: a request's ``num_frames`` is checked against the VAE's tk + 1 rule
+(Wan's 4k + 1, LTX's 8k + 1)
 and the counts a compiled engine warmed up, before anything reaches the model; image families take
 no ``num_frames``. Rules only: no model is built."""
 
@@ -12,17 +13,24 @@ from hotlora.settings import RequestLimits
 VIDEO = [f.name for f in REGISTERED if f.video]
 
 
-def video_rules(name, frames=(5, 9), sizes_only=True) -> RequestRules:
+def served(name) -> tuple[int, int]:
+    """Two valid frame counts of the family's rule: t + 1 and 2t + 1."""
+    t = family_named(name).frame_multiple
+    return t + 1, 2 * t + 1
+
+
+def video_rules(name, frames=None, sizes_only=True) -> RequestRules:
     family = family_named(name)
     return RequestRules(family, family.defaults, RequestLimits(), ((16, 16),), 16, sizes_only=sizes_only,
-                        frames=tuple(frames))
+                        frames=tuple(frames or served(name)))
 
 
 @pytest.mark.parametrize("name", VIDEO)
-def test_a_frame_count_off_the_4k_plus_1_rule_is_refused_naming_it(name):
+def test_a_frame_count_off_the_tk_plus_1_rule_is_refused_naming_it(name):
     rules = video_rules(name)
-    for bad in (6, 8, 2, 80):
-        with pytest.raises(InvalidRequest, match=r"num_frames must be 4k \+ 1") as info:
+    t = rules.family.frame_multiple
+    for bad in (t + 2, 2 * t, 2, 20 * t):
+        with pytest.raises(InvalidRequest, match=rf"num_frames must be {t}k \+ 1") as info:
             rules.check("a cat", num_frames=bad)
         assert not isinstance(info.value, UnservedShape), "a count the VAE cannot make is the request's mistake"
         assert f"got {bad}" in str(info.value)
@@ -34,18 +42,20 @@ def test_a_frame_count_off_the_4k_plus_1_rule_is_refused_naming_it(name):
 @pytest.mark.parametrize("name", VIDEO)
 def test_served_frame_counts_and_the_default(name):
     rules = video_rules(name)
-    assert rules.check("a cat").num_frames == 5  # the first served count
-    assert rules.check("a cat", num_frames=9).num_frames == 9
-    assert rules.check("a cat", num_frames=9).pipeline_kwargs(rules.family)["num_frames"] == 9
+    first, second = served(name)
+    third = 3 * rules.family.frame_multiple + 1
+    assert rules.check("a cat").num_frames == first  # the first served count
+    assert rules.check("a cat", num_frames=second).num_frames == second
+    assert rules.check("a cat", num_frames=second).pipeline_kwargs(rules.family)["num_frames"] == second
     # A valid count that was never warmed up would compile: unserved, listing what is.
-    with pytest.raises(UnservedShape, match="13 frames is not served .* served frame counts: 5, 9"):
-        rules.check("a cat", num_frames=13)
+    with pytest.raises(UnservedShape, match=f"{third} frames is not served .* served frame counts: {first}, {second}"):
+        rules.check("a cat", num_frames=third)
     # An eager engine compiles nothing: any valid count.
-    assert video_rules(name, sizes_only=False).check("a cat", num_frames=13).num_frames == 13
+    assert video_rules(name, sizes_only=False).check("a cat", num_frames=third).num_frames == third
     # Frames are part of the work bound.
     with pytest.raises(InvalidRequest, match="frames"):
-        RequestRules(rules.family, rules.family.defaults, RequestLimits(max_work=16 * 16 * 4 * 8), ((16, 16),), 16,
-                     sizes_only=True, frames=(9,)).check("a cat", steps=4)
+        RequestRules(rules.family, rules.family.defaults, RequestLimits(max_work=16 * 16 * 4 * (second - 1)),
+                     ((16, 16),), 16, sizes_only=True, frames=(second,)).check("a cat", steps=4)
 
 
 def test_an_image_family_takes_no_num_frames():

@@ -13,7 +13,7 @@ from hotlora.families.recognize import families_of_keys, families_of_metadata, f
 
 @pytest.mark.parametrize("pipeline, reason", [
     ("CogVideoXPipeline", "video pipeline (CogVideoXLoraLoaderMixin) of no served video family (served: wan"),
-    ("LTXPipeline", "video pipeline"),
+    ("LTXImageToVideoPipeline", "video pipeline"),  # LTX image-to-video: an image-conditioned checkpoint
     ("DDPMPipeline", "no diffusers LoRA loader mixin"),
 ])
 def test_an_unserved_pipeline_names_what_it_lacks(pipeline, reason):

@@ -358,8 +358,10 @@ class RequestRules:
         if not (isinstance(num_images, int) and 1 <= num_images <= limits.max_images):
             problems.append(f"num_images must be an integer in 1..{limits.max_images}")
         steps = self.defaults["num_inference_steps"] if steps is None else steps
-        if not (isinstance(steps, int) and 1 <= steps <= limits.max_steps):
-            problems.append(f"num_inference_steps must be an integer in 1..{limits.max_steps}")
+        fewest = self.family.min_steps
+        if not (isinstance(steps, int) and fewest <= steps <= limits.max_steps):
+            problems.append(f"num_inference_steps must be an integer in {fewest}..{limits.max_steps}"
+                            + (f" ({self.family.min_steps_reason})" if fewest > 1 else ""))
         problems += self._untaken(negative_prompt=negative_prompt, guidance_scale=guidance, num_frames=num_frames)
         frames = self._frames(num_frames, problems)
         guidance = self.defaults["guidance_scale"] if guidance is None else guidance
@@ -424,6 +426,13 @@ class RequestRules:
             raise RequestTooLarge(f"the request asks for {work:,} pixel-steps ({named} = {given}); the limit is "
                                   f"{self.limits.max_work:,}")
 
+    def default_frames(self) -> int | None:
+        """The frames of a video request that gives none: the first count served, else the model's
+        default; None for an image family."""
+        if not self.family.video:
+            return None
+        return self.frames[0] if self.frames else self.defaults["num_frames"]
+
     def _frames(self, num_frames, problems: list) -> int | None:
         """A video family's frame count for the request (the default when it gives none), its
         problems added to ``problems``; None for an image family. A count the family's VAE cannot
@@ -433,7 +442,7 @@ class RequestRules:
         if not self.family.video:
             return None
         if num_frames is None:
-            return self.frames[0] if self.frames else self.defaults["num_frames"]
+            return self.default_frames()
         wrong = self.family.frame_problems(num_frames)
         problems += wrong
         return None if wrong else num_frames

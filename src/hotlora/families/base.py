@@ -96,6 +96,10 @@ class ModelFamily:
     # A video family's frame rate: what its videos are timed at when encoded (the model card's)
     # and how OpenAI's videos API's ``seconds`` becomes a frame count (server/routes_videos.py).
     fps: ClassVar[int | None] = None
+    # The fewest denoising steps the pipeline runs right (LTX's scheduler divides by zero on a
+    # one-step schedule: a video of NaN), and why; a request for fewer is refused.
+    min_steps: ClassVar[int] = 1
+    min_steps_reason: ClassVar[str] = ""
     # Step-cache backends refused on this family, each with the reason said at start-up.
     unserved_step_caches: ClassVar[Mapping[str, str]] = {}
 
@@ -143,8 +147,8 @@ class ModelFamily:
 
     def warmup_steps(self, pipeline, steps: int) -> int:
         """Denoising steps a warm-up pass runs, at least ``steps``: more where so few would leave a
-        model of ``experts`` uncalled (and uncompiled)."""
-        return steps
+        model of ``experts`` uncalled (and uncompiled), or than ``min_steps``."""
+        return max(steps, self.min_steps)
 
     @property
     def text_encoders(self) -> tuple[str, ...]:

@@ -51,7 +51,7 @@ class Wan(ModelFamily):
     # The mixin's loadable modules are the two experts, no text encoder: Wan 2.2's low-noise one is
     # the second (``load_lora_weights(..., load_into_transformer_2=True)``).
     other_denoisers = ("transformer_2",)
-    lora_key_pattern = r"blocks[._]\d+[._](attn1|attn2|ffn)|condition_embedder"
+    lora_key_pattern = r"(?<!transformer_)blocks[._]\d+[._](attn1|attn2|ffn)|condition_embedder"  # not LTX's transformer_blocks
     base_model_markers = ("wan2", "wan-2", "wan_2", "wan 2")
     # The Wan 2.1 T2V model card: 50 steps, guidance 5.0, 480 x 832 (the 1.3B model's size), 81 frames at 16 fps.
     default_steps, default_guidance = 50, 5.0

@@ -51,7 +51,9 @@ def videos_routes(jobs: Jobs) -> APIRouter:
         frames = frames_for(body.seconds, fps, rules.frames, rules.sizes_only)
         size = body.size if body.size not in (None, "auto") else rules.size_names()[0]
         # The model asked for, else the served one by its id: a video object never shows this machine's paths.
-        params = {"model": body.model or public_model_id(engine), "seconds": seconds_of(frames, fps), "size": size,
+        # No ``seconds``: the default frame count, reported as the seconds it makes.
+        shown = frames if frames is not None else rules.default_frames()
+        params = {"model": body.model or public_model_id(engine), "seconds": seconds_of(shown, fps), "size": size,
                   "prompt": body.prompt}
         record = await jobs.create(request, body.to_request(frames), "mp4", retention_s=body.retention_s,
                                    kind="video", params=params)
