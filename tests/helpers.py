@@ -49,14 +49,6 @@ def family_params(every: bool = False, mixed: bool = False, images: bool = False
             if (family.mixed_batches or not mixed) and not (images and family.video)]
 
 
-# Families whose tiny model's bf16 slots keep measurably less of an adapter's effect than plain
-# diffusers' unfused PEFT layers do (test_precision.py, test_auto_mode.py): open, shown as xfail.
-BF16_GAPS = {"wan": "bf16 slots keep less of a small adapter's effect than plain diffusers' unfused layers on the "
-                    "tiny Wan (0.11 vs 0.61 at delta 0.3%, 0.82 vs 0.91 at 3%): the slots hold every module's "
-                    "LoRA in one dtype (bf16), where PEFT keeps it float32 on the modules Wan keeps in float32 "
-                    "(its time embedder); without them 0.62 vs 0.70"}
-
-
 def pipeline_output(out):
     """What a diffusers pipeline made: ``.images``, or a video family's ``.frames``."""
     return out.frames if hasattr(out, "frames") else out.images

@@ -21,7 +21,7 @@ from hotlora.families import family_named
 from hotlora.errors import InvalidRequest
 from hotlora.testing import TINY_SIZE, controlled_lora, random_lora, save_diffusers_lora
 
-from ..helpers import BF16_GAPS, TARGET_RANK, engine_reference, family_params, pipeline_output, recompiles_are_errors
+from ..helpers import TARGET_RANK, engine_reference, family_params, pipeline_output, recompiles_are_errors
 
 RANK = 16
 STEPS = 2
@@ -49,11 +49,8 @@ def effect(out, base, ref, ref_base):
 
 
 @pytest.mark.parametrize("family", family_params())
-def test_bf16_strong_adapter_fused_weak_adapter_through_slots(tiny_models, tmp_path, family, request):
+def test_bf16_strong_adapter_fused_weak_adapter_through_slots(tiny_models, tmp_path, family):
     from diffusers import DiffusionPipeline
-
-    if family in BF16_GAPS:
-        request.node.add_marker(pytest.mark.xfail(strict=True, reason=BF16_GAPS[family]))
 
     model_dir = tiny_models[family]
     pipelines = {dtype: DiffusionPipeline.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)

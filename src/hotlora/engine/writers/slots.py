@@ -16,6 +16,11 @@ request's weight and ``alpha / r``, and zeroes what the previous occupant left b
   for ``B`` per slot, the memory-copy limit, with no per-module work.
 - any other adapter, module by module, with ``torch._foreach_*`` ops.
 
+Modules whose base weight the model keeps in another dtype than most (diffusers'
+``_keep_in_fp32_modules``: Wan's float32 time embedder in a bf16 model) get LoRA weights of their
+own dtype, as PEFT gives them: rank-major buffers of their own beside the flat ones, outside the
+packed layout (an adapter touching them is written module by module).
+
 Nothing the compiled graphs guard on (shapes, strides, the scaling floats, the active-adapter
 list) ever changes outside the buckets warmed up, so swaps never recompile.
 
@@ -60,6 +65,9 @@ class _Slot:
     key: tuple | None = None  # the occupant's ``Binding.key``: equal keys need no write
     flat_down: torch.Tensor | None = None  # [R, sum(in)]: every module's down is a view of it
     flat_up: torch.Tensor | None = None  # [R, sum(out)]: every module's up is a transposed view of it
+    # Modules outside the flat buffers: their base weights are kept in another dtype (Wan's float32
+    # time embedder in a bf16 model), so their LoRA weights have buffers of that dtype of their own.
+    apart: tuple[str, ...] = ()
 
 
 class SlotsWriter:
@@ -89,7 +97,17 @@ class SlotsWriter:
         modules = ceiling_modules(denoiser, target_modules)
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
                                    served_models=frozenset(n for n in served_models if n))
-        self.layout = PackLayout.of(modules)
+        # PEFT gives a LoRA layer its base weight's dtype; a model may keep some modules in another
+        # (diffusers' ``_keep_in_fp32_modules``): those stay out of the flat buffers (one dtype), so an
+        # adapter touching them is written module by module (``pack`` leaves it unpacked).
+        dtypes = {name: lora_dtype(denoiser.get_submodule(name)) for name in modules}
+        widths: dict[torch.dtype, int] = {}  # the flat buffers take the dtype of most of the slots' columns
+        for name, dtype in dtypes.items():
+            widths[dtype] = widths.get(dtype, 0) + sum(modules[name])
+        self.dtype = max(widths, key=widths.get) if widths else torch.get_default_dtype()
+        self.apart = tuple(name for name, dtype in dtypes.items() if dtype != self.dtype)
+        self.layout = PackLayout.of({name: shape for name, shape in modules.items() if name not in self.apart})
+        self._dtypes = dtypes
         self._slots: dict[str, _Slot] = {}
         self._peft: list[tuple[str, torch.nn.ModuleDict, torch.nn.ModuleDict]] = []  # what the model reads
         self._layers: list[torch.nn.Module] = []  # the PEFT LoRA layers (bucket 0 switches their branch off)
@@ -102,6 +120,8 @@ class SlotsWriter:
         self.pack_cache_bytes = max(self.MIN_PACK_CACHE_BYTES, 2 * self.nbytes)
         self.packs = PackCache(self.layout, self.pack_cache_bytes)
 
+    # Long: the PEFT adapter, its buffers (flat, and per module for modules of another dtype), every
+    # bucket's Parameters and the slots' views are made together, from the same buffers, once.
     def _install(self, denoiser, modules) -> dict[str, _Slot]:
         """One PEFT adapter of rank ``len(slots) * target_rank`` on the ceiling, whose weights are
         views into two zeroed rank-major buffers, the slots' rows interleaved: row ``i * n + k``
@@ -132,12 +152,21 @@ class SlotsWriter:
             with torch.device("meta"):
                 denoiser.add_adapter(config, adapter_name=PEFT_ADAPTER)
         denoiser.set_adapters([PEFT_ADAPTER], [1.0])  # once, before compile
-        # The dtype and device PEFT gives LoRA weights: the base weight's (its default dtype when the
-        # base weight is not floating point).
-        base = denoiser.get_submodule(next(iter(modules))).get_base_layer().weight
-        dtype = base.dtype if base.dtype.is_floating_point else torch.get_default_dtype()
-        all_down = torch.zeros(total, self.layout.down_width, dtype=dtype, device=base.device)
-        all_up = torch.zeros(total, self.layout.up_width, dtype=dtype, device=base.device)
+        # The dtype and device PEFT gives LoRA weights: the base weight's (``lora_dtype``).
+        device = denoiser.get_submodule(next(iter(modules))).get_base_layer().weight.device
+        all_down = torch.zeros(total, self.layout.down_width, dtype=self.dtype, device=device)
+        all_up = torch.zeros(total, self.layout.up_width, dtype=self.dtype, device=device)
+        # Modules of another dtype: rank-major buffers of their own, [total, in] and [total, out].
+        apart = {name: (torch.zeros(total, modules[name][0], dtype=self._dtypes[name], device=device),
+                        torch.zeros(total, modules[name][1], dtype=self._dtypes[name], device=device))
+                 for name in self.apart}
+
+        def down_view(rows_of, name, rows=None):  # rows_of: the flat buffer's rows -> the module's
+            return apart[name][0][rows_of][:rows] if name in apart else self.layout.down_view(all_down[rows_of], name, rows)
+
+        def up_view(rows_of, name, rows=None):
+            return apart[name][1][rows_of][:rows].t() if name in apart else self.layout.up_view(all_up[rows_of], name, rows)
+
         for name in modules:
             layer = denoiser.get_submodule(name)
             self._peft.append((name, layer.lora_A, layer.lora_B))
@@ -147,8 +176,8 @@ class SlotsWriter:
         for bucket in (b for b in self.rank_buckets if b):
             rows = bucket * n
             self._bucket_weights[bucket] = [
-                (torch.nn.Parameter(self.layout.down_view(all_down, name, rows), requires_grad=False),
-                 torch.nn.Parameter(self.layout.up_view(all_up, name, rows), requires_grad=False))
+                (torch.nn.Parameter(down_view(slice(None), name, rows), requires_grad=False),
+                 torch.nn.Parameter(up_view(slice(None), name, rows), requires_grad=False))
                 for name, _, _ in self._peft
             ]
         if 0 in self.rank_buckets:  # reads no rows: held at the smallest bucket's, so its guards never vary
@@ -157,9 +186,9 @@ class SlotsWriter:
                                  for pair in pairs for p in pair}
         self._point(rank)
         return {
-            slot: _Slot(slot, {m: self.layout.down_view(all_down[k::n], m) for m in modules},
-                        {m: self.layout.up_view(all_up[k::n], m) for m in modules}, dict.fromkeys(modules, 0),
-                        flat_down=all_down[k::n], flat_up=all_up[k::n])
+            slot: _Slot(slot, {m: down_view(slice(k, None, n), m) for m in modules},
+                        {m: up_view(slice(k, None, n), m) for m in modules}, dict.fromkeys(modules, 0),
+                        flat_down=all_down[k::n], flat_up=all_up[k::n], apart=self.apart)
             for k, slot in enumerate(self.slot_names)
         }
 
@@ -266,6 +295,13 @@ class SlotsWriter:
         return report
 
 
+def lora_dtype(layer) -> torch.dtype:
+    """The dtype PEFT gives a LoRA layer's weights: its base weight's, or the default dtype where that
+    is not floating point (a quantized base)."""
+    base = getattr(layer, "get_base_layer", lambda: layer)().weight
+    return base.dtype if base.dtype.is_floating_point else torch.get_default_dtype()
+
+
 @torch.no_grad()
 def write_padded(slot: _Slot, adapter: Adapter | None, scale: float, report: SwapReport) -> None:
     """Copy ``adapter`` (scale and alpha/r folded into B) into one slot's rank-padded tensors, in
@@ -325,9 +361,14 @@ def write_packed(slot: _Slot, packed: PackedWeights, scale: float, report: SwapR
     if previous > rows:
         slot.flat_down[rows:previous].zero_()
         slot.flat_up[rows:previous].zero_()
+    # A packed adapter touches no module kept apart (``pack``): what a previous occupant left there goes.
+    for module in slot.apart:
+        if slot.rank[module]:
+            slot.down[module][:slot.rank[module]].zero_()
+            slot.up[module][:, :slot.rank[module]].zero_()
     # Rows below ``rows`` that a module does not use are zeros in the packing: the module's
     # occupied rank is ``rows`` as far as later per-module writes are concerned.
-    slot.rank = dict.fromkeys(slot.rank, rows)
+    slot.rank = {module: 0 if module in slot.apart else rows for module in slot.rank}
     report.packed_writes += 1
     report.modules_written += len(slot.rank)
     report.bytes_copied += packed.down.nbytes + packed.up.nbytes
