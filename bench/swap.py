@@ -64,7 +64,10 @@ def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
     from hotlora.adapters.format.convert import Adapter, LoraWeights
     from hotlora.testing import random_lora
 
-    linears = dict(engine.ceiling.modules)
+    # The packed layout's modules: those a model keeps in another dtype (Wan's float32 time embedder
+    # in bf16) are written module by module, which is not the path measured here.
+    apart = set(getattr(engine.writer, "apart", ()))
+    linears = {m: shape for m, shape in engine.ceiling.modules.items() if m not in apart}
     device = next(engine.denoiser.parameters()).device
     dtype = next(engine.denoiser.parameters()).dtype
     rows = []
