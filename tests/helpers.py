@@ -49,6 +49,12 @@ def family_params(every: bool = False, mixed: bool = False, images: bool = False
             if (family.mixed_batches or not mixed) and not (images and family.video)]
 
 
+def served_frames(family) -> tuple[int, int]:
+    """Two frame counts of a video family's tk + 1 rule, the default first: Wan (5, 9), LTX (9, 17)."""
+    t = family.frame_multiple
+    return t + 1, 2 * t + 1
+
+
 def pipeline_output(out):
     """What a diffusers pipeline made: ``.images``, or a video family's ``.frames``."""
     return out.frames if hasattr(out, "frames") else out.images

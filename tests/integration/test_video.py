@@ -16,17 +16,11 @@ from hotlora.errors import InvalidRequest, RequestError
 from hotlora.families import REGISTERED, family_named
 from hotlora.testing import plain_diffusers_reference
 
-from ..helpers import TARGET_RANK, recompiles_are_errors
+from ..helpers import TARGET_RANK, recompiles_are_errors, served_frames
 
 pytestmark = pytest.mark.families
 
 TOLERANCE = 1e-4
-
-
-def frames_of(family) -> tuple[int, int]:
-    """Two frame counts of the family's tk + 1 rule, the default first: Wan (5, 9), LTX (9, 17)."""
-    t = family.frame_multiple
-    return t + 1, 2 * t + 1
 
 
 # Each video family's tiny model, and each of its variants (Wan 2.2's two experts), by name.
@@ -53,7 +47,7 @@ def video(request, video_models):
     model_dir = video_models(request.param)
     with torch._dynamo.config.patch(error_on_recompile=False):  # warm-up compiles by definition
         engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=2, compile=True,
-                                        rank_buckets=(), frames=frames_of(family_named(request.param.partition(":")[0])))
+                                        rank_buckets=(), frames=served_frames(family_named(request.param.partition(":")[0])))
     with recompiles_are_errors():
         yield model_dir, engine
     assert engine.recompiles == 0
@@ -73,7 +67,7 @@ def reference(engine, model_dir, frames, output_type="latent", num_images=3):
 
 def test_every_served_frame_count_is_warm_and_equals_plain_diffusers(video):
     model_dir, engine = video
-    served = frames_of(engine.family)
+    served = served_frames(engine.family)
     assert engine.rules.frames == served and engine.describe()["frames"] == list(served)
     # What the playground reads.
     assert (engine.describe()["output"], engine.describe()["fps"]) == ("frames", engine.family.fps)
@@ -92,7 +86,7 @@ def test_every_served_frame_count_is_warm_and_equals_plain_diffusers(video):
 def test_a_frame_count_not_served_is_refused_before_running(video):
     model_dir, engine = video
     t = engine.family.frame_multiple
-    first, second = frames_of(engine.family)
+    first, second = served_frames(engine.family)
     with pytest.raises(UnservedShape, match=f"{3 * t + 1} frames is not served .* {first}, {second}"):
         engine.generate("a cat", num_frames=3 * t + 1)
     with pytest.raises(InvalidRequest, match=rf"{t}k \+ 1 .* got {t + 3}"):
@@ -104,7 +98,7 @@ def test_output_types_are_diffusers_own(video):
     move a value across a rounding boundary: at most one level); "np" (B, T, H, W, C) floats;
     "uint8" what the engine process ships, the "pil" pixels as one tensor."""
     model_dir, engine = video
-    frames = frames_of(engine.family)[0]
+    frames = served_frames(engine.family)[0]
 
     def ours(output_type):
         return engine.generate("a cat", adapters=adapters(model_dir), num_images=2, num_inference_steps=2,
@@ -187,7 +181,7 @@ def test_a_runs_shift_and_the_low_noise_experts_guidance_compile_nothing(video):
 
     model_dir, engine = video
     two = len(experts_of(engine)) > 1
-    frames = frames_of(engine.family)[0]
+    frames = served_frames(engine.family)[0]
     if static_shift_key(engine.pipeline.scheduler) is None:  # LTX's scheduler shifts by the video's size
         with pytest.raises(InvalidRequest, match="shift"):
             engine.generate("a cat", num_frames=frames, shift=2.0)

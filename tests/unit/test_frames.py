@@ -10,13 +10,13 @@ from hotlora.errors import InvalidRequest
 from hotlora.families import REGISTERED, family_named, family_of_class
 from hotlora.settings import RequestLimits
 
+from ..helpers import served_frames
+
 VIDEO = [f.name for f in REGISTERED if f.video]
 
 
 def served(name) -> tuple[int, int]:
-    """Two valid frame counts of the family's rule: t + 1 and 2t + 1."""
-    t = family_named(name).frame_multiple
-    return t + 1, 2 * t + 1
+    return served_frames(family_named(name))
 
 
 def video_rules(name, frames=None, sizes_only=True) -> RequestRules:

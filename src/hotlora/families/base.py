@@ -100,6 +100,9 @@ class ModelFamily:
     # one-step schedule: a video of NaN), and why; a request for fewer is refused.
     min_steps: ClassVar[int] = 1
     min_steps_reason: ClassVar[str] = ""
+    # False where the pipelines sharing the family's mixin and denoiser class are other checkpoints
+    # (Wan's and LTX's image-to-video: an image-conditioned transformer), not variants it serves.
+    serves_variants: ClassVar[bool] = True
     # Step-cache backends refused on this family, each with the reason said at start-up.
     unserved_step_caches: ClassVar[Mapping[str, str]] = {}
 
@@ -163,7 +166,7 @@ class ModelFamily:
         names = {cls.__name__ for cls in pipeline_type.__mro__}
         if self.pipeline_class in names:
             return 2
-        if self.lora_mixin.__name__ not in names:
+        if not self.serves_variants or self.lora_mixin.__name__ not in names:
             return 0
         if denoiser_class is None:
             annotation = inspect.signature(pipeline_type.__init__).parameters.get(self.denoiser)

@@ -41,6 +41,9 @@ class LTXVideo(ModelFamily):
     frame_multiple = 8  # the published VAE's temporal compression (AutoencoderKLLTXVideo): 8k + 1 frames
     cfg = "batch"
     negative_prompts = True
+    # LTX's image-to-video and condition pipelines share the mixin and denoiser class but take an
+    # image this family does not serve.
+    serves_variants = False
     tokenizer_of = {"text_encoder": "tokenizer"}
     prompt_argument_of = {"text_encoder": "prompt"}
     min_steps = 2
@@ -48,11 +51,6 @@ class LTXVideo(ModelFamily):
                         "which divides by zero on a one-step schedule and makes a video of NaN")
     tiny_size = 32
     tiny_frames = 9
-
-    def matches(self, pipeline_type: type, denoiser_class: str | None = None) -> int:
-        """LTXPipeline (and its subclasses) only: its image-to-video and condition pipelines share the
-        mixin and the denoiser class, but take an image this family does not serve."""
-        return 2 * (self.pipeline_class in {cls.__name__ for cls in pipeline_type.__mro__})
 
     def vae_scale_factor(self, pipeline) -> int:
         """LTXPipeline has no ``vae_scale_factor``: its spatial compression (the VAE's)."""

@@ -51,6 +51,9 @@ class Wan(ModelFamily):
     # The mixin's loadable modules are the two experts, no text encoder: Wan 2.2's low-noise one is
     # the second (``load_lora_weights(..., load_into_transformer_2=True)``).
     other_denoisers = ("transformer_2",)
+    # Wan's image-to-video and video-to-video pipelines share its mixin and denoiser class, but run
+    # other checkpoints (an image-conditioned transformer) this family does not serve.
+    serves_variants = False
     lora_key_pattern = r"(?<!transformer_)blocks[._]\d+[._](attn1|attn2|ffn)|condition_embedder"  # not LTX's transformer_blocks
     base_model_markers = ("wan2", "wan-2", "wan_2", "wan 2")
     # The Wan 2.1 T2V model card: 50 steps, guidance 5.0, 480 x 832 (the 1.3B model's size), 81 frames at 16 fps.
@@ -73,13 +76,6 @@ class Wan(ModelFamily):
     tiny_frames = 5
     full_size_models = {"wan2.1-t2v-1.3b": "wan21_t2v_1_3b", "wan2.1-t2v-14b": "wan21_t2v_14b",
                         "wan2.2-t2v-a14b": "wan22_t2v_a14b"}
-
-    def matches(self, pipeline_type: type, denoiser_class: str | None = None) -> int:
-        """WanPipeline (and its subclasses) only. Wan's image-to-video and video-to-video pipelines
-        share its mixin and denoiser class, which would make them variants (``ModelFamily.matches``),
-        but they are other tasks on other checkpoints (an image-conditioned transformer) that this
-        family does not serve."""
-        return 2 * (self.pipeline_class in {cls.__name__ for cls in pipeline_type.__mro__})
 
     def experts(self, pipeline) -> dict[str, Any]:
         """Both experts where the pipeline switches between them (``boundary_ratio`` set: Wan 2.2
