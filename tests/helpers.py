@@ -55,6 +55,38 @@ def served_frames(family) -> tuple[int, int]:
     return t + 1, 2 * t + 1
 
 
+def tiny_latent_call(family_name: str, steps: int) -> tuple[dict, dict]:
+    """One latent image (or video) at a family's tiny size and default guidance, as two keyword sets
+    for the same run: the engine's, and plain diffusers' pipeline call (the family's own guidance
+    argument and fixed options, ``call_arguments``; the negative prompt the engine runs without one,
+    e.g. Qwen-Image's " " that turns its true CFG on). A family that takes no guidance (distilled
+    klein) is not sent one."""
+    from hotlora.families import family_named
+    from hotlora.testing import TINY_SIZE
+
+    family = family_named(family_name)
+    side = TINY_SIZE[family_name]
+    shared = {"num_inference_steps": steps, "height": side, "width": side, "output_type": "latent",
+              **family.tiny_defaults()}
+    guidance = family.default_guidance
+    negative = family.default_negative_prompt(guidance)
+    engine = {**shared, **({"guidance_scale": guidance} if family.takes_guidance else {})}
+    plain = {**shared, **family.call_arguments(guidance), **({} if negative is None else {"negative_prompt": negative})}
+    return engine, plain
+
+
+def fake_hub_cache(root: Path, repo: str, files: dict, commit: str = "a" * 40) -> Path:
+    """The on-disk layout huggingface_hub reads in offline mode: refs/main -> snapshots/<commit>/."""
+    repo_dir = root / ("models--" + repo.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(commit)
+    for name, data in files.items():
+        (snapshot / name).write_bytes(data)
+    return root
+
+
 def pipeline_output(out):
     """What a diffusers pipeline made: ``.images``, or a video family's ``.frames``."""
     return out.frames if hasattr(out, "frames") else out.images

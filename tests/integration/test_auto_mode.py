@@ -1,11 +1,12 @@
 """Auto mode (engine/writers/auto.py): each request fused when its merge keeps its adapters' effect
 (``fused_kept >= fused_min_kept``), else through the slots, in one warm engine.
 
-- bf16, eager, both families: a strong adapter (delta RMS 3% of the weights') is served fused and
+- bf16, eager, every family: a strong adapter (delta RMS 3% of the weights') is served fused and
   a weak one (0.1%, which a bf16 merge would cut to ~60% of its effect) through the slots; each
   path's latents equal, bit for bit, what the engine of that mode alone gives (an empty slot adds
-  exactly zero; restored weights are the base bit for bit), and both keep what plain diffusers'
-  bf16 unfused pipeline keeps of the float32 reference's effect.
+  exactly zero; restored weights are the base bit for bit), and each is as close to the float32
+  reference as plain diffusers' bf16 pipeline doing the same (unfused for the slots, ``fuse_lora``
+  for the merge).
 - float32, compiled, both families: strong and weak requests alternate with requests without
   adapters, each within 1e-4 of plain diffusers, with zero recompiles (``error_on_recompile``);
   in float32 a merge keeps everything, so the weak adapter is a feather (delta RMS 1e-9 of the
@@ -19,9 +20,11 @@ import torch
 from hotlora import Engine
 from hotlora.families import family_named
 from hotlora.errors import InvalidRequest
-from hotlora.testing import TINY_SIZE, controlled_lora, random_lora, save_diffusers_lora
+from hotlora.testing import controlled_lora, random_lora, save_diffusers_lora
 
-from ..helpers import TARGET_RANK, engine_reference, family_params, pipeline_output, recompiles_are_errors
+from ..helpers import (
+    TARGET_RANK, engine_reference, family_params, pipeline_output, recompiles_are_errors, tiny_latent_call,
+)
 
 RANK = 16
 STEPS = 2
@@ -29,16 +32,9 @@ PROMPT = "a portrait"
 TOLERANCE = 1e-4  # float32 latents; compiled kernels reorder sums
 
 
-def call_kwargs(family):
-    side = TINY_SIZE[family]
-    # A video family's tiny frame count (the engine's default from hotlora.json; the pipeline's own is 81 or 161).
-    return {"num_inference_steps": STEPS, "guidance_scale": family_named(family).default_guidance, "height": side,
-            "width": side, "output_type": "latent", **family_named(family).tiny_defaults()}
-
-
 def latents(engine, family, path=None):
     adapters = {"identity": (str(path), 1.0)} if path is not None else {}
-    result = engine.generate(PROMPT, adapters=adapters, num_images=1, seed=0, **call_kwargs(family))
+    result = engine.generate(PROMPT, adapters=adapters, num_images=1, seed=0, **tiny_latent_call(family, STEPS)[0])
     return torch.as_tensor(result.images).float().reshape(1, -1), result
 
 
@@ -64,11 +60,16 @@ def test_bf16_strong_adapter_fused_weak_adapter_through_slots(tiny_models, tmp_p
     auto = engines["auto"]
     assert auto.describe()["writer"] == "auto" and auto.describe()["pristine_bytes"] > 0
 
-    def reference(pipeline, path=None):
+    def reference(pipeline, path=None, fuse=False):
+        if fuse:  # a bf16 unfuse does not give the weights back: a fresh pipeline for each merge
+            pipeline = DiffusionPipeline.from_pretrained(str(model_dir), dtype=torch.bfloat16, local_files_only=True)
+            pipeline.set_progress_bar_config(disable=True)
         if path is not None:
             pipeline.load_lora_weights(str(path), adapter_name="a")
-        out = pipeline(prompt=PROMPT, generator=[torch.Generator().manual_seed(0)], **call_kwargs(family))
-        if path is not None:
+            if fuse:
+                pipeline.fuse_lora(components=[family_named(family).denoiser], adapter_names=["a"])
+        out = pipeline(prompt=PROMPT, generator=[torch.Generator().manual_seed(0)], **tiny_latent_call(family, STEPS)[1])
+        if path is not None and not fuse:
             pipeline.unload_lora_weights()
         return pipeline_output(out).float().reshape(1, -1)
 
@@ -87,14 +88,22 @@ def test_bf16_strong_adapter_fused_weak_adapter_through_slots(tiny_models, tmp_p
         alone, alone_result = latents(engines[expected], family, path)
         assert torch.equal(out, alone), (magnitude, (out - alone).abs().max())
         assert alone_result.adapters["identity"]["mode"] == expected
-        # Against plain diffusers: as much of the float32 effect as its bf16 unfused pipeline keeps.
-        ref, theirs = reference(pipelines[torch.float32], path), reference(pipelines[torch.bfloat16], path)
+        # Against plain diffusers doing the same arithmetic in bf16: its unfused pipeline for the
+        # slots, its ``fuse_lora`` for a merge (a bf16 merge rounds the weights, not the branch: at
+        # a tiny model's noise the two differ by more than either differs from itself).
+        ref = reference(pipelines[torch.float32], path)
+        theirs = reference(pipelines[torch.bfloat16], path, fuse=expected == "fused")
         kept, error = effect(out, ours_base, ref, base32)
         their_kept, their_error = effect(theirs, base16, ref, base32)
         print(f"\n{family} {magnitude:.1%} auto ({expected}): effect kept {kept:.3f} / relative error {error:.3f}; "
-              f"diffusers bf16 unfused {their_kept:.3f} / {their_error:.3f}; merge keeps {entry['fused_kept']:.4f}")
-        assert kept >= their_kept - 0.02, (magnitude, kept, their_kept)
+              f"diffusers bf16 {'fused' if expected == 'fused' else 'unfused'} {their_kept:.3f} / {their_error:.3f}; "
+              f"merge keeps {entry['fused_kept']:.4f}")
         assert error <= their_error * 1.1 + 2e-3, (magnitude, error, their_error)
+        # The share kept is a projection on the wanted effect: it means something only where the
+        # effect stands above bf16's noise (diffusers' own error below it); on some tiny models a
+        # 0.1% adapter is all noise (its "share" 2.7 with an error of 97, for diffusers too).
+        if their_error < 1:
+            assert kept >= their_kept - 0.02, (magnitude, kept, their_kept)
     # The weak adapter, fused as fused mode would serve it, loses its effect: what auto avoided.
     lost = effect(latents(engines["fused"], family, paths[0.001])[0], ours_base, reference(pipelines[torch.float32],
                   paths[0.001]), base32)[0]

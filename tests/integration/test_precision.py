@@ -22,9 +22,9 @@ import torch
 from hotlora import Engine
 from hotlora.families import family_named
 from hotlora.errors import AdapterRejected
-from hotlora.testing import TINY_SIZE, controlled_lora, save_diffusers_lora
+from hotlora.testing import controlled_lora, save_diffusers_lora
 
-from ..helpers import family_params, pipeline_output
+from ..helpers import family_params, pipeline_output, tiny_latent_call
 
 RANK = 16
 MAGNITUDES = (0.001, 0.003, 0.01, 0.03)
@@ -48,22 +48,16 @@ def adapters(request, tiny_models, tmp_path_factory):
     return family, tiny_models[family], made
 
 
-def call_kwargs(family):
-    side = TINY_SIZE[family]
-    # A video family's tiny frame count (the engine's default from hotlora.json; the pipeline's own is 81 or 161).
-    return {"num_inference_steps": STEPS, "guidance_scale": family_named(family).default_guidance, "height": side,
-            "width": side, "output_type": "latent", **family_named(family).tiny_defaults()}
-
-
 def engine_latents(engine, family, path=None):
     adapters = {"identity": (str(path), 1.0)} if path is not None else {}
-    result = engine.generate(PROMPT, adapters=adapters, num_images=1, seed=0, **call_kwargs(family))
+    result = engine.generate(PROMPT, adapters=adapters, num_images=1, seed=0, **tiny_latent_call(family, STEPS)[0])
     return torch.as_tensor(result.images).float().reshape(1, -1), result
 
 
 def pipeline_latents(pipeline, family):
     generator = [torch.Generator().manual_seed(0)]
-    return pipeline_output(pipeline(prompt=PROMPT, generator=generator, **call_kwargs(family))).float().reshape(1, -1)
+    out = pipeline(prompt=PROMPT, generator=generator, **tiny_latent_call(family, STEPS)[1])
+    return pipeline_output(out).float().reshape(1, -1)
 
 
 def effect(out, base, ref, ref_base):

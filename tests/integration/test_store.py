@@ -20,7 +20,7 @@ from hotlora.adapters.store import AdapterStore
 from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterFormatError, AdapterNotFound, SourceUnavailable
 
-from ..helpers import Files, serving
+from ..helpers import Files, fake_hub_cache, serving
 
 FLUX = family_named("flux")
 
@@ -356,18 +356,6 @@ def test_s3_multipart_object_through_a_real_endpoint(s3_endpoint, adapters, tmp_
 # ----------------------------------------------------------------------------- Hugging Face Hub (offline cache)
 
 
-def fake_hub_cache(root: Path, repo: str, files: dict, commit: str = "a" * 40) -> Path:
-    """The on-disk layout huggingface_hub reads in offline mode: refs/main -> snapshots/<commit>/."""
-    repo_dir = root / ("models--" + repo.replace("/", "--"))
-    snapshot = repo_dir / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (repo_dir / "refs").mkdir()
-    (repo_dir / "refs" / "main").write_text(commit)
-    for name, data in files.items():
-        (snapshot / name).write_bytes(data)
-    return root
-
-
 def test_hf_references_read_the_local_hub_cache_offline(adapters, tmp_path, monkeypatch):
     import huggingface_hub.constants
 
@@ -384,6 +372,34 @@ def test_hf_references_read_the_local_hub_cache_offline(adapters, tmp_path, monk
     assert picked.base_model == "hotlora/tiny-flux"
     with pytest.raises(AdapterNotFound):
         store.get("hf://someone/not-cached")
+
+
+def test_a_hub_repos_card_names_its_base_model_offline(tmp_path, monkeypatch):
+    """What the Ray ingress routes ``/models/{repository}`` by: the model card's ``base_model`` (the
+    first of a list), read from the card alone; none for a card without one, a repository not there,
+    a name that is no repository, a card linking out of its repository. Answers are remembered."""
+    import huggingface_hub.constants
+
+    from hotlora.adapters.store.hub import HubBaseModels, HubSource
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    hub = tmp_path / "hub"
+    fake_hub_cache(hub, "someone/a", {"README.md": b"---\nbase_model: hotlora/tiny-flux\n---\n# a\n"})
+    fake_hub_cache(hub, "someone/list", {"README.md": b"---\nbase_model:\n- org/x\n- org/y\n---\n"})
+    fake_hub_cache(hub, "someone/none", {"README.md": b"# no header\n"})
+    linked = fake_hub_cache(hub, "someone/linked", {}) / "models--someone--linked" / "snapshots" / ("a" * 40)
+    (tmp_path / "outside.md").write_bytes(b"---\nbase_model: org/secret\n---\n")
+    (linked / "README.md").symlink_to(tmp_path / "outside.md")
+    source = HubSource(StoreConfig(cache_dir=tmp_path / "cache", local_roots=()), str(hub))
+    assert source.base_model_of("someone/a") == "hotlora/tiny-flux"
+    assert source.base_model_of("someone/list") == "org/x"
+    for repo in ("someone/none", "someone/missing", "someone/linked", "../etc", "someone/a/README.md"):
+        assert source.base_model_of(repo) is None, repo
+    remembered = HubBaseModels(source)
+    assert remembered("someone/a") == "hotlora/tiny-flux"
+    (hub / "models--someone--a" / "snapshots" / ("a" * 40) / "README.md").unlink()
+    assert remembered("someone/a") == "hotlora/tiny-flux"  # within its TTL, not read again
+    assert source.base_model_of("someone/a") is None
 
 
 def test_a_hub_repo_brings_its_pivotal_embeddings_through_both_tiers(adapters, tmp_path, monkeypatch):

@@ -14,13 +14,19 @@ from hotlora.settings import ServerConfig, StoreConfig  # noqa: E402
 from hotlora.scaleout.app import APP_NAME, build_app  # noqa: E402
 from hotlora.scaleout.config import RayServeConfig  # noqa: E402
 
-from ..helpers import TARGET_RANK, free_port  # noqa: E402
+from ..helpers import TARGET_RANK, fake_hub_cache, free_port  # noqa: E402
+
+
+HUB_SDXL_LORA = "someone/sdxl-style"  # in the cluster's offline Hub cache, its card naming the tiny SDXL
 
 
 def ray_config(tiny_models, cache: Path, port: int) -> RayServeConfig:
     # compile=False: the Ray tests are about routing, affinity and failure, not the compiled engine.
     server = ServerConfig(target_rank=TARGET_RANK, batch_size=2, compile=False, max_queue=16, drain_timeout_s=10)
-    store = StoreConfig(cache_dir=cache, local_roots=tuple(tiny_models.values()))
+    weights = tiny_models["sdxl"] / "adapters" / "style-diffusers" / "pytorch_lora_weights.safetensors"
+    hub = fake_hub_cache(cache / "hub", HUB_SDXL_LORA, {"pytorch_lora_weights.safetensors": weights.read_bytes(),
+                                                         "README.md": b"---\nbase_model: hotlora/tiny-sdxl\n---\n"})
+    store = StoreConfig(cache_dir=cache, local_roots=tuple(tiny_models.values()), hf_cache_dir=str(hub))
 
     def model(family, replicas):
         adapters = tiny_models[family] / "adapters"

@@ -15,6 +15,7 @@ from PIL import Image
 from hotlora.scaleout.routing import ATTEMPTS_HEADER, REPLICA_HEADER
 
 from ..helpers import family_params
+from .conftest import HUB_SDXL_LORA
 
 STEPS = 2
 TIMEOUT_S = 120  # per HTTP request: nothing in these tests may hang
@@ -74,6 +75,9 @@ def test_routes_each_request_to_its_base_model(cluster):
                     timeout=TIMEOUT_S)
     assert hf.status_code == 200 and hf.headers["content-type"] == "image/png"
     assert deployment_of(hf) == "sdxl"
+    # ... and a Hub LoRA repository in the path, as the Hugging Face API serves one: routed by its card's base model.
+    hub_lora = httpx.post(f"{url}/models/{HUB_SDXL_LORA}", json={"inputs": "a dog"}, timeout=TIMEOUT_S)
+    assert hub_lora.status_code == 200 and deployment_of(hub_lora) == "sdxl", hub_lora.text
     # The OpenAI images API carries its own `model` field.
     openai = httpx.post(f"{url}/v1/images/generations", json={"prompt": "a cat", "model": "sdxl", "n": 2},
                         timeout=TIMEOUT_S)

@@ -64,6 +64,35 @@ def test_the_identity_adapter_is_the_affinity_key(config):
     assert routed(config, "/models/flux", hf_body, headers={"content-type": "application/json"}).identity == "u9"
 
 
+def test_a_models_path_naming_a_hub_lora_goes_to_the_model_its_card_names(config):
+    """The Hugging Face inference API's ``/models/{LoRA repository}``: routed by the card's
+    ``base_model`` (full id or last part against every name a model answers to), the repository the
+    affinity key (a ``lora`` header wins); unknown or baseless repositories are 404s naming why."""
+    cards = {"someone/sdxl-style": "stabilityai/sdxl-base", "someone/flux-face": "org/flux",
+             "someone/sd3-thing": "stabilityai/stable-diffusion-3.5-large", "someone/no-card": None}
+    slots = {name: spec.server.lora_header_slot for name, spec in config.models.items()}
+
+    def hub_routed(path, headers=None, table=None):
+        return route("POST", path, {}, headers or {}, b"a dog", table or config.routing_table(), config.default_model,
+                     slots, hub_base_model=cards.get)
+
+    sdxl = hub_routed("/models/someone/sdxl-style")
+    assert (sdxl.deployment, sdxl.identity) == ("sdxl", "hf://someone/sdxl-style")
+    assert hub_routed("/models/someone/flux-face").deployment == "flux"
+    assert hub_routed("/models/someone/flux-face", headers={"lora": "u1"}).identity == "u1"
+    assert hub_routed("/models/org/sdxl").identity is None  # a served model's own id: no adapter
+    with pytest.raises(UnknownModel, match="no model here serves"):
+        hub_routed("/models/someone/sd3-thing")
+    with pytest.raises(UnknownModel, match="declares a base model"):
+        hub_routed("/models/someone/no-card")
+    twice = {**config.routing_table(), "stabilityai/sdxl-base": "sdxl-copy"}  # two deployments of one base
+    with pytest.raises(UnknownModel, match="several models serve"):
+        route("POST", "/models/someone/sdxl-style", {}, {}, b"a dog", twice, "flux",
+              {**slots, "sdxl-copy": "identity"}, hub_base_model=cards.get)
+    with pytest.raises(UnknownModel, match="no model 'someone/x' is served"):  # no resolver: as before
+        routed(config, "/models/someone/x", b"a dog")
+
+
 def test_malformed_requests_are_refused_at_the_edge(config):
     with pytest.raises(InvalidRequest, match="not JSON"):
         routed(config, body=b"{oops")

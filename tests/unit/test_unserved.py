@@ -74,6 +74,8 @@ def test_another_familys_lora_is_named():
     assert sdxl in families_of_metadata({"modelspec.architecture": "stable-diffusion-xl-v1-base/lora"})
     assert "its metadata names that base model" in foreign_note(flux, ["a.lora_A.weight"],
                                                               {"ss_base_model_version": "sdxl_base_v1-0"})
+    assert "it declares base model 'stabilityai/stable-diffusion-xl-base-1.0'" in foreign_note(
+        flux, ["a.lora_A.weight"], None, "stabilityai/stable-diffusion-xl-base-1.0")
     assert foreign_note(flux, ["something.else.lora_A.weight"]) == ""
 
 

@@ -26,6 +26,7 @@ from hotlora.engine.request import CallParams, CheckedRequest, GenerationRequest
 from hotlora.engine.writers.text import TextChecks
 from hotlora.errors import InvalidRequest
 from hotlora.families import ModelFamily
+from hotlora.families.recognize import base_model_compatible
 
 
 class EngineFront:
@@ -44,6 +45,12 @@ class EngineFront:
     def denoiser_config(self) -> Mapping | None:
         """What the family's converters need of the served denoiser (the store converts with it)."""
         return self.resolver.denoiser_config
+
+    def answers_to(self, model_id: str) -> bool:
+        """Whether ``model_id`` names the served model: its path, folder name, ``model_id`` or a
+        ``base_model_aliases`` entry (full id or its last part, as an adapter's declared base model
+        is matched)."""
+        return base_model_compatible(model_id, self.resolver.ceiling.served_models)
 
     def check(self, request: GenerationRequest, *,
               default_scale: Callable[[str], float | None] | None = None) -> CheckedRequest:

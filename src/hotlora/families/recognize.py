@@ -5,8 +5,13 @@ Two signals, each declared by the families: the module names a family's denoiser
 and the trainers name them (``ModelFamily.lora_key_pattern``), and what trainers write about the base
 model in a file's metadata (kohya's ``ss_base_model_version``, the ``modelspec.architecture`` of
 sd-scripts and ai-toolkit, a declared base model id: ``ModelFamily.base_model_markers``). No
-library does this (diffusers' converters only say a key is incompatible), so it is ours. It is
-only ever used to word an error: nothing is served or refused because of it.
+library does this (diffusers' converters only say a key is incompatible), so it is ours. The
+family guess is only ever used to word an error: nothing is served or refused because of it.
+
+Beside it, what is decided by: whether a declared base model id names a served model
+(``base_model_compatible``: the full id or its last part), for validation, the inference API's
+``/models/{id}`` and the Ray ingress's routing of a Hub adapter to its base. Torch-free (the
+ingress imports it).
 """
 
 from __future__ import annotations
@@ -52,6 +57,20 @@ def families_of_metadata(metadata: Mapping | None, declared: str | None = None) 
             if any(marker in text for marker in family.base_model_markers for text in texts)]
 
 
+def _model_names(name: str) -> set[str]:
+    name = name.strip().rstrip("/").lower()
+    return {name, name.rsplit("/", 1)[-1]}
+
+
+def base_model_compatible(declared: str | None, served: Iterable[str]) -> bool:
+    """An adapter declaring no base model, or one the served model answers to (full id or its last part)."""
+    served = [name for name in served if name]
+    if not declared or not served:
+        return True
+    wanted = _model_names(declared)
+    return any(wanted & _model_names(name) for name in served)
+
+
 def foreign_note(served: ModelFamily, keys: Iterable[str], metadata: Mapping | None = None,
                  declared: str | None = None) -> str:
     """``"; it looks like a sdxl LoRA (...); this engine serves flux"``, or "" when nothing
@@ -65,5 +84,7 @@ def foreign_note(served: ModelFamily, keys: Iterable[str], metadata: Mapping | N
     if not others:
         return ""
     names = " or ".join(f.name for f in others[:3])
-    why = "its metadata names that base model" if by_metadata else f"keys such as {keys[0]!r}"
+    named_by_declared = any(f is not served for f in families_of_metadata(None, declared))
+    why = ((f"it declares base model {declared!r}" if named_by_declared else "its metadata names that base model")
+           if by_metadata else f"keys such as {keys[0]!r}")
     return f"; it looks like a LoRA for the {names} family ({why}); this engine serves the {served.name} family"

@@ -18,6 +18,7 @@ from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hotlora.adapters.store.hub import HubBaseModels, HubSource
 from hotlora.adapters.store.references import reference_id
 from hotlora.scaleout.config import RayServeConfig
 from hotlora.scaleout.replica import ForwardedReply, ForwardedRequest
@@ -42,6 +43,9 @@ class Ingress:
         self.identity_slot = {name: spec.server.lora_header_slot for name, spec in config.models.items()}
         # Each model's server caps bodies per path; here, before the model is known, the largest of them.
         self.body_limits = [body_limits(spec.server) for spec in config.models.values()]
+        # /models/{Hub LoRA repository}: routed by its card's base_model, read with the default model's store settings.
+        store = config.models[config.default_model].store
+        self.hub_base_model = HubBaseModels(HubSource(store, store.hf_cache_dir))
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
@@ -51,8 +55,11 @@ class Ingress:
             return JSONResponse({"default": self.config.default_model, "routes": self.table})
         try:
             body = await _bounded_body(request, max(limit_of(path) for limit_of in self.body_limits))
-            chosen = route(request.method, path, request.query_params, request.headers, body, self.table,
-                           self.config.default_model, self.identity_slot, form=await _form_fields(request, body))
+            form = await _form_fields(request, body)
+            # Off the event loop: a /models/{id} naming no model reads that Hub repository's card.
+            chosen = await asyncio.to_thread(route, request.method, path, request.query_params, request.headers, body,
+                                             self.table, self.config.default_model, self.identity_slot, form=form,
+                                             hub_base_model=self.hub_base_model)
             forwarded = ForwardedRequest(request.method, path, request.url.query, list(request.headers.items()),
                                          chosen.body, identity=chosen.identity)
             reply, attempts = await self._forward(chosen, forwarded)

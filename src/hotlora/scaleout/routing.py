@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from pydantic import ValidationError
 
 from hotlora.errors import InvalidRequest, UnknownModel
+from hotlora.families.recognize import base_model_compatible
 from hotlora.server.errors import validation_error
 from hotlora.server.schemas import GenerateRequest, OpenAIImagesRequest, prefers_async
 
@@ -43,18 +44,23 @@ class Route:
 
 def route(method: str, path: str, query: Mapping[str, str], headers: Mapping[str, str], body: bytes,
           table: Mapping[str, str], default: str, identity_slot: Mapping[str, str],
-          form: Mapping | None = None) -> Route:
+          form: Mapping | None = None, hub_base_model: Callable[[str], str | None] | None = None) -> Route:
     """Pick the deployment (path ``/models/{id}``, body ``model``, header, query ``model``, else the
     default) and read the identity adapter. ``form``: a multipart body's text fields, nested as the
     server nests them (``schemas.place``; the OpenAI edits route, as the openai client sends it),
-    read like a JSON body's. Raises RequestError for what no replica could serve."""
+    read like a JSON body's. ``hub_base_model``: a Hub repository's declared base model (blocking
+    I/O: call ``route`` off the event loop), by which ``/models/{id}`` naming a LoRA repository is
+    routed. Raises RequestError for what no replica could serve."""
     _refuse_jobs(method, path, headers)
     data = _json_body(path, headers, body) if method == "POST" and form is None else None
     model_id = _model_id(path, query, headers, data if form is None else form)
+    path_adapter = None
     if model_id is None:
         deployment = default
     elif model_id in table:
         deployment = table[model_id]
+    elif path.startswith(HF_MODEL_PREFIX) and hub_base_model is not None:
+        deployment, path_adapter = _hub_adapter_route(model_id, table, default, hub_base_model), f"hf://{model_id}"
     else:
         raise UnknownModel(f"no model {model_id!r} is served here; models: {', '.join(sorted(table))}")
     if data is not None and path in STRIP_MODEL_FIELD and "model" in data:
@@ -63,7 +69,25 @@ def route(method: str, path: str, query: Mapping[str, str], headers: Mapping[str
     if data is not None and path in SCHEMAS:
         _validate(SCHEMAS[path], data)
     slot = identity_slot[deployment]
-    return Route(deployment, _identity(path, headers, data if form is None else form, slot), body)
+    return Route(deployment, _identity(path, headers, data if form is None else form, slot) or path_adapter, body)
+
+
+def _hub_adapter_route(model_id: str, table: Mapping[str, str], default: str,
+                       hub_base_model: Callable[[str], str | None]) -> str:
+    """``/models/{id}`` naming no deployment: a Hub LoRA repository, as the Hugging Face inference API
+    serves one, goes to the deployment whose model its card's ``base_model`` names (the default among
+    several). The replica then serves it as that adapter (``routes_inference.path_adapter``)."""
+    base = hub_base_model(model_id)
+    if base is None:
+        raise UnknownModel(f"no model {model_id!r} is served here, and it is no Hub repository whose model card "
+                           f"declares a base model; models: {', '.join(sorted(table))}")
+    owners = {deployment for served, deployment in table.items() if base_model_compatible(base, (served,))}
+    if len(owners) == 1 or default in owners:
+        return owners.pop() if len(owners) == 1 else default
+    raise UnknownModel(f"{model_id!r} is a LoRA for base model {base!r}, which "
+                       + (f"several models serve ({', '.join(sorted(owners))}): post to /models/<one of them> "
+                          f"with the header 'lora: hf://{model_id}'" if owners else "no model here serves")
+                       + f"; models: {', '.join(sorted(table))}")
 
 
 def _refuse_jobs(method: str, path: str, headers: Mapping[str, str]) -> None:

@@ -1,6 +1,8 @@
 """The Hugging Face inference API: ``POST /`` and ``POST /models/{model_id}``, a JSON body
 ``{"inputs": prompt, "parameters": {...}}`` or a raw prompt, a ``lora`` header for the
-identity slot, the image's bytes back in the type the ``Accept`` header asks for.
+identity slot, the image's bytes back in the type the ``Accept`` header asks for. A
+``model_id`` that is not the served model is a Hub LoRA repository, as the Hugging Face API
+serves one (``path_adapter``).
 
 The image-to-image task's body (``inputs``: the image as base64 or a URL, the prompt in
 ``parameters.prompt``, as ``InferenceClient.image_to_image`` sends it) is served as that task where
@@ -45,12 +47,30 @@ def inference_routes(service: Service) -> APIRouter:
 
     @router.post("/models/{model_id:path}")
     async def inference_model(model_id: str, request: Request):
-        return await inference_api(service, request)
+        return await inference_api(service, request, model_id)
 
     return router
 
 
-async def inference_api(service: Service, request: Request) -> Response:
+def path_adapter(service: Service, model_id: str | None, header: str | None) -> str | None:
+    """The identity slot's reference: the ``lora`` header, or the repository ``/models/{model_id}``
+    names when that is not the served model. The Hugging Face inference API serves a LoRA
+    repository under its own id (its model card's ``base_model`` says which base it runs on), so such
+    an id is the Hub adapter ``hf://{model_id}``: fetched, then checked like any adapter, a declared
+    base model of another family refused with both named. A model not ready yet decides nothing
+    (the request is answered 503)."""
+    engine = service.worker.engine if service.worker.ready else None
+    if model_id is None or engine is None or engine.front.answers_to(model_id):
+        return header
+    if len(model_id) > MAX_REF_CHARS:
+        raise RequestTooLarge(f"the model id has {len(model_id)} characters; the limit is {MAX_REF_CHARS}")
+    if header:
+        raise InvalidRequest(f"the path names the Hub adapter {model_id!r} (this server serves another model) and "
+                             f"the lora header names {header!r}: give the adapter one way")
+    return f"hf://{model_id}"
+
+
+async def inference_api(service: Service, request: Request, model_id: str | None = None) -> Response:
     raw = await request.body()
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     is_json = media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
@@ -69,6 +89,7 @@ async def inference_api(service: Service, request: Request) -> Response:
     header = request.headers.get("lora")
     if header and len(header) > MAX_REF_CHARS:
         raise RequestTooLarge(f"the lora header has {len(header)} characters; the limit is {MAX_REF_CHARS}")
+    header = path_adapter(service, model_id, header)
     # What the Accept header names among what the model makes; nothing named: the model's default.
     fmt = format_from_accept(request.headers.get("accept"), media_types(service.worker.engine))
     out = await service.generate(request, body.to_request(header, service.config.lora_header_slot), fmt=fmt)

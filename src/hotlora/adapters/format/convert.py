@@ -37,6 +37,7 @@ import torch
 from hotlora.adapters.format.embeddings import Embeddings, parse_embeddings
 from hotlora.families import ModelFamily
 from hotlora.families.recognize import foreign_note
+from hotlora.adapters.format.loha import LAYOUT as LOHA_LAYOUT, is_loha, loha_as_lora
 from hotlora.adapters.format.lokr import LAYOUT as LOKR_LAYOUT, is_lokr, lokr_modules
 from hotlora.adapters.format.lora_config import MAX_NAME_CHARS, LoraWeights, module_weights  # LoraWeights: re-exported
 from hotlora.adapters.format.files import ReadLimits, declared_base_model, hash_state_dict, read_files
@@ -51,7 +52,8 @@ log = logging.getLogger(__name__)
 # 6: the inference defaults a file declares kept (``Adapter.declared``)
 # 7: Wan's musubi-tuner files read through diffusers' ComfyUI-name converter (subsets of the blocks'
 #    Linears and alpha-less files load), lightx2v's non-zero ``.diff*`` patches refused (``Wan.prepare_raw_lora``)
-CONVERTER_VERSION = 7
+# 8: LyCORIS LoHa files read (as their exact low-rank form; they were refused)
+CONVERTER_VERSION = 8
 PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
@@ -68,7 +70,7 @@ class Adapter:
 
     name: str
     family: str
-    layout: str  # diffusers | peft | kohya | xlabs
+    layout: str  # diffusers | peft | kohya | xlabs | lycoris-lokr | lycoris-loha
     modules: dict[str, LoraWeights]  # the denoiser's
     sha256: str
     base_model: str | None = None
@@ -150,8 +152,11 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
     bad = [k for k, v in raw.items() if not isinstance(v, torch.Tensor)]
     if bad:
         raise AdapterFormatError(f"{label}: entries that are not tensors: {', '.join(sorted(bad)[:5])}")
-    layout = detect_layout(raw)
     peft_config = extra.get("peft_config")
+    loha = is_loha(raw)
+    if loha:  # LoHa -> the same modules as exact LoRA factors, scales folded in: read as a LoRA from here on
+        raw, declared_config, peft_config = loha_as_lora(raw, label, peft_config), peft_config, None
+    layout = detect_layout(raw)
     prefix = family.denoiser
     metadata = file_metadata
     if layout == "peft":
@@ -171,8 +176,7 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
             f"{label}: carries both kohya-style alphas and lora_adapter_metadata; diffusers refuses that too"
         )
 
-    if is_lokr(state_dict):
-        layout = LOKR_LAYOUT
+    layout = LOKR_LAYOUT if is_lokr(state_dict) else LOHA_LAYOUT if loha else layout
     ours = {k.removeprefix(f"{prefix}."): v for k, v in state_dict.items() if k.startswith(f"{prefix}.")}
     parts = (prefix, *family.lora_text_encoders)
     skipped = sorted([k for k in state_dict if not k.startswith(tuple(f"{part}." for part in parts))]
@@ -186,7 +190,7 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
         raise AdapterFormatError(
             f"{label}: no LoRA weights for the {family.name} {prefix} or its text encoders found "
             f"({len(state_dict)} keys, e.g. {', '.join(sorted(state_dict)[:3]) or 'none'})"
-            + foreign_note(family, sorted(raw), file_metadata)
+            + foreign_note(family, sorted(raw), file_metadata, extra.get("header_base_model") or extra.get("model_card"))
         )
     if skipped:
         log.warning("%s: skipping %d keys no served model part takes (%s)", label, len(skipped), skipped[0][:80])
@@ -197,7 +201,8 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
         layout=layout,
         modules=modules,
         sha256=digest,
-        base_model=declared_base_model(file_metadata, peft_config, extra.get("header_base_model") or extra.get("model_card")),
+        base_model=declared_base_model(file_metadata, declared_config if loha else peft_config,
+                                       extra.get("header_base_model") or extra.get("model_card")),
         skipped_keys=skipped,
         text_modules=text_modules,
         declared=dict(extra.get("declared") or {}),

@@ -14,9 +14,10 @@ from typing import Mapping
 import torch
 
 from hotlora.adapters.format.convert import Adapter
+from hotlora.adapters.format.loha import LAYOUT as LOHA_LAYOUT
 from hotlora.adapters.format.lokr import LAYOUT as LOKR_LAYOUT
 from hotlora.families import FAMILIES, family_named
-from hotlora.families.recognize import families_of_metadata, foreign_note
+from hotlora.families.recognize import base_model_compatible, families_of_metadata, foreign_note
 
 # Long lists are cut in messages; the count is always given.
 MAX_LISTED = 8
@@ -44,17 +45,7 @@ def is_conv(w) -> bool:
     return w.down.ndim == 4 or w.up.ndim == 4
 
 
-def _model_names(name: str) -> set[str]:
-    name = name.strip().rstrip("/").lower()
-    return {name, name.rsplit("/", 1)[-1]}
-
-
-def base_model_compatible(declared: str | None, served: frozenset[str]) -> bool:
-    """An adapter declaring no base model, or one the served model answers to (full id or its last part)."""
-    if not declared or not served:
-        return True
-    wanted = _model_names(declared)
-    return any(wanted & _model_names(name) for name in served)
+LYCORIS_KINDS = {LOKR_LAYOUT: "LoKr", LOHA_LAYOUT: "LoHa"}
 
 
 def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
@@ -75,8 +66,8 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
         problems.append(
             f"rank {max(too_big.values())} exceeds the engine's target rank {ceiling.target_rank} "
             f"in {_listed(too_big)}"
-            + (" (the exact low-rank form of a LyCORIS LoKr: fused mode, adapter_mode='fused', serves it at any "
-               "rank)" if adapter.layout == LOKR_LAYOUT else "")
+            + (f" (the exact low-rank form of a LyCORIS {LYCORIS_KINDS[adapter.layout]}: fused mode, "
+               "adapter_mode='fused', serves it at any rank)" if adapter.layout in LYCORIS_KINDS else "")
         )
     # Conv layers get their own message: the fix is another adapter mode, not another ceiling.
     convs = [m for m, w in adapter.modules.items()

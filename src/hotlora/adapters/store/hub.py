@@ -15,6 +15,25 @@ from hotlora.settings import StoreConfig
 from hotlora.errors import AdapterNotFound, SourceUnavailable
 
 log = logging.getLogger(__name__)
+MAX_CARD_BYTES = 1 << 20  # a model card read for its base_model alone
+MAX_BASE_MODEL_CHARS = 256
+
+
+def _card_base_model(readme: Path, confined_to: Path) -> str | None:
+    """``base_model`` of a model card's YAML header (huggingface_hub's parser; the first of a list).
+    ``confined_to``: where the card's real path must lie (a cached snapshot's file links into its
+    repository's blobs)."""
+    from huggingface_hub.repocard import metadata_load
+
+    real = os.path.realpath(readme)
+    if not readme.is_file() or not inside(real, os.path.realpath(confined_to)) or os.path.getsize(real) > MAX_CARD_BYTES:
+        return None
+    base = (metadata_load(readme) or {}).get("base_model")
+    if isinstance(base, list):
+        base = base[0] if base else None
+    if not isinstance(base, str) or not base.strip() or len(base) > MAX_BASE_MODEL_CHARS:
+        return None
+    return base.strip()
 
 
 class HubSource:
@@ -130,6 +149,40 @@ class HubSource:
         size = self.config.max_adapter_bytes - left
         return Fetched(path, f"hf|{ref.location}|{sha}|{ref.filename or ''}", size, (workdir,))
 
+    def base_model_of(self, repo: str, deadline: Deadline | None = None) -> str | None:
+        """The ``base_model`` a Hub repository's model card declares (the Ray ingress routes a
+        ``/models/{repo}`` request by it), or None: no such repository, no card, none declared, or a
+        repository that is no adapter (its files over the adapter cap). Only the card is read."""
+        import tempfile
+
+        from hotlora.adapters.store.references import InvalidReference, parse_reference
+
+        try:
+            ref = parse_reference(f"hf://{repo}")
+        except InvalidReference:
+            return None
+        if ref.kind != "hf" or ref.filename:
+            return None
+        try:
+            if self.offline():
+                from huggingface_hub import snapshot_download
+
+                folder = Path(snapshot_download(ref.location, revision=ref.revision, allow_patterns=["README.md"],
+                                                cache_dir=self.cache_dir, local_files_only=True))
+                return _card_base_model(folder / "README.md", folder.parents[1])
+            deadline = deadline or Deadline.of(self.config)
+            sha, files = self._metadata(ref, deadline)
+            if "README.md" not in dict(files):
+                return None
+            with tempfile.TemporaryDirectory(prefix="hotlora-card-") as work:
+                target = Path(work) / "README.md"
+                self.remote.download(ref, self._file_url(ref.location, sha, "README.md"), target,
+                                     headers=self._headers(ref.location), deadline=deadline, budget=MAX_CARD_BYTES)
+                return _card_base_model(target, Path(work))
+        except Exception as exc:  # not found, not cached, over the cap, unreachable: no base model to route by
+            log.info("%s: no base model read from its model card (%s)", ref.display, type(exc).__name__)
+            return None
+
     def _from_cache(self, ref: Reference) -> Fetched:
         from huggingface_hub import snapshot_download
 
@@ -158,3 +211,27 @@ class HubSource:
         check_size(size, ref, self.config)
         # snapshots/<commit>/...: the commit hash pins the content.
         return Fetched(path, f"hf|{ref.location}|{folder.name}|{ref.filename or ''}", size, (repo_folder,))
+
+
+class HubBaseModels:
+    """Hub repositories' declared base models, each read once in a while (``HubSource.base_model_of``):
+    the Ray ingress routes ``/models/{repository}`` by them. Bounded; an answer, none included, is
+    trusted for ``TTL_S`` (a card can change, a repository appear)."""
+
+    TTL_S = 300.0
+
+    def __init__(self, source: HubSource, max_entries: int = 4096):
+        from hotlora.lru import LRU
+
+        self.source = source
+        self._known: LRU[str, tuple[str | None, float]] = LRU(max_entries=max_entries)
+
+    def __call__(self, repo: str) -> str | None:
+        import time
+
+        known = self._known.get(repo)
+        if known is not None and time.monotonic() - known[1] < self.TTL_S:
+            return known[0]
+        base = self.source.base_model_of(repo)
+        self._known.put(repo, (base, time.monotonic()))
+        return base

@@ -21,8 +21,11 @@ every bucket. With a rank-0 bucket (slots that run no LoRA product at all), a fu
 be free of slot compute without a change here: ``SlotsWriter.swap({})`` picks the smallest bucket
 that holds the (empty) slots.
 
-Every adapter must fit the slots' ceiling (``target_rank``, ``target_modules``, Linear layers
-only), so that any request can fall back to the slots; the pristine copy covers only those layers.
+Every adapter must fit the slots' layers (``target_modules``, Linear layers only), so that any
+request could fall back to the slots; the pristine copy covers only those layers. An adapter above
+the slots' ``target_rank`` (a high-rank LoRA, a LyCORIS LoKr's or LoHa's exact low-rank form) is
+served fused when its merge keeps enough, and refused, before anything is written, when it would
+need the slots.
 One adapter set per forward batch, as in both writers it holds: requests with different adapters
 are never batched together (``mixes_requests`` is False, and ``bind`` refuses such a batch before
 writing anything).
@@ -30,13 +33,14 @@ writing anything).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Sequence
 
 from hotlora.adapters.binding import Bindings, bindings_key
 from hotlora.engine.writers.base import SwapReport, ceiling_modules
 from hotlora.engine.writers.fused import FusedWriter
 from hotlora.engine.writers.slots import SlotsWriter
-from hotlora.errors import InvalidRequest
+from hotlora.errors import AdapterRejected, InvalidRequest
 from hotlora.lru import LRU
 
 FUSED, SLOTS = "fused", "slots"
@@ -62,7 +66,8 @@ class AutoWriter:
         self.slots = SlotsWriter(denoiser, family, slot_names, target_rank, target_modules, served_models=served_models,
                               rank_buckets=rank_buckets)
         self.slot_names = self.slots.slot_names
-        self.ceiling = self.slots.ceiling  # every adapter must be servable by the slots
+        # The slots' layers; any rank (one above the slots' is served fused only: ``_decide``).
+        self.ceiling = dataclasses.replace(self.slots.ceiling, any_rank=True)
         self._decisions: LRU[tuple, tuple[str, float]] = LRU(max_entries=self.DECISIONS)
         self.batches = {FUSED: 0, SLOTS: 0}  # forward batches (chunks) with adapters per path, for describe()
 
@@ -93,9 +98,23 @@ class AutoWriter:
             kept = plan.kept if plan is not None else 1.0
             decided = (FUSED if kept >= self._min_kept else SLOTS, kept)
             if decided[0] == SLOTS:
+                self._refuse_above_slots(bindings, kept)
                 self.fused.forget(bindings)  # never merged: its stacked factors would only hold memory
             self._decisions.put(signature, decided)
         return decided
+
+    def _refuse_above_slots(self, bindings: Bindings, kept: float) -> None:
+        """A request the merge would cut that the slots cannot hold either: refused by name."""
+        target = self.slots.ceiling.target_rank
+        above = {slot: b for slot, b in bindings.items() if b is not None and b.adapter.rank > target}
+        if above:
+            names = ", ".join(f"{slot}={b.adapter.name} (scale {b.scale:g})" for slot, b in sorted(above.items()))
+            rank = max(b.adapter.rank for b in above.values())
+            raise AdapterRejected(names, [
+                f"rank {rank} exceeds the slots' target rank {target}, and merged into the weights it would keep "
+                f"{kept:.1%} of its weight delta (fused_min_kept {self._min_kept:.0%}): auto mode serves it neither "
+                "way. Serve it with adapter_mode=fused and a lower fused_min_kept (accepting the loss), or slots "
+                "of a larger target_rank"])
 
     def bind(self, samples: Sequence[Bindings], repeat: int = 1) -> SwapReport:
         """Before a chunk: one adapter set for the whole batch, on the path chosen for it. The

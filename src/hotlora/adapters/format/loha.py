@@ -1,0 +1,106 @@
+"""LyCORIS LoHa adapters as exact low-rank updates, read through the LoRA converters.
+
+A LoHa module stores ``delta W = (alpha / r) * (W1a @ W1b) * (W2a @ W2b)``, the element-wise
+(Hadamard) product of two rank-``r`` products (LyCORIS' ``loha.py``, PEFT's
+``LoHaLayer.get_delta_weight``). Row ``i`` of ``U1 V1 * U2 V2`` is
+``sum_ab U1[i,a] U2[i,b] V1[a,:] * V2[b,:]``, so the delta is the LoRA ``up @ down`` with
+``up[i, (a,b)] = U1[i,a] U2[i,b]`` and ``down[(a,b), j] = V1[a,j] V2[b,j]`` (row-wise and
+column-wise Kronecker products), of rank ``r1 * r2``: the same numbers, summed in another order.
+
+So a LoHa file becomes a LoRA file in its own key layout (kohya's ``lora_down`` / ``lora_up`` /
+``alpha`` beside kohya and LyCORIS names, ``lora_A`` / ``lora_B`` beside diffusers' dotted
+names), the alpha folded into ``up``; the family's own converter then maps the names as it maps a
+LoRA of that trainer (SDXL's SGM block numbers, Flux's fused ``qkv`` split by rows, which the
+exact form allows). Slots serve it when ``r1 * r2`` fits the target rank, fused and auto modes at
+any rank. diffusers reads no LoHa (its converters know LoKr only) and PEFT holds the math but
+turns nothing into LoRA factors, so this conversion is ours.
+
+Not served: Tucker-decomposed conv LoHa (``hada_t1`` / ``hada_t2``), and LoHa on conv layers
+(its factors are flattened over the kernel, which a LoRA file does not say: refused as a shape
+that does not fit the layer).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from hotlora.errors import AdapterFormatError
+
+LAYOUT = "lycoris-loha"
+PARTS = ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")
+# The exact low-rank form multiplies ranks (LyCORIS' LoHa dims are 4-32: up to 1024): its factors,
+# all modules together, are bounded before any is made, as a LoKr's (float32 elements, 4 GiB).
+MAX_LOHA_ELEMENTS = 2**30
+KOHYA_PREFIXES = ("lora_unet_", "lora_te", "lycoris_", "lora_transformer_")
+
+
+def is_loha(state_dict: Mapping) -> bool:
+    return any(".hada_" in key for key in state_dict)
+
+
+def loha_as_lora(state_dict: Mapping[str, torch.Tensor], label: str,
+                 peft_config: Mapping | None = None) -> dict[str, torch.Tensor]:
+    """A LoHa state dict -> the same modules as exact LoRA factors, in the key form of the file's
+    names. Scaling: a module's ``.alpha`` over its rank (LyCORIS, kohya), else a PEFT
+    ``LoHaConfig``'s ``alpha / r``, else 1 (no alpha: LyCORIS' alpha = rank)."""
+    modules: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in state_dict.items():
+        module, _, part = key.rpartition(".")
+        if not module:
+            raise AdapterFormatError(f"{label}: a LoHa file with a key that names no module: {key}")
+        if part in ("hada_t1", "hada_t2"):
+            raise AdapterFormatError(f"{label}: {module}: Tucker-decomposed (conv) LoHa factors are not served "
+                                     "(Linear layers only)")
+        if part not in (*PARTS, "alpha"):
+            raise AdapterFormatError(f"{label}: a LoHa file with keys that are not LoHa factors: {key}")
+        if not value.is_floating_point():
+            raise AdapterFormatError(f"{label}: {key} is {value.dtype}, not a floating-point tensor")
+        modules.setdefault(module, {})[part] = value
+    default_scale = _config_scale(peft_config, label)
+    elements = 0
+    for module, parts in modules.items():
+        missing = [p for p in PARTS if p not in parts]
+        if missing:
+            raise AdapterFormatError(f"{label}: {module}: LoHa factors missing: {', '.join(missing)}")
+        w1a, w1b, w2a, w2b = (parts[p] for p in PARTS)
+        if not all(t.ndim == 2 for t in (w1a, w1b, w2a, w2b)) or w1a.shape[1] != w1b.shape[0] \
+                or w2a.shape[1] != w2b.shape[0] or w1a.shape[0] != w2a.shape[0] or w1b.shape[1] != w2b.shape[1]:
+            raise AdapterFormatError(f"{label}: {module}: LoHa factors of shapes "
+                                     f"{[tuple(t.shape) for t in (w1a, w1b, w2a, w2b)]} do not make one matrix")
+        elements += w1a.shape[1] * w2a.shape[1] * (w1a.shape[0] + w1b.shape[1])
+    if elements > MAX_LOHA_ELEMENTS:
+        raise AdapterFormatError(f"{label}: the LoHa factors expand to {elements:,} elements "
+                                 f"(over {MAX_LOHA_ELEMENTS:,}); refused before expanding them")
+    out: dict[str, torch.Tensor] = {}
+    for module, parts in modules.items():
+        w1a, w1b, w2a, w2b = (parts[p].float() for p in PARTS)
+        rank = w1b.shape[0]
+        alpha = parts.get("alpha")
+        if alpha is not None and alpha.numel() != 1:
+            raise AdapterFormatError(f"{label}: {module}.alpha has {alpha.numel()} elements, not one")
+        scale = float(alpha) / rank if alpha is not None else default_scale
+        if not torch.isfinite(torch.tensor(scale)):
+            raise AdapterFormatError(f"{label}: {module}: LoHa alpha {float(alpha)} is not a number")
+        up = (w1a[:, :, None] * w2a[:, None, :]).reshape(w1a.shape[0], -1) * scale
+        down = (w1b[:, None, :] * w2b[None, :, :]).reshape(-1, w1b.shape[1])
+        if module.startswith(KOHYA_PREFIXES):
+            out[f"{module}.lora_down.weight"], out[f"{module}.lora_up.weight"] = down, up
+            out[f"{module}.alpha"] = torch.tensor(float(down.shape[0]))  # alpha / rank = 1: folded into up
+        else:
+            out[f"{module}.lora_A.weight"], out[f"{module}.lora_B.weight"] = down, up
+    return out
+
+
+def _config_scale(peft_config: Mapping | None, label: str) -> float:
+    """PEFT's ``LoHaConfig`` (``adapter_config.json`` beside its weights): ``alpha / r``, one for
+    every module (per-module patterns are not read: refused)."""
+    if not peft_config:
+        return 1.0
+    if peft_config.get("rank_pattern") or peft_config.get("alpha_pattern"):
+        raise AdapterFormatError(f"{label}: a LoHa config with rank_pattern / alpha_pattern is not served")
+    r, alpha = peft_config.get("r", 8), peft_config.get("alpha", 8)
+    if not isinstance(r, (int, float)) or not isinstance(alpha, (int, float)) or not r:
+        raise AdapterFormatError(f"{label}: a LoHa config's r {r!r} and alpha {alpha!r} are not numbers")
+    return float(alpha) / float(r)
