@@ -34,8 +34,9 @@ MARGIN_MIB=${MARGIN_MIB:-2}
 if [ -n "${LIMIT_MIB:-}" ]; then
     limit=$((LIMIT_MIB * 1048576))
 else
-    # What the device call sends besides .whl: tracked files and untracked ones git does not ignore.
-    repo_bytes=$(git ls-files -z -co --exclude-standard 2>/dev/null | xargs -0 -r stat -c %s 2>/dev/null \
+    # What the device call sends besides .whl: tracked files and untracked ones git does not ignore
+    # (a tracked file deleted in the work tree is listed but not sent: stat skips it).
+    repo_bytes=$(git ls-files -z -co --exclude-standard 2>/dev/null | { xargs -0 -r stat -c %s 2>/dev/null || true; } \
         | awk '{s += $1} END {print s + 0}')
     limit=$(( (CARRY_MIB - MARGIN_MIB) * 1048576 - repo_bytes ))
     echo "repository: $(awk -v b="$repo_bytes" 'BEGIN{printf "%.1f", b/1048576}') MiB of the device call's $CARRY_MIB MiB"

@@ -1,10 +1,11 @@
-"""The real SDXL architecture served end to end on the CPU, against plain diffusers.
+"""A real architecture served end to end on the CPU, against plain diffusers: SDXL, or SD1.5
+(``--family sd15``).
 
-Usage: PYTHONPATH=src .venv/bin/python bench/full_size.py [--dtype bfloat16] [--steps 2] [--work .cache/fullsize]
+Usage: PYTHONPATH=src .venv/bin/python bench/full_size.py [--family sdxl] [--dtype bfloat16] [--steps 2] [--work .cache/fullsize]
 
-1. Builds (once) the full-size SDXL from its published configuration with random weights, and a
-   kohya sd-scripts rank-32 LoRA (U-Net + both text encoders) and a diffusers rank-128 one
-   (``python -m hotlora.fullsize.sdxl build``), under ``--work`` (``sdxl/`` and ``sdxl/adapters/``),
+1. Builds (once) the full-size model from its published configuration with random weights, and a
+   kohya sd-scripts rank-32 LoRA (U-Net + the text encoders) and a diffusers rank-128 one
+   (``python -m hotlora.fullsize.FAMILY build``), under ``--work`` (``FAMILY/`` and ``FAMILY/adapters/``),
    not in the repository.
 2. ``hotlora serve`` in its own process, compiled, at 256x256, a fixed batch size, target rank 128,
    EMPTY inductor cache and compile-artifact folders (cold): start to ready, load and warm-up
@@ -13,13 +14,14 @@ Usage: PYTHONPATH=src .venv/bin/python bench/full_size.py [--dtype bfloat16] [--
    Peak resident memory of the server process (``VmHWM``).
 3. The same server again with a fresh, empty inductor cache but the first one's compile artifacts
    (warm): start to ready and warm-up; one request, which must give the same bytes.
-4. Plain diffusers (``StableDiffusionXLPipeline`` + ``load_lora_weights``, unfused), each dtype in
+4. Plain diffusers (the model's pipeline class + ``load_lora_weights``, unfused), each dtype in
    its own process (``--reference-dtypes``): the same requests, their pack times and peak memory.
    The float32 reference runs in two phases (text encoders, then U-Net + VAE) so that no process
    holds the 13.9 GB float32 pipeline at once; the arithmetic is diffusers' own either way.
 5. Compares: the server against each reference and the references against each other (the
    reference's own dtype noise), in 8-bit levels of the PNG images; writes
-   bench/results/full_size.{json,md}. ``tests/fullsize`` asserts on what ``run`` returns.
+   bench/results/full_size.{json,md} (``full_size_sd15`` for SD1.5). ``tests/fullsize`` asserts on
+   what ``run`` returns.
 """
 
 from __future__ import annotations
@@ -47,13 +49,17 @@ SEQUENCE = [("none", {}), ("kohya", {"identity": "kohya-r32"}), ("diffusers", {"
 SCALES = {"identity": 0.9, "style": 0.8}
 
 
-def ensure_model(model: Path) -> tuple[Path, dict[str, Path]]:
+FAMILIES = {"sdxl": "SDXL", "sd15": "SD1.5"}  # --family -> its name in the tables (hotlora.fullsize.FAMILY builds it)
+
+
+def ensure_model(model: Path, family: str = "sdxl") -> tuple[Path, dict[str, Path]]:
     """The model and its two adapters (built by a child process the first time)."""
     adapters = model / "adapters"
     paths = {"kohya-r32": adapters / "kohya-r32.safetensors",
              "diffusers-r128": adapters / "diffusers-r128" / "pytorch_lora_weights.safetensors"}
     if not (model / "model_index.json").is_file() or not all(p.is_file() for p in paths.values()):
-        subprocess.run([sys.executable, "-m", "hotlora.fullsize.sdxl", "build", str(model)], check=True, env=child_env())
+        subprocess.run([sys.executable, "-m", f"hotlora.fullsize.{family}", "build", str(model)], check=True,
+                       env=child_env())
     return model, paths
 
 
@@ -62,11 +68,32 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def peak_rss_gib(pid: int) -> float:
-    """The process's peak resident memory so far (the kernel's high-water mark)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return round(int(line.split()[1]) / 2**20, 2)
-    return float("nan")
+    """The peak resident memory so far (the kernel's high-water mark) of the process and its
+    descendants (the engine process ``hotlora serve`` spawns), summed: an upper bound of what
+    they held at once."""
+    total, found = 0, False
+    for proc in [pid, *descendants(pid)]:
+        try:
+            lines = Path(f"/proc/{proc}/status").read_text().splitlines()
+        except OSError:  # ended meanwhile
+            continue
+        for line in lines:
+            if line.startswith("VmHWM:"):
+                total, found = total + int(line.split()[1]), True
+    return round(total / 2**20, 2) if found else float("nan")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (/proc/PID/task/TID/children, recursively)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for child in children:
+            out += [child, *descendants(child)]
+    return out
 
 
 class Server:
@@ -294,8 +321,9 @@ def table(result: dict) -> str:
             rows.append([(f"request {label} (prompt encoding + pack): server ({result['args']['dtype']}, compiled) / plain "
                          f"diffusers {dtype} eager, unfused"),
                          f"{ratio}x"])
-    rows += [["peak resident memory, server (cold start)", f"{result['peak_rss_gib_cold']} GiB"],
-             *([["peak resident memory, server (warm start)", f"{result['peak_rss_gib_warm']} GiB"]] if "peak_rss_gib_warm" in result else []),
+    rows += [["peak resident memory, server and engine processes (cold start)", f"{result['peak_rss_gib_cold']} GiB"],
+             *([["peak resident memory, server and engine processes (warm start)", f"{result['peak_rss_gib_warm']} GiB"]]
+               if "peak_rss_gib_warm" in result else []),
              *[[f"peak resident memory, plain diffusers {d} (two phases)", f"{r['peak_rss_gib']} GiB"]
                for d, r in result["references"].items()],
              ["recompiles after warm-up (all requests)", result["recompiles"]],
@@ -306,13 +334,15 @@ def table(result: dict) -> str:
         rows.append([f"diffusers {pair.replace('_vs_', ' vs ')} (its dtype noise)", {k: f"{v['max']} / {v['mean']}" for k, v in per_label.items()}])
     for dtype, per_label in result["comparison"].get("adapter_effect", {}).items():
         rows.append([f"adapter effect on diffusers {dtype} (vs none)", {k: f"{v['max']} / {v['mean']}" for k, v in per_label.items()}])
-    return markdown_table(["full-size SDXL, CPU", "measured"], rows)
+    return markdown_table([f"full-size {FAMILIES[result['args']['family']]}, CPU", "measured"], rows)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="the full-size SDXL served on the CPU against plain diffusers")
-    p.add_argument("--work", type=Path, default=REPO / ".cache" / "fullsize", help="model, adapters, logs, caches")
-    p.add_argument("--model", type=Path, default=None, help="the model folder (default: WORK/sdxl; built if missing)")
+    p = argparse.ArgumentParser(description="a full-size model served on the CPU against plain diffusers")
+    p.add_argument("--family", choices=sorted(FAMILIES), default="sdxl")
+    p.add_argument("--work", type=Path, default=None,
+                   help="model, adapters, logs, caches (default: .cache/fullsize for SDXL, .cache/fullsize-FAMILY)")
+    p.add_argument("--model", type=Path, default=None, help="the model folder (default: WORK/FAMILY; built if missing)")
     p.add_argument("--dtype", default="bfloat16", help="the server's dtype")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--num-images", type=int, default=1)
@@ -331,9 +361,11 @@ def parser() -> argparse.ArgumentParser:
 
 def run(args) -> dict:
     """The whole measurement (see the module docstring); one full-size process at a time."""
+    if args.work is None:  # one folder per family: the saved figures and artifacts (--reuse) are the family's
+        args.work = REPO / ".cache" / ("fullsize" if args.family == "sdxl" else f"fullsize-{args.family}")
     args.work = args.work.resolve()  # the server resolves adapter refs as absolute paths under its roots
     args.work.mkdir(parents=True, exist_ok=True)
-    model, refs = ensure_model((args.model or args.work / "sdxl").resolve())
+    model, refs = ensure_model((args.model or args.work / args.family).resolve(), args.family)
     dtypes = [d for d in args.reference_dtypes.split(",") if d]
     # The server's own dtype first (a wrong reference fails in minutes, not after the compile).
     references = {d: run_reference(model, refs, args, d) for d in dtypes if d == args.dtype}
@@ -352,11 +384,12 @@ def main() -> None:
     from bench.harness import write_results
 
     result = run(args)
-    write_results(args.out, "full_size", result, table(result),
-                  f"The real SDXL architecture (random weights), `hotlora serve --dtype {args.dtype} --sizes {args.size} "
+    name = "full_size" if args.family == "sdxl" else f"full_size_{args.family}"
+    write_results(args.out, name, result, table(result),
+                  f"The real {FAMILIES[args.family]} architecture (random weights), `hotlora serve --dtype {args.dtype} --sizes {args.size} "
                   f"--batch-size {args.batch_size} --target-rank {args.target_rank} --compile`, {args.steps} steps, "
                   f"{args.num_images} image(s), guidance 5, against plain diffusers (unfused LoRA). "
-                  "`PYTHONPATH=src .venv/bin/python bench/full_size.py`")
+                  f"`PYTHONPATH=src .venv/bin/python bench/full_size.py --family {args.family}`")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Plain diffusers' answers for bench/full_size.py's requests, in one dtype, in its own process.
+The pipeline class is the one the model's ``model_index.json`` names (SDXL's or SD1.5's).
 
 Usage (bench/full_size.py runs it): full_size_reference.py MODEL ADAPTERS_JSON DTYPE STEPS NUM_IMAGES WxH OUT.json
 
@@ -8,7 +9,7 @@ Two phases so that float32 fits a 12 GB process (the whole float32 pipeline is 1
    ``load_lora_into_text_encoder``, the calls ``load_lora_weights`` makes, unfused);
 2. the U-Net and VAE (``text_encoder=None``): ``load_lora_weights`` for the U-Net part, unfused,
    ``set_adapters`` with the request's scale, one pipeline call per request with those embeddings.
-The arithmetic is exactly what one ``StableDiffusionXLPipeline`` call does; only the order of
+The arithmetic is exactly what one pipeline call does; only the order of
 loading differs. Writes the PNG bytes (hex), each pack's seconds (the pipeline call from the
 embeddings), each request's prompt-encoding seconds and the process's peak memory.
 """
@@ -29,6 +30,22 @@ from full_size import PROMPT, SCALES, SEED  # one definition of the requests
 
 # The reference's requests: label -> (adapter key, slot) or None; the sequence's first three.
 REQUESTS = {"none": None, "kohya": ("kohya-r32", "identity"), "diffusers": ("diffusers-r128", "style")}
+# What each pipeline's encode_prompt returns, as the keyword arguments its __call__ takes them by;
+# and the text encoders it loads LoRA into.
+EMBEDDINGS = {"StableDiffusionXLPipeline": ("prompt_embeds", "negative_prompt_embeds", "pooled_prompt_embeds",
+                                            "negative_pooled_prompt_embeds"),
+              "StableDiffusionPipeline": ("prompt_embeds", "negative_prompt_embeds")}
+TEXT_ENCODERS = {"StableDiffusionXLPipeline": ("text_encoder", "text_encoder_2"),
+                 "StableDiffusionPipeline": ("text_encoder",)}
+
+
+def pipeline_class(model: Path):
+    import diffusers
+
+    name = json.loads((model / "model_index.json").read_text())["_class_name"]
+    if name not in EMBEDDINGS:
+        raise SystemExit(f"{model}: a {name}; this reference runs {', '.join(EMBEDDINGS)}")
+    return getattr(diffusers, name)
 
 
 def split_kohya(path: Path, out: Path) -> tuple[Path, Path]:
@@ -49,11 +66,11 @@ def split_kohya(path: Path, out: Path) -> tuple[Path, Path]:
 def prompt_embeddings(model: Path, kohya_te: Path, dtype: torch.dtype) -> tuple[dict[str, tuple], dict[str, float]]:
     """Phase 1: {"none": embeds, "kohya": embeds}, each encode_prompt's four tensors, and the seconds
     each encoding takes (the second call of two: the server's pipeline call encodes too, warm)."""
-    from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
+    from diffusers import UNet2DConditionModel
     from diffusers.configuration_utils import FrozenDict
 
-    pipe = StableDiffusionXLPipeline.from_pretrained(str(model), unet=None, vae=None, torch_dtype=dtype,
-                                                     local_files_only=True)
+    cls = pipeline_class(model)
+    pipe = cls.from_pretrained(str(model), unet=None, vae=None, torch_dtype=dtype, local_files_only=True)
     seconds = {}
 
     def encode(label: str):
@@ -67,7 +84,7 @@ def prompt_embeddings(model: Path, kohya_te: Path, dtype: torch.dtype) -> tuple[
         out = {"none": encode("none")}
         unet_config = FrozenDict(UNet2DConditionModel.load_config(str(model / "unet")))
         sd, alphas, meta = pipe.lora_state_dict(str(kohya_te), unet_config=unet_config, return_lora_metadata=True)
-        for prefix in ("text_encoder", "text_encoder_2"):
+        for prefix in TEXT_ENCODERS[cls.__name__]:
             pipe.load_lora_into_text_encoder(sd, network_alphas=alphas, text_encoder=getattr(pipe, prefix), prefix=prefix,
                                              adapter_name="kohya", metadata=meta, _pipeline=pipe)
         pipe.set_adapters(["kohya"], [SCALES["identity"]])
@@ -79,15 +96,14 @@ def main() -> None:
     model, adapters, dtype_name, steps, num_images, size, out = sys.argv[1:8]
     model, adapters, dtype = Path(model), {k: Path(v) for k, v in json.loads(adapters).items()}, getattr(torch, dtype_name)
     width, height = (int(x) for x in size.split("x"))
-    from diffusers import StableDiffusionXLPipeline
-
     began = time.perf_counter()
     kohya_te, kohya_unet = split_kohya(adapters["kohya-r32"], Path(out).parent)
     embeddings, encode_s = prompt_embeddings(model, kohya_te, dtype)
     text_s = time.perf_counter() - began
     began = time.perf_counter()
-    pipe = StableDiffusionXLPipeline.from_pretrained(str(model), text_encoder=None, text_encoder_2=None,
-                                                     torch_dtype=dtype, local_files_only=True)
+    cls = pipeline_class(model)
+    pipe = cls.from_pretrained(str(model), **dict.fromkeys(TEXT_ENCODERS[cls.__name__]), torch_dtype=dtype,
+                               local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - began
     rows = []
@@ -104,10 +120,9 @@ def main() -> None:
         generators = [torch.Generator().manual_seed(SEED + i) for i in range(int(num_images))]
         began = time.perf_counter()
         with torch.no_grad():
-            images = pipe(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], pooled_prompt_embeds=embeds[2],
-                          negative_pooled_prompt_embeds=embeds[3], num_images_per_prompt=int(num_images),
-                          generator=generators, num_inference_steps=int(steps), guidance_scale=5.0,
-                          height=height, width=width).images
+            images = pipe(**dict(zip(EMBEDDINGS[cls.__name__], embeds, strict=True)),
+                          num_images_per_prompt=int(num_images), generator=generators,
+                          num_inference_steps=int(steps), guidance_scale=5.0, height=height, width=width).images
         pack_s = time.perf_counter() - began
         pngs = []
         for image in images:

@@ -1,6 +1,6 @@
 """Calibrate the activation model of `hotlora plan` (src/hotlora/engine/plan/activations.py).
 
-Usage: PYTHONPATH=src .venv/bin/python bench/plan_calibrate.py [--only wan-vae]
+Usage: PYTHONPATH=src .venv/bin/python bench/plan_calibrate.py [--only wan-vae|video-vae]
 Builds Flux.1-dev's transformer at its real width (3072) with 1 double + 1 single block, its real
 VAE (hotlora.fullsize.flux), and SDXL's U-Net at its real widths with one transformer layer per
 level (SDXL_UNET below), from the published configurations, zero weights, on the CPU;
@@ -12,7 +12,10 @@ bench/results/plan_calibrate.{json,md}. ~3.5 GB peak RSS, ~10 minutes on 2 cores
 video VAE (real width, base_dim 96) is measured over sizes at 5 frames and over frame counts at one
 size (activations.py: its ``(k, c, f)``), in float32 only (bfloat16 reuses that fit: a bf16 Conv3d on
 this CPU takes minutes a point); ``--only wan-vae`` measures just that (~2 minutes) and
-keeps the other parts' results from bench/results/plan_calibrate.json.
+keeps the other parts' results from bench/results/plan_calibrate.json. LTX-Video's VAE (real
+widths, a non-causal decoder: every frame decoded at once) is measured the same way, in the same
+``(k, c, f)`` form, where ``f`` then carries the whole decoder's activations per decoded frame;
+``--only video-vae`` measures both video VAEs.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from hotlora.engine.plan.activations import (
     video_vae_decode_peak,
 )
 from hotlora.fullsize._encoders import WAN21_VAE
+from hotlora.fullsize.ltx_video import VAE as LTX_VIDEO_VAE
 from hotlora.engine.writers.slots import SlotsWriter
 from hotlora.fullsize.flux import TRANSFORMER, VAE
 from hotlora.fullsize.sdxl import UNET as SDXL_PUBLISHED_UNET
@@ -53,6 +57,9 @@ SDXL_UNET = {**SDXL_PUBLISHED_UNET, "transformer_layers_per_block": [1, 1, 1]}
 # Wan's VAE, (latent frames, height, width): sizes at 5 frames fit k; frame counts (5, 21, 41) at one size fit f.
 WAN_VAE_SIZES = [(2, 64, 64), (2, 128, 128), (2, 64, 128)]
 WAN_VAE_FRAMES = [(2, 64, 64), (6, 64, 64), (11, 64, 64)]
+# LTX-Video's VAE (32x spatial, 8x temporal), the same two series: sizes at 9 frames, frame counts at one size.
+LTX_VAE_SIZES = [(2, 64, 64), (2, 128, 128), (2, 64, 128)]
+LTX_VAE_FRAMES = [(2, 64, 64), (4, 64, 64), (6, 64, 64)]
 SLOT_RANK = 64  # two slots: a rank-128 PEFT adapter; the LoRA temporaries are a few % of the peak
 
 
@@ -116,18 +123,29 @@ def calibrate_vae(dtype: torch.dtype) -> dict:
 def calibrate_wan_vae(dtype: torch.dtype) -> dict:
     from diffusers import AutoencoderKLWan
 
-    vae = empty_model(lambda: AutoencoderKLWan.from_config({k: v for k, v in WAN21_VAE.items() if not k.startswith("_")}),
-                      dtype)
+    return calibrate_video_vae(AutoencoderKLWan, WAN21_VAE, 4, WAN_VAE_SIZES, WAN_VAE_FRAMES, dtype)
+
+
+def calibrate_ltx_vae(dtype: torch.dtype) -> dict:
+    from diffusers import AutoencoderKLLTXVideo
+
+    return calibrate_video_vae(AutoencoderKLLTXVideo, LTX_VIDEO_VAE, 8, LTX_VAE_SIZES, LTX_VAE_FRAMES, dtype)
+
+
+def calibrate_video_vae(cls, config: dict, temporal: int, sizes, frame_counts, dtype: torch.dtype) -> dict:
+    """A video VAE's ``(k, c, f)``: ``f`` from frame counts at one size, then ``k`` and ``c`` from sizes
+    at one frame count (what ``f`` leaves). ``temporal``: decoded frames per latent frame."""
+    vae = empty_model(lambda: cls.from_config({k: v for k, v in config.items() if not k.startswith("_")}), dtype)
     element = torch.empty((), dtype=dtype).element_size()
-    channels = vae_width(WAN21_VAE)
+    channels = vae_width(config)
 
     def frames(latent: int) -> int:
-        return 4 * (latent - 1) + 1
+        return temporal * (latent - 1) + 1
 
-    measured = {point: video_vae_decode_peak(vae, 1, *point) for point in dict.fromkeys(WAN_VAE_SIZES + WAN_VAE_FRAMES)}
-    f, _ = fit([(frames(n) * h * w * 3 * element, measured[(n, h, w)]) for n, h, w in WAN_VAE_FRAMES])
+    measured = {point: video_vae_decode_peak(vae, 1, *point) for point in dict.fromkeys(sizes + frame_counts)}
+    f, _ = fit([(frames(n) * h * w * 3 * element, measured[(n, h, w)]) for n, h, w in frame_counts])
     k, c = fit([(h * w * channels * element, measured[(n, h, w)] - f * frames(n) * h * w * 3 * element)
-                for n, h, w in WAN_VAE_SIZES])
+                for n, h, w in sizes])
     return {"k": round(k, 4), "c": round(c), "f": round(f, 4), "points": [
         {"latent_frames": n, "frames": frames(n), "height": h, "width": w, "peak_bytes": p}
         for (n, h, w), p in measured.items()]}
@@ -135,7 +153,7 @@ def calibrate_wan_vae(dtype: torch.dtype) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=("wan-vae",), default=None,
+    parser.add_argument("--only", choices=("wan-vae", "video-vae"), default=None,
                         help="measure one part; the others' results are kept from bench/results/plan_calibrate.json")
     args = parser.parse_args()
     began = time.perf_counter()
@@ -145,6 +163,7 @@ def main() -> int:
     else:
         results = {"flux": {"denoiser": {}}, "sdxl": {"denoiser": {}}, "vae": {"decode": {}}}
     results.setdefault("wan", {"vae_decode": {}})
+    results.setdefault("ltx", {"vae_decode": {}})
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
         if not args.only:
@@ -156,9 +175,12 @@ def main() -> int:
     # Wan's VAE in float32 only: a bfloat16 Conv3d on this CPU (no bf16 kernels) took over 7 minutes for
     # the smallest point. bfloat16 plans use the float32 fit at 2 bytes an element (the Flux VAE's
     # bfloat16 k came out 0.95-1.25x its float32 k: a margin of that order, said in the plan's docs).
-    wan = calibrate_wan_vae(torch.float32)
-    results["wan"]["vae_decode"] = {"float32": wan, "bfloat16": {**wan, "measured_in": "float32"}}
-    print("float32", json.dumps(wan), file=sys.stderr)
+    for family, calibrate in (("wan", calibrate_wan_vae), ("ltx", calibrate_ltx_vae)):
+        if args.only == "wan-vae" and family != "wan":
+            continue
+        video = calibrate(torch.float32)
+        results[family]["vae_decode"] = {"float32": video, "bfloat16": {**video, "measured_in": "float32"}}
+        print(family, "float32", json.dumps(video), file=sys.stderr)
 
     def fitted(by: dict):  # by writer or regime ((k, c)); a family's own VAE has no writer ((k, c, f))
         return (by["k"], by["c"], by["f"]) if "f" in by else {k: (v["k"], v["c"]) for k, v in by.items()}
@@ -195,11 +217,12 @@ def main() -> int:
                             for p in v["points"])
             rows.append(f"| Flux VAE decode ({regime} image{'s' if regime == 'batch' else ''}) | {dtype} | - | "
                         f"{v['k']} | {v['c'] / 2**20:.1f} | {pts} |")
-    for dtype, v in results["wan"]["vae_decode"].items():
-        pts = ", ".join(f"{p['frames']}f {p['width']}x{p['height']}: {p['peak_bytes'] / 2**20:.1f}" for p in v["points"])
-        measured_in = f" (the {v['measured_in']} fit)" if "measured_in" in v else ""
-        rows.append(f"| Wan 2.1 VAE decode (k; f = {v['f']} per decoded frame's pixels x 3) | {dtype}{measured_in} | - | {v['k']} | "
-                    f"{v['c'] / 2**20:.1f} | {pts} |")
+    for family, label in (("wan", "Wan 2.1"), ("ltx", "LTX-Video")):
+        for dtype, v in results[family]["vae_decode"].items():
+            pts = ", ".join(f"{p['frames']}f {p['width']}x{p['height']}: {p['peak_bytes'] / 2**20:.1f}" for p in v["points"])
+            measured_in = f" (the {v['measured_in']} fit)" if "measured_in" in v else ""
+            rows.append(f"| {label} VAE decode (k; f = {v['f']} per decoded frame's pixels x 3) | {dtype}{measured_in} | - | "
+                        f"{v['k']} | {v['c'] / 2**20:.1f} | {pts} |")
     (out / "plan_calibrate.md").write_text(
         f"Command: `PYTHONPATH=src .venv/bin/python bench/plan_calibrate.py{' --only ' + args.only if args.only else ''}` "
         f"({machine}, "

@@ -72,7 +72,8 @@ def targets(sd):
 def some_modules(linears, family):
     """Attention and MLP projections (transformers: of the first blocks; U-Nets: all): what trainers target by default."""
     wanted = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "proj_mlp", "ff.net.2", "proj_in", "proj_out")
-    return [m for m in linears if m.endswith(wanted) and ("blocks.0." in m or "mid_block" in m
+    first_block = ("blocks.0.", "layers.0.")  # Z-Image names its main blocks ``layers``
+    return [m for m in linears if m.endswith(wanted) and (any(b in m for b in first_block) or "mid_block" in m
                                                      or family_named(family).denoiser == "unet")]
 
 

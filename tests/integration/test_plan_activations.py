@@ -1,5 +1,5 @@
 """The activation model against new measurements: Flux.1-dev's transformer at its real width
-(3072; 1 double + 1 single block, zero weights), its real VAE and Wan 2.1's video VAE, in float32 on the CPU, at sizes
+(3072; 1 double + 1 single block, zero weights), its real VAE and the Wan 2.1 and LTX-Video video VAEs, in float32 on the CPU, at sizes
 and batches the calibration (bench/plan_calibrate.py) did not use: predicted within 10%.
 ~40 s and ~2.6 GB of memory (the two real-width blocks)."""
 
@@ -66,4 +66,23 @@ def test_wan_vae_decode_peak_is_predicted_within_10_percent(table):
         work = Workload(batch=1, tokens=0, width=0, images=1, pixels=height * width, vae_channels=WAN21_VAE["base_dim"],
                         frames=4 * (latent_frames - 1) + 1)
         predicted = predict(table, "wan", work, torch.float32, "slots")["vae_decode"]
+        assert abs(predicted - measured) / measured < 0.10, (latent_frames, height, width, predicted, measured)
+
+
+def test_ltx_vae_decode_peak_is_predicted_within_10_percent(table):
+    """LTX-Video's VAE at its real widths, float32: its decoder is not causal (every frame at once),
+    so its peak grows with frames x pixels; at sizes and frame counts the calibration did not use (it
+    used 64x64, 128x128 and 64x128 at 9 frames, and 9, 25 and 41 frames at 64x64)."""
+    from diffusers import AutoencoderKLLTXVideo
+
+    from hotlora.engine.plan.activations import video_vae_decode_peak
+    from hotlora.fullsize.ltx_video import VAE as LTX_VAE
+
+    vae = empty_model(lambda: AutoencoderKLLTXVideo.from_config({k: v for k, v in LTX_VAE.items()
+                                                                 if not k.startswith("_")}), torch.float32)
+    for latent_frames, height, width in ((3, 96, 96), (5, 64, 96)):  # 17 and 33 frames
+        measured = video_vae_decode_peak(vae, 1, latent_frames, height, width)
+        work = Workload(batch=1, tokens=0, width=0, images=1, pixels=height * width,
+                        vae_channels=LTX_VAE["block_out_channels"][0], frames=8 * (latent_frames - 1) + 1)
+        predicted = predict(table, "ltx", work, torch.float32, "slots")["vae_decode"]
         assert abs(predicted - measured) / measured < 0.10, (latent_frames, height, width, predicted, measured)

@@ -14,7 +14,7 @@ from PIL import Image
 
 from hotlora.scaleout.routing import ATTEMPTS_HEADER, REPLICA_HEADER
 
-from ..helpers import family_params
+from ..helpers import CORE_FAMILIES
 from .conftest import HUB_SDXL_LORA
 
 STEPS = 2
@@ -104,7 +104,7 @@ def test_the_edge_refuses_what_no_replica_could_serve(cluster):
     assert missing.json()["type"] == "AdapterNotFound"
 
 
-@pytest.mark.parametrize("family", family_params(images=True))
+@pytest.mark.parametrize("family", CORE_FAMILIES)  # the models the cluster deploys (conftest.ray_config)
 def test_results_through_the_cluster_equal_the_single_process_engine(cluster, tiny_models, family):
     url, config = cluster
     response = generate(url, "identity-peft", model=family, n=3, seed=11)

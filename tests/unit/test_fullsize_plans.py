@@ -30,6 +30,7 @@ PUBLISHED = {
     "wan21_t2v_1_3b": ("transformer", 1.3e9, 0.10),  # "1.3B" is a rounded name (1.42B)
     "wan21_t2v_14b": ("transformer", 14e9, 0.025),  # "14B" (14.29B)
     "wan22_t2v_a14b": ("transformer", 14e9, 0.025),  # "14B" per expert (14.29B each)
+    "ltx_video": ("transformer", 2e9, 0.04),  # "2B" is a rounded name (1.92B)
 }
 
 
@@ -138,7 +139,7 @@ def test_plan_builds_the_class_the_model_index_names(monkeypatch):
 
 @pytest.mark.parametrize("name,factor,width", [("sd15", 8, 128), ("flux2_dev", 8, 128), ("qwen_image", 8, 96),
                                                ("qwen_image_21", 16, 144), ("sd35_large", 8, 128),
-                                               ("wan21_t2v_14b", 8, 96)])
+                                               ("wan21_t2v_14b", 8, 96), ("ltx_video", 32, 128)])
 def test_activation_workload_reads_every_vae_layout(name, factor, width):
     """The plan's activation workload reads the VAE's scale and width from AutoencoderKL-style
     configs (block_out_channels) and from the Wan-style ones Qwen-Image ships, as its pipelines do."""
@@ -174,3 +175,15 @@ def test_wan_plan_workload_at_the_published_sizes(size, tokens):
 
     work = workload(family_named("wan"), wan21_t2v_14b.COMPONENTS, *size, images=1, cfg=False)
     assert (work.tokens, work.width) == (tokens, 5120)
+
+
+@pytest.mark.parametrize("size,tokens", [((480, 832), 21 * 15 * 26), ((704, 1280), 21 * 22 * 40)])
+def test_ltx_plan_workload_at_its_sizes(size, tokens):
+    """161 frames are 21 latent frames (8x temporal, the first kept); each latent frame is
+    (height / 32) x (width / 32) tokens (patch 1); the layer width is 32 heads x 64."""
+    from hotlora.engine.plan.activations import workload
+    from hotlora.families import family_named
+    from hotlora.fullsize import ltx_video
+
+    work = workload(family_named("ltx"), ltx_video.COMPONENTS, *size, images=1, cfg=True)
+    assert (work.tokens, work.width, work.batch, work.frames) == (tokens, 2048, 2, 161)

@@ -77,7 +77,9 @@ def test_a_models_path_naming_a_hub_lora_goes_to_the_model_its_card_names(config
                      slots, hub_base_model=cards.get)
 
     sdxl = hub_routed("/models/someone/sdxl-style")
-    assert (sdxl.deployment, sdxl.identity) == ("sdxl", "hf://someone/sdxl-style")
+    assert (sdxl.deployment, sdxl.identity, sdxl.path) == ("sdxl", "hf://someone/sdxl-style", "/models/someone/sdxl-style")
+    # A served model's name (a deployment name or alias the replica's model may not answer to) goes on as "/".
+    assert hub_routed("/models/sdxl-base").path == "/" and routed(config, "/v1/generate").path == "/v1/generate"
     assert hub_routed("/models/someone/flux-face").deployment == "flux"
     assert hub_routed("/models/someone/flux-face", headers={"lora": "u1"}).identity == "u1"
     assert hub_routed("/models/org/sdxl").identity is None  # a served model's own id: no adapter

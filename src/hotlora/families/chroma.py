@@ -4,8 +4,12 @@ guidance: a second forward pass on the negative prompt for ``guidance_scale > 1`
 
 It loads LoRA through Flux's mixin (FluxLoraLoaderMixin: the same converters, kohya and XLabs
 included) but is no FluxPipeline subclass: the registry tells the two apart by the denoiser class
-(``ModelFamily.matches``). The mixin's loadable ``text_encoder`` is, on Chroma, the T5 encoder, so a
-text-encoder LoRA goes into T5 as diffusers puts it; Flux's CLIP-L embedding keys do not apply.
+(``ModelFamily.matches``). The mixin's loadable ``text_encoder`` is, on Chroma, the T5 encoder,
+and diffusers 0.42 cannot load a LoRA into it: ``load_lora_weights`` with T5 keys
+(``text_encoder.encoder.block.0.layer.0.SelfAttention.q.lora_A.weight``) raises "Could not
+automatically infer state dict type" (its text-encoder loader converts CLIP key forms only). So
+Chroma takes no text-encoder LoRA here either (``lora_text_encoders`` is empty: such keys are listed
+as skipped); Flux's CLIP-L embedding keys do not apply.
 
 T5 prompts are padded to 512 tokens with a mask that keeps one padding token: a fixed length
 whatever the prompt.
@@ -35,6 +39,7 @@ class Chroma(Flux):
     cfg = "true"
     negative_prompts = True
     embedding_keys = ()  # no trainer writes pivotal-tuning vectors for Chroma
+    lora_text_encoders = ()  # Flux's mixin lists text_encoder, which on Chroma is T5: diffusers cannot load it (above)
     tokenizer_of = {"text_encoder": "tokenizer"}
     prompt_argument_of = {"text_encoder": "prompt"}
     full_size_models = {"chroma1-hd": "chroma1_hd"}

@@ -31,6 +31,7 @@ class LTXVideo(ModelFamily):
     # nest their ``transformer_blocks`` inside ``attentions``, Wan's are ``blocks``.
     lora_key_pattern = r"(?:^|transformer\.|diffusion_model\.)transformer_blocks[._]\d+[._]attn1[._]"
     base_model_markers = ("ltx-video", "ltxv", "ltx video", "ltx_video")
+    full_size_models = {"ltx-video": "ltx_video"}
     # LTXPipeline.__call__'s defaults (the LTX-Video 0.9 model card's): 50 steps, guidance 3,
     # 512 x 704, 161 frames at 25 fps.
     default_steps, default_guidance = 50, 3.0

@@ -21,6 +21,7 @@ listing it in ``full_size_models`` (plan name -> module):
     sd15         {"sd15": "sd15"}
     wan          {"wan2.1-t2v-1.3b": "wan21_t2v_1_3b", "wan2.1-t2v-14b": "wan21_t2v_14b",
                   "wan2.2-t2v-a14b": "wan22_t2v_a14b"}
+    ltx          {"ltx-video": "ltx_video"}
 
 ``_encoders`` holds the text encoders and VAEs several models share.
 """

@@ -15,9 +15,25 @@ types and widths, cross-attention 768, and this VAE field for field, the schedul
 bookkeeping fields (``center_input_sample``, ``downsample_padding``, ``freq_shift`` ...) are recalled,
 not compared with a copy of the file. The U-Net has the published 859,520,964 parameters ("860M").
 The safety checker and feature extractor in ``model_index.json`` are not built by a plan.
+
+Built offline with random seeded weights for the full-size run (``bench/full_size.py --family sd15``)::
+
+    python -m hotlora.fullsize.sd15 build DIR [--seed 0] [--dtype bfloat16] [--adapters DIR]
+
+as ``hotlora.fullsize.sdxl`` builds SDXL (the same byte-level CLIP tokenizer, the real 49,408-row
+embedding table), with a kohya sd-scripts rank-32 LoRA (U-Net attention blocks and the text
+encoder, ``lora_unet_`` / ``lora_te_`` in diffusers' flattened names, as ``train_network.py`` writes
+SD1.x files) and a diffusers-layout rank-128 LoRA (U-Net attention projections).
 """
 
 from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import torch
 
 from hotlora.fullsize._encoders import CLIP_L
 
@@ -91,3 +107,117 @@ SCHEDULER = {
 TOKENIZER_VOCABULARY = {"tokenizer": 49408}
 
 COMPONENTS = {"unet": UNET, "text_encoder": TEXT_ENCODER, "vae": VAE, "scheduler": SCHEDULER}
+
+ADAPTER_STRENGTH = 0.05  # as for SDXL: a LoRA branch a few % of its layer's output
+log = logging.getLogger(__name__)
+
+
+def components(seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The pipeline's parts from the configs above, seeded, built directly in ``dtype``."""
+    from diffusers import AutoencoderKL, PNDMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from hotlora.families._tiny import clip_tokenizer
+
+    def config(values: dict) -> dict:
+        return {k: v for k, v in values.items() if k not in ("_class_name", "architectures", "torch_dtype")}
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        torch.manual_seed(seed)
+        parts = {"unet": UNet2DConditionModel.from_config(config(UNET)),
+                 "text_encoder": CLIPTextModel(CLIPTextConfig(**config(TEXT_ENCODER))),
+                 "vae": AutoencoderKL.from_config(config(VAE))}
+    finally:
+        torch.set_default_dtype(previous)
+    parts = {name: module.eval() for name, module in parts.items()}
+    parts["scheduler"] = PNDMScheduler.from_config(config(SCHEDULER))
+    parts["tokenizer"] = clip_tokenizer()
+    return parts
+
+
+def save_sd15(directory: str | Path, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Build and save the pipeline like a Hub snapshot (no safety checker); returns ``directory``."""
+    from diffusers import StableDiffusionPipeline
+
+    directory = Path(directory)
+    parts = components(seed, dtype)
+    count = sum(p.numel() for p in parts["unet"].parameters())
+    if count != UNET_PARAMETERS:  # the configs above were mistyped: refuse to save a wrong model
+        raise AssertionError(f"U-Net has {count:,} parameters, the published SD1.5 U-Net {UNET_PARAMETERS:,}")
+    StableDiffusionPipeline(**parts, safety_checker=None, feature_extractor=None,
+                            requires_safety_checker=False).save_pretrained(str(directory))
+    defaults = {"model_id": "hotlora/sd15-full-size-random", "base_model_aliases": [HUB_ID], "height": 256,
+                "width": 256, "num_inference_steps": 4}
+    (directory / "hotlora.json").write_text(json.dumps(defaults, indent=2))
+    log.info("saved SD1.5 (U-Net %s parameters, %s) to %s", f"{count:,}", dtype, directory)
+    return directory
+
+
+def adapter_layers() -> dict[str, dict[str, tuple[int, int]]]:
+    """{"kohya_unet", "te", "diffusers_unet"} -> module name -> (in, out), read on the meta device."""
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from hotlora.fullsize.sdxl import DIFFUSERS_TARGETS, KOHYA_UNET_BLOCKS, TEXT_TARGETS, _clip_names, _linears
+
+    with torch.device("meta"):
+        unet = UNet2DConditionModel.from_config({k: v for k, v in UNET.items() if k != "_class_name"})
+        text = CLIPTextModel(CLIPTextConfig(**{k: v for k, v in TEXT_ENCODER.items()
+                                               if k not in ("architectures", "torch_dtype")}))
+    return {"kohya_unet": _linears(unet, lambda n: KOHYA_UNET_BLOCKS in f".{n}"),
+            "te": _clip_names(_linears(text, lambda n: n.endswith(TEXT_TARGETS))),
+            "diffusers_unet": _linears(unet, lambda n: n.endswith(DIFFUSERS_TARGETS))}
+
+
+def write_kohya_lora(path: Path, layers: dict, rank: int = 32, alpha: float = 16.0, seed: int = 1) -> Path:
+    """kohya sd-scripts' SD1.x LoRA (``train_network.py``, ``networks.lora``): diffusers' module names
+    flattened under ``lora_unet_`` and ``lora_te_``, ``lora_down`` / ``lora_up`` and ``.alpha`` per
+    module (written by diffusers' ``convert_state_dict_to_kohya``; its ``lora_te1_`` is SDXL's first
+    text encoder, sd-scripts names SD1.x's one ``lora_te_``), float16, with the ``ss_*`` header."""
+    from diffusers.utils.state_dict_utils import convert_state_dict_to_kohya
+    from safetensors.torch import save_file
+
+    from hotlora.tiny import random_lora
+    from hotlora.trainer_layouts import sd_scripts_metadata
+
+    sds = {"unet": random_lora(layers["kohya_unet"], rank, seed, strength=ADAPTER_STRENGTH),
+           "text_encoder": random_lora(layers["te"], rank, seed + 1, strength=ADAPTER_STRENGTH)}
+    kohya = convert_state_dict_to_kohya({f"{part}.{k}": v for part, sd in sds.items() for k, v in sd.items()})
+    kohya = {k.replace("lora_te1_", "lora_te_"): (torch.tensor(alpha) if k.endswith(".alpha") else v.half().contiguous())
+             for k, v in kohya.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(kohya, str(path), metadata=sd_scripts_metadata("sd_v1", rank, alpha))
+    return path
+
+
+def write_adapters(out: str | Path) -> dict[str, Path]:
+    """Both real-size adapters under ``out``: {"kohya-r32": file, "diffusers-r128": folder file}."""
+    from hotlora.tiny import random_lora, save_diffusers_lora
+
+    out = Path(out)
+    layers = adapter_layers()
+    style = {k: v.half() for k, v in random_lora(layers["diffusers_unet"], 128, 4, strength=ADAPTER_STRENGTH).items()}
+    return {"kohya-r32": write_kohya_lora(out / "kohya-r32.safetensors", layers),
+            "diffusers-r128": save_diffusers_lora(out / "diffusers-r128", NAME, style, rank=128, alpha=128)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m hotlora.fullsize.sd15", description="the full-size SD1.5, random")
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="save the full-size SD1.5 pipeline (and its adapters) under DIR")
+    build.add_argument("directory", type=Path)
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--dtype", default="bfloat16")
+    build.add_argument("--adapters", type=Path, default=None, help="where the adapters go (default: DIR/adapters)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if not (args.directory / "model_index.json").is_file():
+        save_sd15(args.directory, args.seed, getattr(torch, args.dtype))
+    paths = write_adapters(args.adapters or args.directory / "adapters")
+    print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -60,7 +60,7 @@ class Ingress:
             chosen = await asyncio.to_thread(route, request.method, path, request.query_params, request.headers, body,
                                              self.table, self.config.default_model, self.identity_slot, form=form,
                                              hub_base_model=self.hub_base_model)
-            forwarded = ForwardedRequest(request.method, path, request.url.query, list(request.headers.items()),
+            forwarded = ForwardedRequest(request.method, chosen.path, request.url.query, list(request.headers.items()),
                                          chosen.body, identity=chosen.identity)
             reply, attempts = await self._forward(chosen, forwarded)
         except HotloraError as exc:  # answered in the shape and status ``hotlora serve`` gives

@@ -40,6 +40,10 @@ class Route:
     deployment: str
     identity: str | None  # the identity adapter's reference; None: no affinity, any replica
     body: bytes  # what the replica receives
+    # The path the replica receives: the request's, except the inference API's /models/{id} naming a
+    # served model by a name only the ingress knows (a deployment name, a [ray] alias), sent as "/":
+    # the replica would take an id its model does not answer to for a Hub LoRA repository.
+    path: str = ""
 
 
 def route(method: str, path: str, query: Mapping[str, str], headers: Mapping[str, str], body: bytes,
@@ -69,7 +73,9 @@ def route(method: str, path: str, query: Mapping[str, str], headers: Mapping[str
     if data is not None and path in SCHEMAS:
         _validate(SCHEMAS[path], data)
     slot = identity_slot[deployment]
-    return Route(deployment, _identity(path, headers, data if form is None else form, slot) or path_adapter, body)
+    forwarded = "/" if path.startswith(HF_MODEL_PREFIX) and path_adapter is None else path
+    return Route(deployment, _identity(path, headers, data if form is None else form, slot) or path_adapter, body,
+                 forwarded)
 
 
 def _hub_adapter_route(model_id: str, table: Mapping[str, str], default: str,

@@ -155,11 +155,12 @@ class HubSource:
         repository that is no adapter (its files over the adapter cap). Only the card is read."""
         import tempfile
 
-        from hotlora.adapters.store.references import InvalidReference, parse_reference
+        from hotlora.adapters.store.references import parse_reference
+        from hotlora.errors import InvalidRequest
 
         try:
             ref = parse_reference(f"hf://{repo}")
-        except InvalidReference:
+        except InvalidRequest:  # malformed or unsafe: no repository
             return None
         if ref.kind != "hf" or ref.filename:
             return None

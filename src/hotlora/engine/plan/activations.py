@@ -33,7 +33,10 @@ not reorder weights this way): a small margin, not a claim.
   (``k`` x videos x pixels x base_dim x bytes, fitted over sizes at one frame count) plus the
   decoded video, which grows with the frames (``f`` x videos x frames x pixels x 3 x bytes, fitted
   over frame counts at one size), measured on Wan 2.1's VAE at its real width (base_dim 96). The
-  plan decodes the family's default frame count (81 for Wan).
+  plan decodes the family's default frame count (81 for Wan). LTX-Video's VAE has the same form,
+  fitted the same way on its real widths; its decoder is not causal (every frame at once), so
+  there ``f`` carries the whole decoder's activations per decoded frame and ``k`` what does not grow
+  with the frames (161 frames planned).
 
 The coefficients live in ``coefficients.py`` beside this file, written by
 ``python bench/plan_calibrate.py``, which measures ``peak_allocated`` below on real-width,
@@ -74,7 +77,10 @@ class Workload:
 def vae_scale_factor(vae_config: dict) -> int:
     """Pixels per latent pixel, each way: AutoencoderKL-style VAEs halve at every block but the
     last; the Wan-style ones (Qwen-Image's) at every ``temperal_downsample`` stage, or say it
-    (``scale_factor_spatial``, Qwen-Image-2.1's), as their pipelines compute it."""
+    (``scale_factor_spatial``, Qwen-Image-2.1's); LTX-Video's patchify, then halve at every
+    ``spatio_temporal_scaling`` stage (32), as their pipelines compute it."""
+    if "spatio_temporal_scaling" in vae_config:  # LTX-Video's: a patch, then the scaling stages
+        return vae_config.get("patch_size", 1) * 2 ** sum(vae_config["spatio_temporal_scaling"])
     if "block_out_channels" in vae_config:
         return 2 ** (len(vae_config["block_out_channels"]) - 1)
     if vae_config.get("scale_factor_spatial"):
@@ -228,7 +234,8 @@ def video_vae_decode_peak(vae, videos: int, latent_frames: int, height: int, wid
     decoded video, which grows with the frames)."""
     factor = vae_scale_factor(vae.config)
     dtype = next(vae.parameters()).dtype
-    latents = torch.zeros(videos, vae.config.z_dim, latent_frames, height // factor, width // factor, dtype=dtype)
+    channels = getattr(vae.config, "z_dim", None) or vae.config.latent_channels  # Wan's / LTX-Video's
+    latents = torch.zeros(videos, channels, latent_frames, height // factor, width // factor, dtype=dtype)
     with torch.no_grad():
         return peak_allocated(lambda: vae.decode(latents, return_dict=False))
 

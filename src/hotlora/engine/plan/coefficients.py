@@ -5,6 +5,8 @@ are in bench/results/plan_calibrate.json. Do not edit by hand: run the script ag
 
 COEFFICIENTS = {   'flux': {   'denoiser': {   'bfloat16': {'none': (17.0826, 81341), 'slots': (16.488, 756227)},
                                 'float32': {'none': (15.0554, 87288), 'slots': (16.0554, 87300)}}},
+    'ltx': {   'vae_decode': {   'bfloat16': (0.2755, 5996544, 12.9375),
+                                 'float32': (0.2755, 5996544, 12.9375)}},
     'sdxl': {   'denoiser': {   'bfloat16': {   'none': (7.9315, 59778459),
                                                 'slots': (7.9315, 59778459)},
                                 'float32': {   'none': (6.885, 117974400),

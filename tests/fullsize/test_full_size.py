@@ -1,16 +1,18 @@
-"""The real SDXL architecture served end to end on the CPU (`make test-full`; not in `make test`).
+"""The real SDXL and SD1.5 architectures served end to end on the CPU (`make test-full`; not in `make test`).
 
-What ``bench/full_size.py`` measures, asserted: ``hotlora serve`` (compiled, bfloat16, 256x256)
-answers the no-adapter request, a kohya rank-32 LoRA on the U-Net and both text encoders and a
-diffusers rank-128 LoRA, swapped and brought back, with 0 recompiles, the same bytes each time an
-adapter comes back, and images as close to plain diffusers as plain diffusers' own dtype noise.
+What ``bench/full_size.py`` measures, asserted per family: ``hotlora serve`` (compiled, bfloat16,
+256x256) answers the no-adapter request, a kohya rank-32 LoRA on the U-Net and the text encoders
+and a diffusers rank-128 LoRA, swapped and brought back, with 0 recompiles, the same bytes each
+time an adapter comes back, and images as close to plain diffusers as plain diffusers' own dtype
+noise.
 
-Needs ~15 GB of free memory (one full-size process at a time: the server peaks at 10.4 GiB, the
-float32 reference at 14.7 GB) and ~7 GB of disk under
-``.cache/fullsize`` (the model, built on first use, kept across runs; HOTLORA_FULLSIZE_WORK moves
-it). Keeps the inductor cache and compile artifacts of earlier runs (``--warm-caches``).
-``HOTLORA_FULLSIZE_REUSE=DIR`` asserts on what an earlier ``bench/full_size.py --work DIR`` saved
-there (its servers' and references' images and figures) instead of serving again.
+SDXL needs ~15 GB of free memory (one full-size process at a time: the server peaks at 10.4 GiB,
+the float32 reference at 14.7 GB) and ~7 GB of disk under ``.cache/fullsize`` (the models, built on
+first use, kept across runs; HOTLORA_FULLSIZE_WORK moves them); SD1.5 a third of that. Keeps the
+inductor cache and compile artifacts of earlier runs (``--warm-caches``).
+``HOTLORA_FULLSIZE_REUSE=DIR`` (SDXL) / ``HOTLORA_FULLSIZE_REUSE_SD15=DIR`` assert on what an earlier
+``bench/full_size.py --work DIR`` saved there (its servers' and references' images and figures)
+instead of serving again.
 """
 
 from __future__ import annotations
@@ -35,14 +37,17 @@ NOISE_FACTOR = 1.5
 EFFECT_MARGIN = 1.5
 
 
-@pytest.fixture(scope="module")
-def measured():
+@pytest.fixture(scope="module", params=["sdxl", "sd15"])
+def measured(request):
     from bench.full_size import parser, run
 
+    family = request.param
     work = Path(os.environ.get("HOTLORA_FULLSIZE_WORK", REPO / ".cache" / "fullsize"))
-    saved = os.environ.get("HOTLORA_FULLSIZE_REUSE")  # a finished run's folder: assert on its saved figures
-    args = ["--work", saved, "--reuse"] if saved else ["--work", str(work / "test"), "--warm-caches"]
-    return run(parser().parse_args(["--model", str(work / "sdxl"), "--no-warm", *args]))
+    # a finished run's folder: assert on its saved figures
+    saved = os.environ.get("HOTLORA_FULLSIZE_REUSE" if family == "sdxl" else f"HOTLORA_FULLSIZE_REUSE_{family.upper()}")
+    runs = work / ("test" if family == "sdxl" else f"test-{family}")
+    args = ["--work", saved, "--reuse"] if saved else ["--work", str(runs), "--warm-caches"]
+    return run(parser().parse_args(["--family", family, "--model", str(work / family), "--no-warm", *args]))
 
 
 def tolerance(result: dict, label: str, stat: str = "mean") -> float:
