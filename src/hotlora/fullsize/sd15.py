@@ -112,6 +112,11 @@ ADAPTER_STRENGTH = 0.05  # as for SDXL: a LoRA branch a few % of its layer's out
 log = logging.getLogger(__name__)
 
 
+def _config(values: dict) -> dict:
+    """A published config as its class's constructor takes it (without the keys naming the class)."""
+    return {k: v for k, v in values.items() if k not in ("_class_name", "architectures", "torch_dtype")}
+
+
 def components(seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict:
     """The pipeline's parts from the configs above, seeded, built directly in ``dtype``."""
     from diffusers import AutoencoderKL, PNDMScheduler, UNet2DConditionModel
@@ -119,20 +124,17 @@ def components(seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict:
 
     from hotlora.families._tiny import clip_tokenizer
 
-    def config(values: dict) -> dict:
-        return {k: v for k, v in values.items() if k not in ("_class_name", "architectures", "torch_dtype")}
-
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         torch.manual_seed(seed)
-        parts = {"unet": UNet2DConditionModel.from_config(config(UNET)),
-                 "text_encoder": CLIPTextModel(CLIPTextConfig(**config(TEXT_ENCODER))),
-                 "vae": AutoencoderKL.from_config(config(VAE))}
+        parts = {"unet": UNet2DConditionModel.from_config(_config(UNET)),
+                 "text_encoder": CLIPTextModel(CLIPTextConfig(**_config(TEXT_ENCODER))),
+                 "vae": AutoencoderKL.from_config(_config(VAE))}
     finally:
         torch.set_default_dtype(previous)
     parts = {name: module.eval() for name, module in parts.items()}
-    parts["scheduler"] = PNDMScheduler.from_config(config(SCHEDULER))
+    parts["scheduler"] = PNDMScheduler.from_config(_config(SCHEDULER))
     parts["tokenizer"] = clip_tokenizer()
     return parts
 
@@ -163,9 +165,8 @@ def adapter_layers() -> dict[str, dict[str, tuple[int, int]]]:
     from hotlora.fullsize.sdxl import DIFFUSERS_TARGETS, KOHYA_UNET_BLOCKS, TEXT_TARGETS, _clip_names, _linears
 
     with torch.device("meta"):
-        unet = UNet2DConditionModel.from_config({k: v for k, v in UNET.items() if k != "_class_name"})
-        text = CLIPTextModel(CLIPTextConfig(**{k: v for k, v in TEXT_ENCODER.items()
-                                               if k not in ("architectures", "torch_dtype")}))
+        unet = UNet2DConditionModel.from_config(_config(UNET))
+        text = CLIPTextModel(CLIPTextConfig(**_config(TEXT_ENCODER)))
     return {"kohya_unet": _linears(unet, lambda n: KOHYA_UNET_BLOCKS in f".{n}"),
             "te": _clip_names(_linears(text, lambda n: n.endswith(TEXT_TARGETS))),
             "diffusers_unet": _linears(unet, lambda n: n.endswith(DIFFUSERS_TARGETS))}
