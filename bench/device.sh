@@ -31,6 +31,11 @@
 # MODEL=wan runs the Wan rows instead (Wan 2.1 T2V 1.3B, random bf16 weights, 480x832, 81 frames, 30
 # steps with true CFG, one video a pack, rank 128: every_linear with its swap rows, no_slots, the rank
 # bucket, attention only, eager): `MODEL=wan bash bench/device.sh`.
+# MODEL=families runs bench/families.py's rows instead, one per image family with a published configuration
+# (its real-width blocks, one of each kind, random bf16 weights; 1024x1024 latents' worth of tokens, pack 2,
+# 8 steps, rank 128 with buckets 0/32/128: swap, no adapters against no slots, a rank-32 adapter against
+# plain diffusers unfused, mixed batch against one at a time) into $OUT/gpu-families.{json,md}; it starts
+# no family it does not expect to finish: `MODEL=families bash bench/device.sh`.
 #
 #   bash bench/device.sh --dry-run        # here, on the CPU, in minutes: tiny sizes, eager (float8_base is
 #                                         # skipped with a message: FP8 needs CUDA)
@@ -47,7 +52,10 @@ OUT=${OUT:-$REPO/out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
-MODEL=${MODEL:-flux}  # flux, or wan: Wan 2.1 T2V 1.3B at 480x832, 81 frames, one video a pack
+MODEL=${MODEL:-flux}  # flux; wan: Wan 2.1 T2V 1.3B at 480x832, 81 frames, one video a pack; families
+BENCH_MODULE=bench.gpu_flux
+if [ "$MODEL" = families ]; then BENCH_MODULE=bench.families; fi
+export BENCH_MODULE
 if [ "$DRY" = 1 ]; then BUDGET=${DEVICE_BUDGET_S:-240}; else BUDGET=${DEVICE_BUDGET_S:-530}; fi
 DEPS=${DEVDEPS:-$REPO/.cache/devdeps}
 WHEELS=${WHEELS_DIR:-$REPO/.whl}
@@ -103,12 +111,13 @@ try:  # only the quantized rows (float8_base, int8_base) need it: a failure here
     print(f"  ok   torchao {torchao.__version__} ({os.path.dirname(torchao.__file__)})")
 except Exception as exc:  # noqa: BLE001
     print(f"  WARN torchao: {type(exc).__name__}: {exc} (the float8_base and int8_base rows will fail)")
-# Every import statement of bench/gpu_flux.py and the bench modules it imports, wherever it stands.
-imports = bench_imports()
+# Every import statement of the bench (bench/gpu_flux.py, or MODEL's) and the bench modules it imports.
+imports = bench_imports(os.environ["BENCH_MODULE"])
 bench_failed = check_imports(imports)
 for line in bench_failed:
     print(f"  FAIL {line}")
-print(f"  {len(imports) - len(bench_failed)} of {len(imports)} imports of bench/gpu_flux.py and its bench modules ok")
+print(f"  {len(imports) - len(bench_failed)} of {len(imports)} imports of {os.environ['BENCH_MODULE']} and its bench "
+      "modules ok")
 if bench_failed:
     failed.append("bench imports")
 
@@ -208,7 +217,11 @@ main() {
     preflight || { echo "preflight FAILED: no GPU time spent on the bench"; return 3; }
 
     local args left hard
-    if [ "$DRY" = 1 ] && [ "$MODEL" = wan ]; then
+    if [ "$DRY" = 1 ] && [ "$MODEL" = families ]; then
+        args=(--widths tiny --families sd3 --runs 1 --swap-repeats 3)
+    elif [ "$MODEL" = families ]; then
+        args=(--widths wide --latent-side 128 --pack 2 --steps 8 --runs 3 --target-rank 128)
+    elif [ "$DRY" = 1 ] && [ "$MODEL" = wan ]; then
         args=(--model wan --device cpu --height 16 --width 16 --frames 5 --steps 2 --pack 1 --rank 4 --layers 1
               --heads 2 --text-width 64 --swap-repeats 3)
     elif [ "$DRY" = 1 ]; then
@@ -223,15 +236,16 @@ main() {
     left=$(( BUDGET - $(elapsed) ))
     hard=$(( left - 25 ))                  # kill the bench 25 s before the end: time for the summary
     if [ "$hard" -lt 30 ]; then echo "no time left for the bench"; return 4; fi
-    echo "== [$(elapsed)s] bench/gpu_flux.py: ${hard}s hard limit, soft budget $(( hard - 15 ))s"
+    echo "== [$(elapsed)s] $BENCH_MODULE: ${hard}s hard limit, soft budget $(( hard - 15 ))s"
+    if [ "$MODEL" = families ]; then args+=(--name gpu-families); fi
     timeout --signal=TERM --kill-after=10 "$hard" \
-        "$PY" -u -m bench.gpu_flux "${args[@]}" --budget-s $(( hard - 15 )) --out "$OUT" "$@"
+        "$PY" -u -m "$BENCH_MODULE" "${args[@]}" --budget-s $(( hard - 15 )) --out "$OUT" "$@"
     local rc=$?
-    [ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "bench stopped by the hard limit (rc $rc); results so far are in $OUT/gpu.json"
+    [ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "bench stopped by the hard limit (rc $rc); results so far are in $OUT"
     if command -v nvidia-smi >/dev/null; then
         nvidia-smi --query-gpu=clocks.sm,memory.used,temperature.gpu,power.draw --format=csv || true
     fi
-    summary
+    if [ "$MODEL" = families ]; then cat "$OUT/gpu-families.md" 2>/dev/null || echo "no results"; else summary; fi
     echo "== [$(elapsed)s] done (bench rc $rc); files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
     return "$rc"
 }

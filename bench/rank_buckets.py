@@ -69,7 +69,7 @@ def quarter_adapter(engine, rank: int) -> dict:
     prefix = engine.family.denoiser
     sd = random_lora(dict(engine.ceiling.modules), rank, seed=1)
     dtype = engine.denoiser.dtype
-    return {k if k.startswith(prefix) else f"{prefix}.{k}": v.to(dtype) for k, v in sd.items()}
+    return {f"{prefix}.{k}": v.to(dtype) for k, v in sd.items()}
 
 
 def build(name, root, args, options):
@@ -112,7 +112,7 @@ def diffusers_pack(pipeline, size, args) -> float:
     import torch
 
     began = time.perf_counter()
-    pipeline("a lighthouse", num_images_per_prompt=args.pack, num_inference_steps=args.steps, output_type="latent",
+    pipeline(prompt="a lighthouse", num_images_per_prompt=args.pack, num_inference_steps=args.steps, output_type="latent",
              generator=[torch.Generator().manual_seed(i) for i in range(args.pack)], **size)
     return (time.perf_counter() - began) * 1000
 

@@ -60,7 +60,8 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
+def swap_rows(engine, target_rank: int, repeats: int, ranks=None) -> list[dict]:
+    """Both slots swapped at each of ``ranks`` (default 1, 2, 4, ... target_rank) against a copy_ of their bytes."""
     from hotlora.adapters.format.convert import Adapter, LoraWeights
     from hotlora.testing import random_lora
 
@@ -71,8 +72,7 @@ def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
     device = next(engine.denoiser.parameters()).device
     dtype = next(engine.denoiser.parameters()).dtype
     rows = []
-    rank = 1
-    while rank <= target_rank:
+    for rank in ranks or [2 ** i for i in range(target_rank.bit_length()) if 2 ** i <= target_rank]:
         pair = []
         for seed in (1, 2):
             sd = random_lora(linears, rank, seed=seed)
@@ -106,7 +106,6 @@ def swap_rows(engine, target_rank: int, repeats: int) -> list[dict]:
         copy_ms = timed(copy, repeats)
         rows.append({"rank": rank, "bytes": nbytes, "swap_ms": round(swap_ms, 3), "copy_ms": round(copy_ms, 3),
                      "swap_over_copy": round(swap_ms / copy_ms, 2)})
-        rank *= 2
     return rows
 
 

@@ -103,6 +103,20 @@ def test_the_wan_rows_dry_run_in_the_image_only_python(device):
     assert not [k for k in report if k.startswith("error_")], report
 
 
+def test_the_families_rows_dry_run_in_the_image_only_python(device):
+    """``MODEL=families``: bench/families.py's row for one family (here SD3's tiny model, eager) with its
+    swap, slots against no slots and plain diffusers, and mixed batch against one at a time."""
+    out = device["root"] / "out-families"
+    run = run_device_sh(REPO, device, out, model="families")
+    assert run.returncode == 0, run.stdout[-6000:]
+    assert "imports of bench.families and its bench modules ok" in run.stdout
+    (row,) = json.loads((out / "gpu-families.json").read_text())["rows"]
+    assert "error" not in row, row
+    assert row["family"] == "sd3" and row["swap_ms"] > 0 and row["mixed_batch"] > 0 and row["diffusers_quarter"] > 0
+    assert set(row["recompiles"].values()) == {0}
+    assert "| sd3 | tiny |" in (out / "gpu-families.md").read_text()
+
+
 def test_an_undeclared_dependency_fails_the_preflight(device, tmp_path):
     """The check of the check: hotlora.engine importing a package the venv has (the serve extra's
     fastapi) but the runtime dependencies do not declare stops device.sh before the bench."""

@@ -128,6 +128,27 @@ def test_a_loha_is_served_equal_to_plain_diffusers_with_peft_loha(tiny_models, t
         torch.testing.assert_close(generate(engine, {}), base, atol=TOLERANCE, rtol=0)  # the base restored
 
 
+def test_a_loha_on_conv_layers_is_served_fused_and_refused_by_the_slots(tiny_models, tmp_path):
+    """LyCORIS' ``conv_dim`` LoHa (factors flattened over the kernel) on SDXL's resnet convs and a Linear,
+    in kohya names: fused mode equals PEFT's LoHa ``Conv2d`` layers; slots and auto name fused mode."""
+    model = tiny_models["sdxl"]
+    fused = Engine.from_pretrained(model, target_rank=TARGET_RANK, compile=False, adapter_mode="fused")
+    modules = ("down_blocks.0.resnets.0.conv1", "up_blocks.1.resnets.1.conv_shortcut", MODULES["sdxl"][0])
+    factors = loha_factors(fused.denoiser, modules, rank=2, seed=2)
+    assert factors[modules[0]]["hada_w1_b"].ndim == 2  # flattened over the 3x3 kernel, as LyCORIS stores it
+    path = loha_file(tmp_path / "conv.safetensors", "sdxl", factors, 2, fused.denoiser.config["layers_per_block"])
+    base = generate(fused, {})
+    got = generate(fused, {"identity": (str(path), 0.9)})
+    want = reference(model, fused, with_peft_loha(factors, 2, 0.9, "sdxl"))
+    assert (got - want).abs().max().item() <= TOLERANCE
+    assert (want - base).abs().max().item() > 100 * TOLERANCE
+    torch.testing.assert_close(generate(fused, {}), base, atol=TOLERANCE, rtol=0)
+    for mode in ("slots", "auto"):
+        engine = Engine.from_pretrained(model, target_rank=TARGET_RANK, compile=False, adapter_mode=mode)
+        with pytest.raises(AdapterRejected, match="LoHa's conv layers are served in fused mode"):
+            generate(engine, {"identity": (str(path), 1.0)})
+
+
 def test_loha_files_that_are_not_served_are_refused_by_name(tiny_models, tmp_path):
     from hotlora.adapters.format.convert import load_adapter
     from hotlora.families import family_named

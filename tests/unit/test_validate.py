@@ -84,6 +84,15 @@ def test_conv_lora_of_the_wrong_shape_is_rejected(weights, expected):
     assert any("shape mismatch" in p and expected in p for p in found), found
 
 
+def test_a_loha_on_a_conv_layer_has_its_factors_flattened_over_the_kernel():
+    flat = lora(2, 36, 6)  # A [r, 4 * 3 * 3], B [6, r]: a LyCORIS LoHa's exact form on res.conv1
+    loha = Adapter(name="t", family="sdxl", layout="lycoris-loha", modules={"res.conv1": flat}, sha256="0" * 64)
+    assert problems_with(loha, FUSED) == []
+    wrong = Adapter(name="t", family="sdxl", layout="lycoris-loha", modules={"res.conv1": lora(2, 35, 6)},
+                    sha256="0" * 64)
+    assert any("shape mismatch" in p and "base conv weight" in p for p in problems_with(wrong, FUSED))
+
+
 def test_slots_refuse_conv_lora_naming_the_mode_that_serves_it():
     found = problems_with(adapter({"res.conv1": conv_lora(2, 4, 6), "blk.q": lora(2, 8, 8)}, family="sdxl"),
                           SlotCeiling(modules={"blk.q": (8, 8)}, target_rank=4, family="sdxl"))

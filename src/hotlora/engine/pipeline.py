@@ -69,6 +69,27 @@ def compile_denoiser(denoiser: torch.nn.Module, family: ModelFamily, fullgraph: 
     return "whole model"
 
 
+def fold_linear_inputs(denoiser: torch.nn.Module) -> None:
+    """Every Linear of ``denoiser`` reads a contiguous input (a forward pre-hook, traced into the
+    compiled blocks). Why: a Linear on a slice of the joint sequence (SD3's and Flux.2's attention
+    output split into text and image tokens) cannot be viewed as 2-D; torch's matmul then folds it
+    into one GEMM (copying the activation) only when the weight requires grad, and otherwise runs a
+    batched GEMM against the weight expanded over the batch, which a CPU copies: PEFT's LoRA layers
+    freeze the base weights, so a model with slots paid 1.34-1.51x the model without them in rank
+    bucket 0 (docs/benchmarks.md "Per family"). A contiguous input makes it one GEMM again, whatever
+    ``requires_grad`` says; an input already contiguous is returned as it is. Compiled engines only:
+    eager ones keep plain diffusers' arithmetic bit for bit."""
+    for module in denoiser.modules():
+        # A LoRA layer (PEFT's wrapper) first: its base layer and its lora_A then share one contiguous copy.
+        layer = isinstance(module, torch.nn.Linear) or hasattr(module, "base_layer")
+        if layer and _contiguous_input not in module._forward_pre_hooks.values():
+            module.register_forward_pre_hook(_contiguous_input)
+
+
+def _contiguous_input(module, args):
+    return (args[0].contiguous(), *args[1:]) if args and isinstance(args[0], torch.Tensor) else None
+
+
 @torch.compiler.disable  # eager, outside every graph: a traced hook would be a frame of its own
 def _contiguous_outputs(module, args, output):
     """A block's outputs with row-major strides (``ModelFamily.contiguous_block_outputs``): the next

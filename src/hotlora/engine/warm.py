@@ -24,7 +24,7 @@ import torch
 from hotlora.settings import EngineConfig, format_size
 from hotlora.engine.device import default_device
 from hotlora.engine.pipeline import (
-    CompileArtifacts, compile_artifacts_path, compile_denoiser, graph_count, load_pipeline, resolve_dtype,
+    CompileArtifacts, compile_artifacts_path, compile_denoiser, fold_linear_inputs, graph_count, load_pipeline, resolve_dtype,
     set_attention_backend, sweep_compile_cache,
 )
 from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
@@ -213,6 +213,7 @@ class WarmModel:
         if config.compile:
             fullgraph = self.step_cache.fullgraph if self.step_cache else True
             for expert in self.experts.values():
+                fold_linear_inputs(expert)
                 self.compile_mode = compile_denoiser(
                     expert, self.family, fullgraph=fullgraph,
                     dynamic=False if self.dynamic_sizes is False else self.family.compile_dynamic)

@@ -47,6 +47,10 @@ def why_unserved(pipeline_type: type) -> str:
               if cls.__name__.endswith("LoraLoaderMixin") and "_lora_loadable_modules" in vars(cls)]
     if not mixins:
         return "it has no diffusers LoRA loader mixin, so diffusers loads no LoRA into it"
+    known = [family.unserved_pipelines[pipeline_type.__name__] for family in REGISTERED
+             if pipeline_type.__name__ in family.unserved_pipelines]
+    if known:
+        return known[0]
     module = getattr(pipeline_type, "__module__", "")
     if any(part in module.lower() for part in ("video", "ltx", "hunyuan", "mochi", "cogvideo", "skyreels")):
         served = ", ".join(f"{f.name} ({f.pipeline_class})" for f in REGISTERED if f.video)

@@ -283,6 +283,10 @@ class ModelFamily:
     # Why mixed batches are not served, where ``mixed_batches`` is False.
     mixed_batches_refused: ClassVar[str] = ""
 
+    # Pipelines of this family's LoRA mixin that it does not serve, and why (read from their ``__call__``):
+    # the start-up refusal says this instead of the generic family's convention check.
+    unserved_pipelines: ClassVar[Mapping[str, str]] = {}
+
     # ------------------------------------------------------------------ declared: requests and guidance
 
     @property

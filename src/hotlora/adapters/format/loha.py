@@ -15,9 +15,12 @@ exact form allows). Slots serve it when ``r1 * r2`` fits the target rank, fused 
 any rank. diffusers reads no LoHa (its converters know LoKr only) and PEFT holds the math but
 turns nothing into LoRA factors, so this conversion is ours.
 
-Not served: Tucker-decomposed conv LoHa (``hada_t1`` / ``hada_t2``), and LoHa on conv layers
-(its factors are flattened over the kernel, which a LoRA file does not say: refused as a shape
-that does not fit the layer).
+A LoHa on a conv layer (LyCORIS with ``conv_dim``, PEFT's LoHa ``Conv2d`` without
+``use_effective_conv2d``) stores its factors flattened over the kernel (``W1b`` is
+``[r, in * kh * kw]``); its exact form stays flattened, which fused mode merges into the conv
+weight as it is (``validate._shape_problem``). Slots and auto mode hold Linear layers only: such a
+file is refused there with the mode that serves it. Not served: Tucker-decomposed conv LoHa
+(``hada_t1`` / ``hada_t2``).
 """
 
 from __future__ import annotations

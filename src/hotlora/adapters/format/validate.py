@@ -48,6 +48,7 @@ def is_conv(w) -> bool:
 LYCORIS_KINDS = {LOKR_LAYOUT: "LoKr", LOHA_LAYOUT: "LoHa"}
 
 
+# Long: every check an adapter must pass, in one pass, so that a refusal lists all its problems at once.
 def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
     problems: list[str] = []
     if adapter.family != ceiling.family:
@@ -86,13 +87,15 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
         # Mostly outside: perhaps another family's LoRA, named when its keys or metadata say so.
         note = (foreign_note(family_named(ceiling.family), outside, declared=adapter.base_model)
                 if 2 * len(outside) > len(adapter.modules) and ceiling.family in FAMILIES else "")
+        if adapter.layout == LOHA_LAYOUT and not ceiling.convs:  # its conv layers' factors look like a Linear's
+            note += " (a LyCORIS LoHa's conv layers are served in fused mode, adapter_mode='fused')"
         problems.append(f"{len(outside)} module(s) outside the slot ceiling: {_listed(outside)}{note}")
     bad_dtype, bad_shape, non_finite, bad_scale = [], [], [], []
     for module, w in adapter.modules.items():
         if not (w.down.is_floating_point() and w.up.is_floating_point()):
             bad_dtype.append(f"{module} ({w.down.dtype}/{w.up.dtype})")
             continue
-        shape = _shape_problem(module, w, ceiling)
+        shape = _shape_problem(module, w, ceiling, flattened_convs=adapter.layout == LOHA_LAYOUT)
         if shape:
             bad_shape.append(shape)
         if not (torch.isfinite(w.down).all() and torch.isfinite(w.up).all()):
@@ -135,15 +138,20 @@ def _absent_experts(adapter: Adapter, ceiling: SlotCeiling) -> dict[str, int]:
     return absent
 
 
-def _shape_problem(module: str, w, ceiling: SlotCeiling) -> str | None:
+def _shape_problem(module: str, w, ceiling: SlotCeiling, flattened_convs: bool = False) -> str | None:
     """What is wrong with a module's factor shapes, or None. A Linear takes A [r, in] and B [out, r];
     a Conv2d of weight [out, in, kh, kw] takes A [r, in, kh, kw] and B [out, r, 1, 1] (the down
-    conv has the layer's kernel, the up conv is 1x1: the delta is B.flatten(1) @ A.flatten(1))."""
+    conv has the layer's kernel, the up conv is 1x1: the delta is B.flatten(1) @ A.flatten(1)), or
+    with ``flattened_convs`` the same flattened, A [r, in * kh * kw] and B [out, r] (a LyCORIS LoHa on a
+    conv layer: its factors are flattened over the kernel, and so is its exact low-rank form; a LoRA
+    file's conv factors are 4-D, and diffusers refuses 2-D ones)."""
     shapes = f"A {tuple(w.down.shape)}, B {tuple(w.up.shape)}"
     if module in ceiling.convs:
         out_c, in_c, kh, kw = ceiling.convs[module]
         r = w.down.shape[0] if w.down.ndim else 0
-        if tuple(w.down.shape) != (r, in_c, kh, kw) or tuple(w.up.shape) != (out_c, r, 1, 1):
+        conv = tuple(w.down.shape) == (r, in_c, kh, kw) and tuple(w.up.shape) == (out_c, r, 1, 1)
+        flat = flattened_convs and tuple(w.down.shape) == (r, in_c * kh * kw) and tuple(w.up.shape) == (out_c, r)
+        if not (conv or flat):
             return f"{module} ({shapes}; base conv weight is {(out_c, in_c, kh, kw)})"
         return None
     if is_conv(w) and module not in ceiling.modules:
