@@ -45,12 +45,15 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
 
 
 def write_results(out: str | Path, name: str, data: dict, table: str, description: str) -> None:
-    """``NAME.json`` (the machine plus ``data``) and ``NAME.md`` (description and table); prints the table."""
+    """``NAME.json`` (the machine plus ``data``) and ``NAME.md`` (description and table), each replaced
+    whole (a run cut while writing leaves the previous file, which ``--update`` runs read); prints the table."""
+    from hotlora.durable import write_atomic
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     where = machine()
-    (out / f"{name}.json").write_text(json.dumps({"machine": where, **data}, indent=2))
-    (out / f"{name}.md").write_text(f"Machine: {where}. {description}\n\n{table}\n")
+    write_atomic(out / f"{name}.json", json.dumps({"machine": where, **data}, indent=2).encode())
+    write_atomic(out / f"{name}.md", f"Machine: {where}. {description}\n\n{table}\n".encode())
     print(table)
 
 

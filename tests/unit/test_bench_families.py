@@ -1,12 +1,15 @@
 """bench/families.py's ``wide`` denoisers: the published configuration with one block of each kind and the
 tiny model's interface. Built on the meta device against the published model (no weights: seconds), for
 every image family with a published configuration: the blocks' Linears are the published model's shapes,
-and the model is a small part of the published one."""
+a transformer keeps one block of each kind, the model is a small part of the published one, and it takes
+the very inputs the tiny pipeline hands its own denoiser (on the meta device: shapes only)."""
 
 import re
+from functools import partial
 
 import pytest
 import torch
+from torch.utils._pytree import tree_leaves, tree_map
 
 from bench.families import IMAGE_FAMILIES_SKIPPED, published_denoiser, wide_config
 from hotlora.families import FAMILIES
@@ -51,4 +54,24 @@ def test_the_wide_blocks_are_the_published_ones(name):
     # A transformer keeps one block of each kind; a UNet every level (its widths), one layer a level.
     share = 0.8 if "block_out_channels" in published else 0.2
     assert sum(p.numel() for p in wide.parameters()) < share * sum(p.numel() for p in full.parameters())
-    assert getattr(wide.config, "in_channels", None) == getattr(tiny.config, "in_channels", None)
+    repeated = set(getattr(tiny, "_repeated_blocks", None) or family.repeated_blocks)
+    if repeated and "block_out_channels" not in published:  # a block-count key bench/families.py misses
+        stacks = [n.rpartition(".")[0] for n, m in wide.named_modules() if type(m).__name__ in repeated]
+        assert stacks and sorted(stacks) == sorted(set(stacks)), stacks  # one block in every stack
+    args, kwargs = denoiser_call(family)  # an interface key bench/families.py misses: shapes disagree
+    to_meta = partial(tree_map, lambda x: torch.empty_like(x, device="meta") if isinstance(x, torch.Tensor) else x)
+    with torch.no_grad():
+        out = wide.to(torch.float32)(*to_meta(args), **to_meta(kwargs))
+    shapes = [t.shape for t in tree_leaves(out)]  # Z-Image returns a list of per-image tensors
+    assert shapes == [t.shape for t in tree_leaves(tiny(*args, **kwargs))]
+
+
+def denoiser_call(family):
+    """The positional and keyword arguments of the tiny pipeline's first call to its denoiser."""
+    pipeline = family.build_tiny(0)
+    pipeline.set_progress_bar_config(disable=True)
+    calls = []
+    getattr(pipeline, family.denoiser).register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append((args, kwargs)), with_kwargs=True)
+    pipeline(prompt="a cat", num_inference_steps=1, output_type="latent", height=32, width=32)
+    return calls[0]

@@ -352,6 +352,34 @@ def test_a_qwen_image_edit_checkpoint_is_the_qwenimage_family():
     assert family_of_model_index(index).name == "qwenimage"
 
 
+def test_linears_in_the_compiled_blocks_read_contiguous_inputs_and_nothing_outside_them():
+    """fold_linear_inputs hooks each Linear (or LoRA layer as a whole) inside the repeated blocks
+    once, and nothing the blocks do not hold: an embedder's Linear would pay a Python call per
+    step for nothing; a LoRA layer's base layer and factors share their wrapper's input."""
+    import torch
+    from peft import LoraConfig
+
+    from hotlora.engine.pipeline import _contiguous_input, fold_linear_inputs
+
+    flux = family_named("flux")
+    denoiser = flux.build_tiny().transformer
+    denoiser.add_adapter(LoraConfig(r=2, target_modules=["to_q", "proj_out"]), adapter_name="slot")
+    fold_linear_inputs(denoiser, flux)
+    fold_linear_inputs(denoiser, flux)  # a rebuilt engine folds again: still one hook a layer
+    blocks = {"FluxTransformerBlock", "FluxSingleTransformerBlock"}
+    inside = {name for name, m in denoiser.named_modules() if type(m).__name__ in blocks}
+    for name, module in denoiser.named_modules():
+        hooks = list(module._forward_pre_hooks.values()).count(_contiguous_input)
+        in_block = any(name.startswith(block + ".") for block in inside)
+        wrapped = any(name.startswith(w + ".") for w, m in denoiser.named_modules() if hasattr(m, "base_layer"))
+        layer = isinstance(module, torch.nn.Linear) or hasattr(module, "base_layer")
+        assert hooks == int(layer and in_block and not wrapped), name
+    assert hasattr(denoiser.proj_out, "base_layer") and not denoiser.proj_out._forward_pre_hooks
+    sliced = torch.randn(2, 7, 4)[:, 3:]
+    folded = _contiguous_input(None, (sliced,))[0]
+    assert folded.is_contiguous() and torch.equal(folded, sliced)
+
+
 def test_flux_single_blocks_hand_on_contiguous_outputs_once_compiled():
     """Flux's single-stream block returns slices of its joined sequence: compiled, its outputs are
     made contiguous, so every later block receives the first one's strides and runs its graphs

@@ -69,21 +69,33 @@ def compile_denoiser(denoiser: torch.nn.Module, family: ModelFamily, fullgraph: 
     return "whole model"
 
 
-def fold_linear_inputs(denoiser: torch.nn.Module) -> None:
-    """Every Linear of ``denoiser`` reads a contiguous input (a forward pre-hook, traced into the
-    compiled blocks). Why: a Linear on a slice of the joint sequence (SD3's and Flux.2's attention
-    output split into text and image tokens) cannot be viewed as 2-D; torch's matmul then folds it
-    into one GEMM (copying the activation) only when the weight requires grad, and otherwise runs a
-    batched GEMM against the weight expanded over the batch, which a CPU copies: PEFT's LoRA layers
-    freeze the base weights, so a model with slots paid 1.34-1.51x the model without them in rank
-    bucket 0 (docs/benchmarks.md "Per family"). A contiguous input makes it one GEMM again, whatever
-    ``requires_grad`` says; an input already contiguous is returned as it is. Compiled engines only:
-    eager ones keep plain diffusers' arithmetic bit for bit."""
-    for module in denoiser.modules():
-        # A LoRA layer (PEFT's wrapper) first: its base layer and its lora_A then share one contiguous copy.
-        layer = isinstance(module, torch.nn.Linear) or hasattr(module, "base_layer")
-        if layer and _contiguous_input not in module._forward_pre_hooks.values():
-            module.register_forward_pre_hook(_contiguous_input)
+def fold_linear_inputs(denoiser: torch.nn.Module, family: ModelFamily) -> None:
+    """Every Linear inside ``denoiser``'s compiled region reads a contiguous input (a forward pre-hook,
+    traced into the compiled blocks). Why: a Linear on a slice of the joint sequence (SD3's and
+    Flux.2's attention output split into text and image tokens) cannot be viewed as 2-D; torch's
+    matmul then folds it into one GEMM (copying the activation) only when the weight requires grad,
+    and otherwise runs a batched GEMM against the weight expanded over the batch, which a CPU copies:
+    PEFT's LoRA layers freeze the base weights, so a model with slots paid 1.34-1.51x the model
+    without them in rank bucket 0 (docs/benchmarks.md "Per family"). A contiguous input makes it one
+    GEMM again, whatever ``requires_grad`` says; an input already contiguous is returned as it is.
+    Only the repeated blocks where the model is compiled regionally: outside them a hook would be a
+    Python call per Linear on every step, for embedders that run on whole tensors anyway. Compiled
+    engines only: eager ones keep plain diffusers' arithmetic bit for bit."""
+    blocks = set(getattr(denoiser, "_repeated_blocks", None) or family.repeated_blocks)
+    roots = [m for m in denoiser.modules() if type(m).__name__ in blocks] if blocks else [denoiser]
+    for root in roots:
+        _hook_layers(root)
+
+
+def _hook_layers(module: torch.nn.Module) -> None:
+    for child in module.children():
+        if isinstance(child, torch.nn.Linear) or hasattr(child, "base_layer"):
+            # A LoRA layer (PEFT's wrapper) as a whole: its base layer and its lora_A share its one
+            # contiguous input, so its children need no hook of their own.
+            if _contiguous_input not in child._forward_pre_hooks.values():
+                child.register_forward_pre_hook(_contiguous_input)
+        else:
+            _hook_layers(child)
 
 
 def _contiguous_input(module, args):

@@ -213,7 +213,7 @@ class WarmModel:
         if config.compile:
             fullgraph = self.step_cache.fullgraph if self.step_cache else True
             for expert in self.experts.values():
-                fold_linear_inputs(expert)
+                fold_linear_inputs(expert, self.family)
                 self.compile_mode = compile_denoiser(
                     expert, self.family, fullgraph=fullgraph,
                     dynamic=False if self.dynamic_sizes is False else self.family.compile_dynamic)
