@@ -279,11 +279,13 @@ def test_musubi_files_diffusers_own_converter_fails_on_load(wan_two_experts, tmp
 
 
 @pytest.mark.families
-@pytest.mark.parametrize("patch", ["blocks.0.self_attn.q.diff_b", "blocks.1.cross_attn.norm_k.diff", "blocks.0.diff_m"])
+@pytest.mark.parametrize("patch", ["time_projection.1.diff_b", "blocks.1.cross_attn.norm_k.diff", "blocks.0.diff_m"])
 def test_lightx2v_patches_that_change_the_model_are_refused_not_dropped(wan_two_experts, tmp_path, patch):
-    """A non-zero lightx2v whole-tensor patch: diffusers loads ``.diff_b`` as a LoRA bias and drops
-    the norm (``.diff``) and modulation (``.diff_m``) ones; a LoRA slot holds neither, so hotlora
-    refuses the file naming the key. The same file with the patch zeroed is served."""
+    """A non-zero lightx2v whole-tensor patch that diffusers drops: a norm's (``.diff``), a
+    modulation (``.diff_m``), a bias of a layer without LoRA factors (diffusers loads a Linear's
+    ``.diff_b`` beside its factors as a LoRA bias, which the slots serve: test_lora_bias.py). A LoRA
+    slot holds none of them, so hotlora refuses the file naming the key. The same file with the
+    patch zeroed is served."""
     from safetensors.torch import load_file, save_file
 
     pipeline, samples = wan_two_experts

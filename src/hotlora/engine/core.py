@@ -176,6 +176,7 @@ class Engine:
             "base_quantization": self.quantization or "none", "denoiser_bytes": self.denoiser_bytes,
             "slot_bytes": writer["slot_bytes"], "rank_buckets": writer.get("rank_buckets", []),
             "writer": writer["writer"], "sizes": list(self.rules.size_names()),  # WIDTHxHEIGHT, default first
+            "lora_biases": self.writer.ceiling.biases,  # whether adapters' LoRA biases (lightx2v's .diff_b) are served
             "frames": list(self.rules.frames),  # a video family's frame counts served, default first
             "output": self.family.output_kind, "fps": self.family.fps,  # "images" | "frames"; a video's frame rate
             # a model of several experts (Wan 2.2 A14B): the models with slots, the denoiser first

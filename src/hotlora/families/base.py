@@ -84,6 +84,10 @@ class ModelFamily:
     # Whether the banks writer (``mixed=True``: several requests' adapters in one forward batch) can
     # serve it: that needs the batch layout of its forward passes and ``encode_prompts``.
     mixed_batches: ClassVar[bool] = True
+    # Whether the slots hold LoRA biases (PEFT's ``lora_B.bias``; lightx2v's ``.diff_b`` on Wan): each
+    # LoRA layer then adds a bias every step, zeros for adapters without one, so only where the
+    # family's popular adapters carry them. Slots only (fused, auto's fused path and banks refuse them).
+    lora_biases: ClassVar[bool] = False
     # What the pipeline makes: "images" (``.images``, ``num_images_per_prompt``) or "frames" (a
     # video family: ``.frames``, ``num_videos_per_prompt``); the engine's output kind of that name
     # (``engine.results.output_kind``) joins, finishes and names them.

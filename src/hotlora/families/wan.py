@@ -54,6 +54,8 @@ class Wan(ModelFamily):
     # Wan's image-to-video and video-to-video pipelines share its mixin and denoiser class, but run
     # other checkpoints (an image-conditioned transformer) this family does not serve.
     serves_variants = False
+    # lightx2v's step/CFG-distill LoRAs (the most used Wan LoRAs) carry every Linear's bias difference.
+    lora_biases = True
     lora_key_pattern = r"(?<!transformer_)blocks[._]\d+[._](attn1|attn2|ffn)|condition_embedder"  # not LTX's transformer_blocks
     base_model_markers = ("wan2", "wan-2", "wan_2", "wan 2")
     # The Wan 2.1 T2V model card: 50 steps, guidance 5.0, 480 x 832 (the 1.3B model's size), 81 frames at 16 fps.
@@ -195,24 +197,33 @@ class Wan(ModelFamily):
 
         lightx2v (the distill LoRAs): whole-tensor differences beside the LoRA factors, ``.diff``
         (a norm's weight, or any small weight), ``.diff_b`` (a bias), ``.diff_m`` (a block's
-        modulation). A LoRA slot holds ``B @ A`` only; diffusers reads ``.diff_b`` as a PEFT
-        ``lora_B.bias`` and drops the norm and modulation ones (a debug / info log line). Patches
-        that are all zero change nothing and are dropped here; any other is refused with its keys,
-        rather than served as a model other than the one trained."""
+        modulation). diffusers reads a Linear's ``.diff_b`` as a PEFT ``lora_B.bias`` (scaled with
+        the LoRA), which the slots hold (``lora_biases``), and drops the norm and modulation ones (a
+        debug / info log line), and a bias whose layer has no LoRA factors (the time projection's).
+        Patches that are all zero change nothing and are dropped here; any other that diffusers would
+        drop is refused with its keys, rather than served as a model other than the one trained."""
         raw = dict(raw)
         patches = [k for k in raw if k.endswith(PATCH_SUFFIXES)]
         if patches:
             import torch
 
+            def factored(key: str) -> bool:  # a Linear's bias beside its own LoRA factors: a lora_B.bias
+                module = key.removesuffix(".diff_b")
+                return (key.endswith(".diff_b") and "norm" not in module
+                        and any(f"{module}.{part}.weight" in raw for part in ("lora_down", "lora_A")))
+
             live = sorted(k for k in patches if not isinstance(raw[k], torch.Tensor) or bool(raw[k].ne(0).any()))
-            if live:
+            dropped = [k for k in live if not factored(k)]
+            if dropped:
                 raise AdapterFormatError(
-                    f"{label}: {len(live)} whole-tensor patches (lightx2v's .diff / .diff_b / .diff_m: a norm's "
-                    f"weight, a bias or a modulation replaced, not a low-rank update), which a LoRA slot cannot "
-                    f"hold: {', '.join(live[:6])}" + (" ..." if len(live) > 6 else "")
-                    + " (diffusers would apply .diff_b as a LoRA bias and drop the others)")
-            log.info("%s: dropping %d all-zero .diff patches (they change nothing)", label, len(patches))
-            raw = {k: v for k, v in raw.items() if k not in patches}
+                    f"{label}: {len(dropped)} whole-tensor patches (lightx2v's .diff / .diff_m, or a .diff_b of a "
+                    f"norm or of a layer without LoRA factors: a weight, bias or modulation replaced, not a low-rank "
+                    f"update), which diffusers drops and a LoRA slot cannot hold: {', '.join(dropped[:6])}"
+                    + (" ..." if len(dropped) > 6 else "") + " (a Linear's .diff_b beside its LoRA is served)")
+            zero = [k for k in patches if k not in live]
+            if zero:
+                log.info("%s: dropping %d all-zero .diff patches (they change nothing)", label, len(zero))
+            raw = {k: v for k, v in raw.items() if k not in zero}
         if raw and all(k.startswith("lora_unet_") for k in raw):
             matches = {k: MUSUBI_NAME.fullmatch(k) for k in raw}
             if all(matches.values()):
@@ -238,15 +249,17 @@ class Wan(ModelFamily):
         """The trainers' Wan layouts (``hotlora.trainer_layouts``, each writer citing the source it
         mirrors): musubi-tuner's ``lora_unet_`` kohya names (alpha rank / 2), ai-toolkit's ComfyUI
         ``diffusion_model.`` names with ``lora_A`` / ``lora_B``, lightx2v's ``diffusion_model.``
-        names with ``lora_down`` / ``lora_up`` and its whole-tensor ``.diff`` patches of the norms,
-        here all zero (what diffusers' converter says the published distill LoRAs carry; it drops
-        them). With two experts (Wan 2.2 A14B), musubi-tuner's pair too: a high-noise and a
+        names with ``lora_down`` / ``lora_up``, a ``.diff_b`` of every Linear's bias (served as a
+        LoRA bias) and its whole-tensor ``.diff`` patches of the norms, here all zero (what diffusers'
+        converter says the published distill LoRAs carry; it drops them). With two experts (Wan 2.2 A14B), musubi-tuner's pair too: a high-noise and a
         low-noise file, what users ship for it."""
         import torch
         from safetensors.torch import save_file
 
         from hotlora.families._tiny import random_lora
-        from hotlora.trainer_layouts import ai_toolkit_wan_lora, lightx2v_wan_lora, musubi_wan_lora
+        from hotlora.trainer_layouts import (
+            ai_toolkit_wan_lora, lightx2v_wan_lora, musubi_wan_lora, wan_block_linear, wan_original_name,
+        )
 
         def save(name, tensors, meta=None):
             save_file(tensors, str(out / f"{name}.safetensors"), metadata=meta)
@@ -257,11 +270,15 @@ class Wan(ModelFamily):
                                                              * pipeline.transformer.config.attention_head_dim)
                       for b in blocks for norm in ("self_attn.norm_q", "self_attn.norm_k", "cross_attn.norm_q",
                                                    "cross_attn.norm_k", "norm3")}
+        generator = torch.Generator().manual_seed(7)
+        bias_patches = {f"{wan_original_name(m)}.diff_b": 0.1 * torch.randn(out, generator=generator)
+                        for m, (_, out) in linears.items() if wan_block_linear(m)}
         samples = {
             "style-musubi": save("style-musubi", *musubi_wan_lora(random_lora(linears, rank, seed=4), rank / 2, rank,
                                                                   MUSUBI_ARCHITECTURE)),
             "style-ai-toolkit": save("style-ai-toolkit", *ai_toolkit_wan_lora(random_lora(linears, rank, seed=5))),
-            "style-lightx2v": save("style-lightx2v", lightx2v_wan_lora(random_lora(linears, rank, seed=6), zero_norms)),
+            "style-lightx2v": save("style-lightx2v", lightx2v_wan_lora(random_lora(linears, rank, seed=6),
+                                                                       {**zero_norms, **bias_patches})),
         }
         experts = list(self.experts(pipeline))
         if len(experts) == 2:

@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 # 7: Wan's musubi-tuner files read through diffusers' ComfyUI-name converter (subsets of the blocks'
 #    Linears and alpha-less files load), lightx2v's non-zero ``.diff*`` patches refused (``Wan.prepare_raw_lora``)
 # 8: LyCORIS LoHa files read (as their exact low-rank form; they were refused)
-CONVERTER_VERSION = 8
+# 9: LoRA biases kept (``lora_B.bias``, lightx2v's ``.diff_b``; they were refused)
+CONVERTER_VERSION = 9
 PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
@@ -89,6 +90,11 @@ class Adapter:
         return max((w.rank for w in self.modules.values()), default=0)
 
     @property
+    def biased(self) -> list[str]:
+        """The denoiser modules whose update carries a bias (lightx2v's ``.diff_b``)."""
+        return [m for m, w in self.modules.items() if w.bias is not None]
+
+    @property
     def text_parts(self) -> bool:
         """Whether the adapter changes a text encoder (LoRA there, or embeddings)."""
         return bool(self.text_modules) or self.embeddings is not None
@@ -106,7 +112,8 @@ class Adapter:
     @property
     def nbytes(self) -> int:
         text = sum(w.down.nbytes + w.up.nbytes for mods in self.text_modules.values() for w in mods.values())
-        return (sum(w.down.nbytes + w.up.nbytes for w in self.modules.values()) + text
+        return (sum(w.down.nbytes + w.up.nbytes + (w.bias.nbytes if w.bias is not None else 0)
+                    for w in self.modules.values()) + text
                 + (self.embeddings.nbytes if self.embeddings is not None else 0))
 
 
@@ -305,13 +312,18 @@ def _text_encoder_weights(state_dict, network_alphas, metadata, encoder: str, la
     if network_alphas:
         network_alphas = {k.removeprefix(f"{encoder}."): v for k, v in network_alphas.items()
                           if k.split(".")[0] == encoder}
-    return _weights_by_config(part, network_alphas or None, metadata or None, rank, f"{label} ({encoder})",
-                              is_unet=False)
+    weights = _weights_by_config(part, network_alphas or None, metadata or None, rank, f"{label} ({encoder})",
+                                 is_unet=False)
+    biased = sorted(m for m, w in weights.items() if w.bias is not None)
+    if biased:  # the text encoders' LoRA layers hold none (engine/writers/text_lora.py)
+        raise AdapterFormatError(f"{label}: LoRA biases on the {encoder} ({', '.join(biased[:4])}) are not served")
+    return weights
 
 
-def _lora_pairs(ours: dict, label: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """module -> (A, B) from PEFT-form keys; anything else (biases, DoRA magnitudes, lone halves,
-    names no diffusers module has) is refused with the keys that are wrong."""
+def _lora_pairs(ours: dict, label: str) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """module -> (A, B, B's bias or None) from PEFT-form keys; anything else (DoRA magnitudes, lone
+    halves, a bias without its factors, names no diffusers module has) is refused with the keys that
+    are wrong. A ``lora_B.bias`` is what diffusers makes of lightx2v's ``.diff_b`` (PEFT's ``lora_bias``)."""
     pairs, unpaired, bad_names = {}, [], []
     for key in ours:
         if ".lora_A." not in key:
@@ -323,16 +335,18 @@ def _lora_pairs(ours: dict, label: str) -> dict[str, tuple[torch.Tensor, torch.T
         elif len(module) > MAX_NAME_CHARS or not MODULE_NAME.fullmatch(module):
             bad_names.append(module[:80])
         else:
-            pairs[module] = (ours[key], up)
-    unsupported = sorted(k for k in ours if ".lora_A." not in k and ".lora_B.weight" not in k)
-    orphans = sorted(k.split(".lora_B.")[0] for k in ours if ".lora_B.weight" in k and k.replace("lora_B", "lora_A") not in ours)
+            pairs[module] = (ours[key], up, ours.get(f"{module}.lora_B.bias"))
+    understood = (".lora_B.weight", ".lora_B.bias")
+    unsupported = sorted(k for k in ours if ".lora_A." not in k and not k.endswith(understood))
+    orphans = sorted(k.split(".lora_B.")[0] for k in ours
+                     if k.endswith(understood) and f"{k.split('.lora_B.')[0]}.lora_A.weight" not in ours)
     if unpaired or unsupported or orphans:
         shown = sorted(set(unpaired + orphans)) + unsupported
         raise AdapterFormatError(f"{label}: unsupported or unpaired LoRA keys: {', '.join(shown[:8])}")
     if bad_names:
         shown = ", ".join(repr(n) for n in sorted(bad_names)[:8])
         raise AdapterFormatError(f"{label}: LoRA keys that name no module: {shown}")
-    scalars = sorted(m for m, (down, up) in pairs.items() if down.ndim == 0 or up.ndim == 0 or down.shape[0] == 0)
+    scalars = sorted(m for m, (down, up, _) in pairs.items() if down.ndim == 0 or up.ndim == 0 or down.shape[0] == 0)
     if scalars:
         raise AdapterFormatError(f"{label}: LoRA weights of rank 0 or without a rank dimension in {', '.join(scalars[:8])}")
     return pairs

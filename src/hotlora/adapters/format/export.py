@@ -76,11 +76,15 @@ def _layers(modules) -> tuple[dict, dict]:
         # contiguous: converters may hand out strided views.
         layers[f"{module}.lora_A.weight"] = w.down.detach().cpu().clone().contiguous()
         layers[f"{module}.lora_B.weight"] = (w.up.detach().cpu().float() * w.scaling).to(w.up.dtype).contiguous()
+        if w.bias is not None:  # scaled like B (PEFT's lora_B.bias): the same fold
+            layers[f"{module}.lora_B.bias"] = (w.bias.detach().cpu().float() * w.scaling).to(w.bias.dtype).contiguous()
         ranks[module] = w.rank
     common = Counter(ranks.values()).most_common(1)[0][0]
     pattern = {f"^{m}$": r for m, r in ranks.items() if r != common}
     metadata = {"r": common, "lora_alpha": common, "rank_pattern": pattern, "alpha_pattern": dict(pattern),
                 "target_modules": sorted(ranks)}
+    if any(w.bias is not None for w in modules.values()):
+        metadata["lora_bias"] = True  # what makes load_lora_weights give its LoRA layers a bias
     return layers, metadata
 
 
@@ -91,6 +95,7 @@ def describe(adapter: Adapter) -> dict:
         "name": adapter.name, "family": adapter.family, "layout": adapter.layout, "rank": adapter.rank,
         "ranks": {str(r): n for r, n in sorted(ranks.items())}, "alpha_over_rank": scalings[:8],
         "modules": len(adapter.modules), "targets": sorted(adapter.modules)[:20], "base_model": adapter.base_model,
+        "biases": len(adapter.biased),  # modules whose update carries a LoRA bias (lightx2v's .diff_b)
         "bytes": adapter.nbytes, "sha256": adapter.sha256, "skipped_keys": len(adapter.skipped_keys),
         "text_encoders": {te: {"modules": len(mods), "rank": max(w.rank for w in mods.values())}
                           for te, mods in adapter.text_modules.items()},

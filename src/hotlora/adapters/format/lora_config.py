@@ -28,11 +28,13 @@ MAX_PATTERN_PAIRS = 4_000_000
 
 @dataclass(frozen=True)
 class LoraWeights:
-    """One module's low-rank update: ``delta W = scaling * up @ down``."""
+    """One module's low-rank update: ``delta W = scaling * up @ down``, and with a ``bias``
+    ``delta b = scaling * bias`` (PEFT's ``lora_B.bias``: lightx2v's ``.diff_b``)."""
 
     down: torch.Tensor  # A: [rank, in_features]
     up: torch.Tensor  # B: [out_features, rank]
     scaling: float  # alpha / rank as PEFT computes it (alpha / sqrt(rank) for rsLoRA)
+    bias: torch.Tensor | None = None  # [out_features], scaled like B (PEFT: inside lora_B)
 
     @property
     def rank(self) -> int:
@@ -50,7 +52,7 @@ def module_weights(pairs, config, *, declared_ranks: bool, label: str) -> dict[s
     ranks = Patterns(config.rank_pattern, "rank_pattern", label, len(pairs)) if declared_ranks else None
     rslora = bool(config.use_rslora)
     modules = {}
-    for module, (down, up) in pairs.items():
+    for module, (down, up, *bias) in pairs.items():
         r = down.shape[0]
         if ranks is not None:
             declared = ranks.get(module, config.r)
@@ -63,7 +65,7 @@ def module_weights(pairs, config, *, declared_ranks: bool, label: str) -> dict[s
             scaling = float(alpha / math.sqrt(r) if rslora else alpha / r)
         except (OverflowError, ValueError, RuntimeError) as exc:
             raise AdapterFormatError(f"{label}: alpha / rank of {module} is not a number ({exc})") from exc
-        modules[module] = LoraWeights(down=down, up=up, scaling=scaling)
+        modules[module] = LoraWeights(down=down, up=up, scaling=scaling, bias=bias[0] if bias else None)
     return modules
 
 

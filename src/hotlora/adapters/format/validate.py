@@ -38,6 +38,9 @@ class SlotCeiling:
     # Conv2d layers adapters may touch: name -> weight shape (out, in, kh, kw). Only fused mode has
     # any (a merged conv delta is a plain weight update; slots and banks hold Linear LoRA layers only).
     convs: Mapping[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    # Whether LoRA biases fit (``lora_B.bias``, lightx2v's ``.diff_b``): slots of a family that
+    # declares them (``ModelFamily.lora_biases``).
+    biases: bool = False
 
 
 def is_conv(w) -> bool:
@@ -90,15 +93,23 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
         if adapter.layout == LOHA_LAYOUT and not ceiling.convs:  # its conv layers' factors look like a Linear's
             note += " (a LyCORIS LoHa's conv layers are served in fused mode, adapter_mode='fused')"
         problems.append(f"{len(outside)} module(s) outside the slot ceiling: {_listed(outside)}{note}")
+    biased = adapter.biased
+    if biased and not ceiling.biases:
+        family = FAMILIES.get(ceiling.family)
+        where = ("by the slots (adapter_mode='slots', mixed=False)" if family is not None and family.lora_biases
+                 else f"by no {ceiling.family} engine (its slots hold none)")
+        problems.append(f"LoRA biases (lora_B.bias, lightx2v's .diff_b) on {len(biased)} module(s) ({_listed(biased)}): "
+                        f"this engine adds no LoRA bias; they are served {where}")
     bad_dtype, bad_shape, non_finite, bad_scale = [], [], [], []
     for module, w in adapter.modules.items():
-        if not (w.down.is_floating_point() and w.up.is_floating_point()):
-            bad_dtype.append(f"{module} ({w.down.dtype}/{w.up.dtype})")
+        bias = () if w.bias is None else (w.bias,)
+        if not all(t.is_floating_point() for t in (w.down, w.up, *bias)):
+            bad_dtype.append(f"{module} ({'/'.join(str(t.dtype) for t in (w.down, w.up, *bias))})")
             continue
         shape = _shape_problem(module, w, ceiling, flattened_convs=adapter.layout == LOHA_LAYOUT)
         if shape:
             bad_shape.append(shape)
-        if not (torch.isfinite(w.down).all() and torch.isfinite(w.up).all()):
+        if not all(torch.isfinite(t).all() for t in (w.down, w.up, *bias)):
             non_finite.append(module)
         if not math.isfinite(w.scaling):
             bad_scale.append(module)
@@ -156,7 +167,10 @@ def _shape_problem(module: str, w, ceiling: SlotCeiling, flattened_convs: bool =
         return None
     if is_conv(w) and module not in ceiling.modules:
         return None  # not a layer of this ceiling: reported once, above
-    if w.down.ndim != 2 or w.up.ndim != 2 or w.up.shape[1] != w.down.shape[0]:
+    if w.bias is not None:
+        shapes += f", bias {tuple(w.bias.shape)}"
+    if (w.down.ndim != 2 or w.up.ndim != 2 or w.up.shape[1] != w.down.shape[0]
+            or (w.bias is not None and tuple(w.bias.shape) != (w.up.shape[0],))):
         return f"{module} ({shapes})"
     if module in ceiling.modules:
         in_features, out_features = ceiling.modules[module]

@@ -121,7 +121,8 @@ def _ready_to_copy(adapter: Adapter) -> Adapter:
     if not torch.cuda.is_available():
         return adapter
     def pinned(modules):
-        return {m: LoraWeights(w.down.pin_memory(), w.up.pin_memory(), w.scaling) for m, w in modules.items()}
+        return {m: LoraWeights(w.down.pin_memory(), w.up.pin_memory(), w.scaling,
+                               None if w.bias is None else w.bias.pin_memory()) for m, w in modules.items()}
 
     return dataclasses.replace(adapter, modules=pinned(adapter.modules),
                                text_modules={te: pinned(mods) for te, mods in adapter.text_modules.items()})

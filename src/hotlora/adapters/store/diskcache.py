@@ -41,6 +41,8 @@ def serialize(adapter: Adapter) -> bytes:
             # storage. contiguous: converters may hand out strided views.
             tensors[f"{part}{module}::down"] = w.down.detach().cpu().clone().contiguous()
             tensors[f"{part}{module}::up"] = w.up.detach().cpu().clone().contiguous()
+            if w.bias is not None:
+                tensors[f"{part}{module}::bias"] = w.bias.detach().cpu().clone().contiguous()
     info = {
         "format": FORMAT, "name": adapter.name, "family": adapter.family, "layout": adapter.layout,
         "sha256": adapter.sha256, "base_model": adapter.base_model, "skipped_keys": adapter.skipped_keys,
@@ -65,8 +67,8 @@ def deserialize(data: bytes) -> Adapter:
     if info.get("format") != FORMAT:
         raise ValueError(f"unknown cache entry format {info.get('format')!r}")
     def weights(part: str, scaling: dict) -> dict[str, LoraWeights]:
-        return {m: LoraWeights(down=tensors[f"{part}{m}::down"], up=tensors[f"{part}{m}::up"], scaling=float(s))
-                for m, s in scaling.items()}
+        return {m: LoraWeights(down=tensors[f"{part}{m}::down"], up=tensors[f"{part}{m}::up"], scaling=float(s),
+                               bias=tensors.get(f"{part}{m}::bias")) for m, s in scaling.items()}
 
     embeddings = None
     if info.get("embeddings"):

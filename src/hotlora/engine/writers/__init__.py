@@ -70,7 +70,7 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
 
         return AutoWriter(denoiser, family, config.slots, config.target_rank, config.target_modules, served_models,
                           min_kept=config.fused_min_kept, restore=config.fused_restore,
-                          rank_buckets=config.bucket_ranks)
+                          rank_buckets=config.bucket_ranks, biases=lora_biases(family))
     if config.mixed:
         from hotlora.engine.writers.banks import BanksWriter
 
@@ -79,7 +79,15 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
     from hotlora.engine.writers.slots import SlotsWriter
 
     return SlotsWriter(denoiser, family, config.slots, config.target_rank, config.target_modules,
-                    served_models=served_models, rank_buckets=config.bucket_ranks)
+                       served_models=served_models, rank_buckets=config.bucket_ranks, biases=lora_biases(family))
+
+
+def lora_biases(family: str) -> bool:
+    """Whether ``family``'s slots hold LoRA biases (``ModelFamily.lora_biases``)."""
+    from hotlora.families import FAMILIES
+
+    known = FAMILIES.get(family)
+    return known is not None and known.lora_biases
 
 
 __all__ = ["AdapterWriter", "SwapReport", "TextWriter", "install_expert_writers", "install_text_writer", "install_writer"]

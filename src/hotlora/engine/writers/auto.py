@@ -21,6 +21,9 @@ every bucket. With a rank-0 bucket (slots that run no LoRA product at all), a fu
 be free of slot compute without a change here: ``SlotsWriter.swap({})`` picks the smallest bucket
 that holds the (empty) slots.
 
+An adapter with LoRA biases (lightx2v's ``.diff_b``, where the family's slots hold them) always goes
+through the slots: the merge writes weights only.
+
 Every adapter must fit the slots' layers (``target_modules``, Linear layers only), so that any
 request could fall back to the slots; the pristine copy covers only those layers. An adapter above
 the slots' ``target_rank`` (a high-rank LoRA, a LyCORIS LoKr's or LoHa's exact low-rank form) is
@@ -54,7 +57,7 @@ class AutoWriter:
 
     def __init__(self, denoiser, family: str, slot_names: Iterable[str], target_rank: int, target_modules=None,
                  served_models: Iterable[str] = (), *, min_kept: float, restore: str = "auto",
-                 rank_buckets: Iterable[int] = ()):
+                 rank_buckets: Iterable[int] = (), biases: bool = False):
         served_models = tuple(served_models)
         # The fused writer first: it captures the base Linear weights (and their pristine copy)
         # before PEFT wraps those Linear layers into LoRA layers. The wrapped layer keeps the same
@@ -64,7 +67,7 @@ class AutoWriter:
                                  min_kept=0.0, linears=linears)  # measures kept; never refuses (we decide)
         self._min_kept = min_kept
         self.slots = SlotsWriter(denoiser, family, slot_names, target_rank, target_modules, served_models=served_models,
-                              rank_buckets=rank_buckets)
+                                 rank_buckets=rank_buckets, biases=biases)
         self.slot_names = self.slots.slot_names
         # The slots' layers; any rank (one above the slots' is served fused only: ``_decide``).
         self.ceiling = dataclasses.replace(self.slots.ceiling, any_rank=True)
@@ -93,6 +96,10 @@ class AutoWriter:
     def _decide(self, bindings: Bindings) -> tuple[str, float]:
         signature = bindings_key(bindings)
         decided = self._decisions.get(signature)
+        if decided is None and any(b is not None and b.adapter.biased for b in bindings.values()):
+            decided = (SLOTS, 0.0)  # the merge holds no LoRA bias: the slots do (kept 0: nothing merged)
+            self._refuse_above_slots(bindings, 0.0)
+            self._decisions.put(signature, decided)
         if decided is None:
             plan = self.fused.plan_for(bindings)
             kept = plan.kept if plan is not None else 1.0

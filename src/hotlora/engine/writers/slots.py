@@ -21,6 +21,11 @@ Modules whose base weight the model keeps in another dtype than most (diffusers'
 own dtype, as PEFT gives them: rank-major buffers of their own beside the flat ones, outside the
 packed layout (an adapter touching them is written module by module).
 
+LoRA biases (a family's ``lora_biases``: lightx2v's ``.diff_b`` on Wan) ride in PEFT's
+``lora_B.bias``, which adds them scaled like ``B``: each slot keeps its bias (weight and ``alpha / r``
+folded in) in a row of one ``[n, sum(out)]`` buffer, and the bias the model reads is their sum,
+recomputed in place (one reduction) when a swap changes a slot's bias.
+
 Nothing the compiled graphs guard on (shapes, strides, the scaling floats, the active-adapter
 list) ever changes outside the buckets warmed up, so swaps never recompile.
 
@@ -36,7 +41,7 @@ from __future__ import annotations
 import re
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import torch
@@ -68,6 +73,8 @@ class _Slot:
     # Modules outside the flat buffers: their base weights are kept in another dtype (Wan's float32
     # time embedder in a bf16 model), so their LoRA weights have buffers of that dtype of their own.
     apart: tuple[str, ...] = ()
+    bias: dict[str, torch.Tensor] | None = None  # module -> this slot's LoRA bias [out] (slots with biases)
+    biased: set[str] = field(default_factory=set)  # modules whose bias the occupant set (non-zero)
 
 
 class SlotsWriter:
@@ -82,7 +89,7 @@ class SlotsWriter:
     MIN_PACK_CACHE_BYTES = 2 * 1024**3
 
     def __init__(self, denoiser, family: str, slot_names: Iterable[str], target_rank: int, target_modules=None,
-                 served_models: Iterable[str] = (), rank_buckets: Iterable[int] = ()):
+                 served_models: Iterable[str] = (), rank_buckets: Iterable[int] = (), biases: bool = False):
         self.slot_names = tuple(slot_names)
         if len(set(self.slot_names)) != len(self.slot_names):
             raise ValueError(f"slot names must be unique, got {self.slot_names}")
@@ -96,7 +103,8 @@ class SlotsWriter:
         self.rank_buckets = tuple(sorted({*rank_buckets, target_rank})) if self.slot_names else (target_rank,)
         modules = ceiling_modules(denoiser, target_modules)
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
-                                   served_models=frozenset(n for n in served_models if n))
+                                   served_models=frozenset(n for n in served_models if n),
+                                   biases=biases and bool(self.slot_names))
         # PEFT gives a LoRA layer its base weight's dtype; a model may keep some modules in another
         # (diffusers' ``_keep_in_fp32_modules``): those stay out of the flat buffers (one dtype), so an
         # adapter touching them is written module by module (``pack`` leaves it unpacked).
@@ -113,6 +121,10 @@ class SlotsWriter:
         self._layers: list[torch.nn.Module] = []  # the PEFT LoRA layers (bucket 0 switches their branch off)
         self._bucket_weights: dict[int, list[tuple[torch.nn.Parameter, torch.nn.Parameter]]] = {}
         self._bucket_pointers: dict[int, int] = {}  # id(Parameter) -> where its data must stay
+        # LoRA biases: every slot's rows ([n, width]) and their sum, the model's lora_B.bias Parameters
+        # (views of it); the flat pair first, then one pair per module kept apart.
+        self._bias_sums: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._bias_params: list[tuple[torch.nn.Parameter, int]] = []  # (Parameter, its data_ptr)
         self.bucket = target_rank
         self.device = next(denoiser.parameters()).device
         if self.slot_names:  # no slots at all is the baseline the benchmarks measure the slots' cost against
@@ -142,7 +154,8 @@ class SlotsWriter:
         exact = "|".join(re.escape(m) for m in modules)
         # alpha == r: PEFT's scaling is the constant 1.0 whatever rows a bucket runs; each slot's
         # weight and alpha/r go into B.
-        config = LoraConfig(r=total, lora_alpha=total, target_modules=f"^(?:{exact})$", lora_dropout=0.0)
+        config = LoraConfig(r=total, lora_alpha=total, target_modules=f"^(?:{exact})$", lora_dropout=0.0,
+                            lora_bias=self.ceiling.biases)
         with warnings.catch_warnings():
             # A torchao-quantized base (base_quantization): PEFT warns that its LoRA layer cannot
             # merge; the slots never merge (fused mode is refused with a quantized base).
@@ -185,12 +198,38 @@ class SlotsWriter:
         self._bucket_pointers = {id(p): p.data_ptr() for pairs in self._bucket_weights.values()
                                  for pair in pairs for p in pair}
         self._point(rank)
+        bias_of = self._install_biases(n, modules, device) if self.ceiling.biases else None
         return {
             slot: _Slot(slot, {m: down_view(slice(k, None, n), m) for m in modules},
                         {m: up_view(slice(k, None, n), m) for m in modules}, dict.fromkeys(modules, 0),
-                        flat_down=all_down[k::n], flat_up=all_up[k::n], apart=self.apart)
+                        flat_down=all_down[k::n], flat_up=all_up[k::n], apart=self.apart,
+                        bias=None if bias_of is None else {m: bias_of(k, m) for m in modules})
             for k, slot in enumerate(self.slot_names)
         }
+
+    def _install_biases(self, n: int, modules, device):
+        """Zeroed bias rows for every slot and their sum, whose views become each LoRA layer's
+        ``lora_B.bias`` (PEFT made them on the meta device); returns (slot index, module) -> that
+        slot's bias view."""
+        rows = torch.zeros(n, self.layout.up_width, dtype=self.dtype, device=device)
+        apart = {name: torch.zeros(n, modules[name][1], dtype=self._dtypes[name], device=device) for name in self.apart}
+        self._bias_sums = [(rows, torch.zeros(self.layout.up_width, dtype=self.dtype, device=device))]
+        self._bias_sums += [(apart[name], torch.zeros(modules[name][1], dtype=self._dtypes[name], device=device))
+                            for name in self.apart]
+        sums = {name: total for name, (_, total) in zip(self.apart, self._bias_sums[1:])}
+
+        def columns(name):
+            return slice(*self.layout.up_columns[name])
+
+        for name, _, up in self._peft:
+            summed = sums[name] if name in apart else self._bias_sums[0][1][columns(name)]
+            up[PEFT_ADAPTER].bias = torch.nn.Parameter(summed, requires_grad=False)
+            self._bias_params.append((up[PEFT_ADAPTER].bias, summed.data_ptr()))
+        return lambda k, name: apart[name][k] if name in apart else rows[k, columns(name)]
+
+    def _sum_biases(self) -> None:
+        for rows, total in self._bias_sums:
+            torch.sum(rows, dim=0, out=total)
 
     def _point(self, bucket: int) -> None:
         """Make the model read the first ``slots * bucket`` rows of the slot buffers. Bucket 0 (no
@@ -227,13 +266,17 @@ class SlotsWriter:
             for held, expected in ((down[PEFT_ADAPTER].weight, a), (up[PEFT_ADAPTER].weight, b)):
                 if held is not expected or held.data_ptr() != self._bucket_pointers[id(expected)]:
                     raise SlotStateCorrupt(f"{name}: the LoRA weights the model reads are no longer the slots'")
+        for (name, _, up), (param, pointer) in zip(self._peft, self._bias_params):
+            if up[PEFT_ADAPTER].bias is not param or param.data_ptr() != pointer:
+                raise SlotStateCorrupt(f"{name}: the LoRA bias the model reads is no longer the slots'")
         if any(layer.disable_adapters != (self.bucket == 0) for layer in self._layers):
             raise SlotStateCorrupt(f"the slots' LoRA branches are switched {'on' if self.bucket == 0 else 'off'} "
                                    f"outside the engine (rank bucket {self.bucket})")
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for s in self._slots.values() for t in (*s.down.values(), *s.up.values()))
+        return (sum(t.nbytes for s in self._slots.values() for t in (*s.down.values(), *s.up.values()))
+                + sum(rows.nbytes + total.nbytes for rows, total in self._bias_sums))
 
     def describe(self) -> dict:
         return {"writer": "slots", "slot_bytes": self.nbytes, "rank_buckets": list(self.rank_buckets[:-1]),
@@ -270,6 +313,7 @@ class SlotsWriter:
         """
         start = time.perf_counter()
         report = SwapReport()
+        biases_changed = False
         for name, slot in self._slots.items():
             assigned = bindings.get(name)
             adapter, scale = assigned if assigned is not None else (None, 0.0)
@@ -281,9 +325,12 @@ class SlotsWriter:
                 write_packed(slot, packed, float(scale), report)
             else:
                 write_padded(slot, adapter, float(scale), report)
+            biases_changed |= write_biases(slot, adapter, float(scale))
             slot.sha256, slot.scale = (adapter.sha256, float(scale)) if adapter is not None else (None, None)
             slot.key = assigned.key if adapter is not None else None
             report.adapters[name] = slot.sha256
+        if biases_changed:
+            self._sum_biases()
         if len(self.rank_buckets) > 1:
             needed = self.rows_in_use()
             bucket = next(b for b in self.rank_buckets if b >= needed)
@@ -340,6 +387,26 @@ def write_padded(slot: _Slot, adapter: Adapter | None, scale: float, report: Swa
     if copy_dst:
         torch._foreach_copy_(copy_dst, copy_src, non_blocking=True)
         torch._foreach_mul_(scaled, factors)
+
+
+@torch.no_grad()
+def write_biases(slot: _Slot, adapter: Adapter | None, scale: float) -> bool:
+    """Write ``adapter``'s LoRA biases (scale and alpha/r folded in, as in B) into a slot that holds
+    biases, zeroing what the previous occupant set; whether anything was written (the summed bias
+    the model reads is then stale)."""
+    if slot.bias is None:
+        return False
+    incoming = {m: w for m, w in adapter.modules.items() if w.bias is not None} if adapter and scale else {}
+    stale = [slot.bias[m] for m in slot.biased - incoming.keys()]
+    if stale:
+        torch._foreach_zero_(stale)
+    if incoming:
+        targets = [slot.bias[m] for m in incoming]
+        torch._foreach_copy_(targets, [w.bias for w in incoming.values()], non_blocking=True)
+        torch._foreach_mul_(targets, [w.scaling * scale for w in incoming.values()])
+    changed = bool(stale or incoming)
+    slot.biased = set(incoming)
+    return changed
 
 
 @torch.no_grad()
