@@ -158,7 +158,8 @@ def cmd_families(args) -> int:
         print(f"{entry['family']:12} {entry['pipeline']} (denoiser {entry['denoiser']}; guidance: {entry['cfg']})")
         print(f"{'':12} defaults: {defaults['num_inference_steps']} steps, guidance {defaults['guidance_scale']}, "
               f"{defaults['width']}x{defaults['height']}; text-encoder LoRA: "
-              f"{', '.join(entry['text_encoder_lora']) or 'none'}; plans: {', '.join(entry['plans']) or 'none'}")
+              f"{', '.join(entry['text_encoder_lora']) or 'none'}; LoRA biases: {entry['lora_biases']}; "
+              f"plans: {', '.join(entry['plans']) or 'none'}")
         print(f"{'':12} a request may set: {', '.join(entry['request_options'])}")
     return 0
 

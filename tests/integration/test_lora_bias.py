@@ -2,7 +2,7 @@
 step/CFG-distill LoRAs users run on nearly every Wan request): read as diffusers reads them, held
 by the slots of a family that declares them (``ModelFamily.lora_biases``), served equal to plain
 diffusers with the scale folded in, without compiling, and refused by name wherever no bias is
-held (fused mode, mixed batches, other families, text encoders)."""
+held (fused mode, other families, text encoders); mixed batches hold one bias row per bank entry."""
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ from hotlora.errors import AdapterRejected
 from hotlora.families import family_named
 from hotlora.testing import plain_diffusers_reference
 
-from ..helpers import TARGET_RANK, fresh_pipeline, recompiles_are_errors, served_frames
+from ..helpers import PackRequest, TARGET_RANK, fresh_pipeline, generate_batch, recompiles_are_errors, served_frames
 
 TOLERANCE = 1e-4
 WAN = family_named("wan")
@@ -62,17 +62,32 @@ def test_lora_biases_are_refused_by_name_where_no_bias_is_held(tiny_models):
     modules = {m: (w.down.shape[1], w.up.shape[0]) for m, w in adapter.modules.items()}
     held = SlotCeiling(modules=modules, target_rank=TARGET_RANK, family="wan", biases=True)
     assert problems_with(adapter, held) == []
-    fused = SlotCeiling(modules=modules, target_rank=TARGET_RANK, family="wan", any_rank=True)
-    (problem,) = problems_with(adapter, fused)
-    assert "LoRA biases" in problem and "adapter_mode='slots', mixed=False" in problem
-    wrong = dict(adapter.modules)
+    # Another family's slots hold none (a PEFT file with lora_bias on Flux): fused mode is named.
+    flux = SlotCeiling(modules=modules, target_rank=TARGET_RANK, family="flux")
+    (problem,) = problems_with(type(adapter)(**{**adapter.__dict__, "family": "flux"}), flux)
+    assert "the flux slots hold no LoRA bias" in problem and "adapter_mode='fused'" in problem
+    # Fused mode merges into a layer's own bias: a Linear without one cannot take a LoRA bias.
     module = adapter.biased[0]
+    (problem,) = problems_with(adapter, SlotCeiling(modules=modules, target_rank=TARGET_RANK, family="wan",
+                                                    any_rank=True, biases=True, unbiased=frozenset({module})))
+    assert "without a bias of their own" in problem and module in problem
+    wrong = dict(adapter.modules)
     wrong[module] = type(wrong[module])(wrong[module].down, wrong[module].up, 1.0, torch.zeros(3))
     (problem,) = problems_with(type(adapter)(**{**adapter.__dict__, "modules": wrong}), held)
     assert "shape mismatch" in problem and "bias (3,)" in problem
-    # Another family's slots hold none: a PEFT file with lora_bias on Flux is refused as such.
-    flux = SlotCeiling(modules=modules, target_rank=TARGET_RANK, family="flux")
-    assert any("by no flux engine" in p for p in problems_with(type(adapter)(**{**adapter.__dict__, "family": "flux"}), flux))
+
+
+def served_like_diffusers(engine, model_dir, adapters, num_images: int) -> torch.Tensor:
+    """The engine's latents for ``adapters`` (two steps, the served frame count), checked against
+    plain diffusers' (``load_lora_weights`` + ``set_adapters``) within TOLERANCE."""
+    frames = served_frames(WAN)[0]
+    ours = engine.generate("a cat", adapters=adapters, num_images=num_images, num_inference_steps=2,
+                           num_frames=frames, output_type="latent").images
+    theirs = plain_diffusers_reference(model_dir, adapters, prompt="a cat", num_images=num_images,
+                                       num_inference_steps=2, guidance_scale=engine.defaults["guidance_scale"],
+                                       height=engine.height, width=engine.width, seed=0, num_frames=frames)
+    torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
+    return ours
 
 
 @pytest.fixture(scope="module")
@@ -91,16 +106,9 @@ def test_a_lightx2v_lora_with_biases_is_served_equal_to_plain_diffusers(tiny_mod
     + ``set_adapters``), none compiling, and the model's LoRA biases zeros again at the end."""
     model_dir, engine = tiny_models["wan"], wan_engine
     found = samples(tiny_models)
-    frames = served_frames(WAN)[0]
 
     def both(adapters):
-        ours = engine.generate("a cat", adapters=adapters, num_images=2, num_inference_steps=2, num_frames=frames,
-                               output_type="latent").images
-        theirs = plain_diffusers_reference(model_dir, adapters, prompt="a cat", num_images=2, num_inference_steps=2,
-                                           guidance_scale=engine.defaults["guidance_scale"], height=engine.height,
-                                           width=engine.width, seed=0, num_frames=frames)
-        torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
-        return ours
+        return served_like_diffusers(engine, model_dir, adapters, num_images=2)
 
     base = both({})
     distilled = both({"style": (found["style-lightx2v"], 0.7)})
@@ -115,22 +123,84 @@ def test_a_lightx2v_lora_with_biases_is_served_equal_to_plain_diffusers(tiny_mod
     assert engine.recompiles == 0
 
 
-def test_fused_mode_refuses_lora_biases_and_auto_mode_serves_them_through_the_slots(tiny_models):
+@pytest.mark.parametrize("mode", ["fused", "auto"])
+def test_fused_and_auto_modes_merge_lora_biases_equal_to_plain_diffusers(tiny_models, mode):
+    """Fused mode merges each LoRA bias into its layer's bias (from a pristine copy): lightx2v, then a
+    bias-free LoRA (the biases back to b0 where only the first touched them), then nothing, each equal
+    to plain diffusers; the weights and biases are the base's bit for bit at the end. Auto mode
+    (float32: every merge keeps its delta) serves it the same way."""
     model_dir = tiny_models["wan"]
     found = samples(tiny_models)
     frames = served_frames(WAN)[0]
-    fused = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, compile=False, adapter_mode="fused",
-                                   frames=(frames,))
-    with pytest.raises(AdapterRejected, match=r"LoRA biases .* served by the slots \(adapter_mode='slots'"):
-        fused.generate("a cat", adapters={"style": (found["style-lightx2v"], 0.7)}, num_inference_steps=2)
-    auto = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, compile=False, adapter_mode="auto",
-                                  frames=(frames,))
-    adapters = {"style": (found["style-lightx2v"], 0.7)}
-    result = auto.generate("a cat", adapters=adapters, num_images=1, num_inference_steps=2, num_frames=frames,
-                           output_type="latent")
-    theirs = plain_diffusers_reference(model_dir, adapters, prompt="a cat", num_images=1, num_inference_steps=2,
-                                       guidance_scale=auto.defaults["guidance_scale"], height=auto.height,
-                                       width=auto.width, seed=0, num_frames=frames)
-    torch.testing.assert_close(result.images, theirs, atol=TOLERANCE, rtol=0)
-    assert auto.describe()["batches"]["slots"] >= 1 and auto.describe()["lora_biases"]
-    assert not fused.describe()["lora_biases"]
+    engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, compile=False, adapter_mode=mode,
+                                    frames=(frames,))
+    assert engine.describe()["lora_biases"]
+    base = {n: p.detach().clone() for n, p in engine.warm.denoiser.named_parameters() if "lora_" not in n}
+
+    def both(adapters):
+        served_like_diffusers(engine, model_dir, adapters, num_images=1)
+
+    both({"style": (found["style-lightx2v"], 0.7), "identity": (found["identity-diffusers"], 0.5)})
+    both({"identity": (found["identity-diffusers"], 0.9)})
+    both({"style": (found["style-lightx2v"], 1.3)})
+    both({})
+    changed = [n for n, p in engine.warm.denoiser.named_parameters() if n in base and not torch.equal(p, base[n])]
+    assert not changed, changed[:5]
+    if mode == "auto":
+        assert engine.describe()["batches"]["fused"] >= 3
+
+
+def test_a_mixed_batch_gives_each_request_its_own_lora_biases(tiny_models):
+    """One forward batch of three requests (lightx2v at two scales, and a bias-free LoRA), in two
+    orders, then batches whose adapters take the entries of earlier ones (the bank recycled: a
+    bias-free adapter in an entry that held a bias): each equal to its own plain diffusers result."""
+    model_dir = tiny_models["wan"]
+    found = samples(tiny_models)
+    frames = served_frames(WAN)[0]
+    engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=3, compile=False, mixed=True,
+                                    bank_entries=5, frames=(frames,))
+    assert engine.describe()["lora_biases"]
+    requests = [PackRequest("a cat", {"style": (found["style-lightx2v"], 0.7)}, seed=1),
+                PackRequest("a dog", {"identity": (found["identity-diffusers"], 0.9)}, seed=2),
+                PackRequest("a cat", {"style": (found["style-lightx2v"], 1.2), "identity": (found["identity-diffusers"], 0.5)},
+                            seed=3)]
+    # Four new bias-free adapter sets take every entry of the bank, the two that held lightx2v's biases among them.
+    recycled = [PackRequest("a dog", {"identity": (found["identity-diffusers"], 0.2),
+                                      "style": (found["identity-diffusers"], 0.3)}, seed=5),
+                PackRequest("a cat", {"identity": (found["identity-diffusers"], 0.4),
+                                      "style": (found["identity-diffusers"], 0.6)}, seed=4)]
+    for order in (requests, requests[::-1], recycled, requests[:2]):
+        results = generate_batch(engine, order, num_inference_steps=2, num_frames=frames, output_type="latent")
+        for request, result in zip(order, results):
+            theirs = plain_diffusers_reference(model_dir, request.adapters, prompt=request.prompt, num_images=1,
+                                               num_inference_steps=2, guidance_scale=engine.defaults["guidance_scale"],
+                                               height=engine.height, width=engine.width, seed=request.seed,
+                                               num_frames=frames)
+            torch.testing.assert_close(result.images, theirs, atol=TOLERANCE, rtol=0)
+        if order is recycled:  # the bank's bias rows are zeros again
+            assert all(not layer.lora_bias.any() for layer in engine.writer._layers.values())
+
+
+def test_auto_mode_refuses_lora_biases_that_only_the_slots_of_another_family_would_have_to_hold(tiny_models):
+    """Flux's slots hold no LoRA bias: in auto mode a biased Flux LoRA goes fused, and when the merge
+    would keep too little for fused_min_kept it is refused by name, never served without its biases."""
+    from safetensors.torch import load_file
+
+    from hotlora.adapters.binding import Binding
+    from hotlora.engine.writers.auto import AutoWriter
+
+    flux = family_named("flux")
+    path = tiny_models["flux"] / "adapters" / "identity-diffusers" / "pytorch_lora_weights.safetensors"
+    raw = load_file(str(path))
+    raw.update({k.replace(".weight", ".bias"): torch.full(v.shape[:1], 0.1) for k, v in list(raw.items())
+                if ".lora_B." in k and k.startswith("transformer.")})
+    denoiser = fresh_pipeline(tiny_models["flux"]).transformer
+    adapter = load_adapter(raw, flux, denoiser_config=denoiser.config)
+    assert adapter.biased
+    auto = AutoWriter(denoiser, "flux", ("identity",), TARGET_RANK, min_kept=2.0)  # no merge keeps enough
+    assert not auto.slots.ceiling.biases and problems_with(adapter, auto.ceiling) == []
+    with pytest.raises(AdapterRejected, match="LoRA biases are held by no flux slot"):
+        auto.prepare({"identity": Binding(adapter, 1.0)})
+    auto.min_kept = 0.0
+    auto.prepare({"identity": Binding(adapter, 1.0)})  # fused: served with its biases
+    assert auto.bind([{"identity": Binding(adapter, 1.0)}]).fused["identity"]["mode"] == "fused"

@@ -123,6 +123,20 @@ def experts_of(engine) -> list[str]:
     return list(engine.warm.experts)
 
 
+def like_diffusers_on_both_experts(engine, model_dir, slots):
+    """The engine's latents for ``slots`` (slot -> (what the engine is given, what diffusers loads: a
+    file or a (high-noise, low-noise) pair, scale)), checked against plain diffusers loading the
+    high-noise file into ``transformer`` and the low-noise one with ``load_into_transformer_2``."""
+    ours = engine.generate("a cat", adapters={s: (src, scale) for s, (src, _, scale) in slots.items()},
+                           num_images=2, num_inference_steps=2, num_frames=5, output_type="latent").images
+    theirs = plain_diffusers_reference(
+        model_dir, {s: (ref, scale) for s, (_, ref, scale) in slots.items()}, prompt="a cat", num_images=2,
+        num_inference_steps=2, guidance_scale=engine.defaults["guidance_scale"], height=engine.height,
+        width=engine.width, seed=0, num_frames=5)
+    torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
+    return ours
+
+
 def test_two_experts_each_get_their_own_lora_equal_to_plain_diffusers(video, tmp_path):
     """Wan 2.2 A14B: a pair adapter (``transformer.`` and ``transformer_2.`` keys in one file) at two
     scales, the low-noise expert's LoRA alone, and back to the pair, against diffusers loading the
@@ -136,14 +150,7 @@ def test_two_experts_each_get_their_own_lora_equal_to_plain_diffusers(video, tmp
     high, low = samples / "experts-high", samples / "experts-low"
 
     def both(slots):
-        ours = engine.generate("a cat", adapters={s: (src, scale) for s, (src, _, scale) in slots.items()},
-                               num_images=2, num_inference_steps=2, num_frames=5, output_type="latent").images
-        theirs = plain_diffusers_reference(
-            model_dir, {s: (ref, scale) for s, (_, ref, scale) in slots.items()}, prompt="a cat", num_images=2,
-            num_inference_steps=2, guidance_scale=engine.defaults["guidance_scale"], height=engine.height,
-            width=engine.width, seed=0, num_frames=5)
-        torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
-        return ours
+        return like_diffusers_on_both_experts(engine, model_dir, slots)
 
     # Both experts compiled (regional: each block's forward), not the first alone.
     assert all(block._compiled_call_impl is not None for expert in engine.warm.experts.values() for block in expert.blocks)
@@ -171,6 +178,39 @@ def test_two_experts_each_get_their_own_lora_equal_to_plain_diffusers(video, tmp
     assert not changed and len(weights) > 0, changed[:5]
     assert engine.recompiles == 0
     assert set(engine.describe()["experts"]) == {"transformer", "transformer_2"}
+
+
+def test_a_lightx2v_pair_with_biases_gives_each_expert_its_own_equal_to_plain_diffusers(video, tmp_path):
+    """Wan 2.2's distill LoRAs ship as a high-noise and a low-noise lightx2v file, each with a
+    ``.diff_b`` for every block Linear: joined into one adapter, each expert's slots hold their own
+    part's biases; equal to diffusers loading each file into its expert, at two scales, and the
+    experts' LoRA biases zeros again without it."""
+    from safetensors.torch import save_file
+
+    from hotlora.families._tiny import random_lora
+    from hotlora.trainer_layouts import lightx2v_wan_lora, wan_block_linear, wan_original_name
+
+    model_dir, engine = video
+    if len(experts_of(engine)) < 2:
+        pytest.skip("a model of one transformer")
+    linears = {n: (m.in_features, m.out_features) for n, m in engine.warm.experts["transformer"].named_modules()
+               if wan_block_linear(n) and hasattr(m, "in_features")}
+    files = []
+    for seed, which in ((21, "high"), (22, "low")):
+        g = torch.Generator().manual_seed(seed)
+        biases = {f"{wan_original_name(n)}.diff_b": 0.1 * torch.randn(out, generator=g) for n, (_, out) in linears.items()}
+        files.append(tmp_path / f"lightx2v-{which}.safetensors")
+        save_file(lightx2v_wan_lora(random_lora(linears, 4, seed=seed), biases), str(files[-1]))
+    joined = save_as_diffusers(pair_experts(*(load_adapter(f, engine.family) for f in files)), tmp_path / "pair").parent
+    base = like_diffusers_on_both_experts(engine, model_dir, {})
+    at_1 = like_diffusers_on_both_experts(engine, model_dir, {"style": (joined, tuple(files), 1.0)})
+    like_diffusers_on_both_experts(engine, model_dir, {"style": (joined, tuple(files), 0.6)})
+    assert (at_1 - base).abs().max() > 1e-2
+    assert like_diffusers_on_both_experts(engine, model_dir, {}).equal(base)
+    for expert in engine.warm.experts.values():
+        biases = [m.lora_B["hotlora_slots"].bias for m in expert.modules() if hasattr(m, "lora_B")]
+        assert biases and not any(b.any() for b in biases)
+    assert engine.recompiles == 0
 
 
 def test_a_runs_shift_and_the_low_noise_experts_guidance_compile_nothing(video):

@@ -74,7 +74,11 @@ def test_a_plan_that_fits_only_without_the_estimate_fits_tight_and_is_not_refuse
 
 
 def test_fused_pristine_copy_is_every_linear_weight_and_goes_to_the_host_when_it_does_not_fit(flux_dev_linears):
-    linear_bytes = sum(i * o for i, o in flux_dev_linears.values()) * 2
+    transformer = build_parts(find_model("flux-dev"), torch.bfloat16).transformer
+    bias_bytes = sum(m.bias.numel() for m in transformer.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None)
+    # Every Linear's weight, and its bias (a LoRA bias merges into it: lightx2v's .diff_b), bf16.
+    linear_bytes = (sum(i * o for i, o in flux_dev_linears.values()) + bias_bytes) * 2
+    assert bias_bytes > 0
     on_h200 = plan_memory("flux-dev", EngineConfig(adapter_mode="fused"), device="cuda",
                           budget=ACCELERATORS["h200-141gb"], budget_name="h200")
     assert part(on_h200, "fused pristine copy").bytes == linear_bytes

@@ -86,7 +86,8 @@ class ModelFamily:
     mixed_batches: ClassVar[bool] = True
     # Whether the slots hold LoRA biases (PEFT's ``lora_B.bias``; lightx2v's ``.diff_b`` on Wan): each
     # LoRA layer then adds a bias every step, zeros for adapters without one, so only where the
-    # family's popular adapters carry them. Slots only (fused, auto's fused path and banks refuse them).
+    # family's popular adapters carry them. Slots and banks; fused mode merges LoRA biases for every
+    # family (into the layers' own biases: nothing per step).
     lora_biases: ClassVar[bool] = False
     # What the pipeline makes: "images" (``.images``, ``num_images_per_prompt``) or "frames" (a
     # video family: ``.frames``, ``num_videos_per_prompt``); the engine's output kind of that name
@@ -190,6 +191,7 @@ class ModelFamily:
         return {"family": self.name, "pipeline": self.pipeline_class, "denoiser": f"{self.denoiser} ({self.denoiser_class})",
                 "cfg": self.cfg, "request_options": list(self.request_options()),
                 "text_encoder_lora": list(self.lora_text_encoders), "embeddings": sorted({k for k, _ in self.embedding_keys}),
+                "lora_biases": "slots, mixed batches and fused" if self.lora_biases else "fused mode only",
                 "defaults": {**self.defaults, "height": self.default_size[0], "width": self.default_size[1]},
                 "plans": list(self.full_size_models)}
 

@@ -41,6 +41,9 @@ class SlotCeiling:
     # Whether LoRA biases fit (``lora_B.bias``, lightx2v's ``.diff_b``): slots of a family that
     # declares them (``ModelFamily.lora_biases``).
     biases: bool = False
+    # Layers whose LoRA bias cannot be held although ``biases`` is set: fused mode merges a LoRA bias
+    # into the layer's own, and these Linears have none.
+    unbiased: frozenset[str] = frozenset()
 
 
 def is_conv(w) -> bool:
@@ -94,12 +97,14 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
             note += " (a LyCORIS LoHa's conv layers are served in fused mode, adapter_mode='fused')"
         problems.append(f"{len(outside)} module(s) outside the slot ceiling: {_listed(outside)}{note}")
     biased = adapter.biased
-    if biased and not ceiling.biases:
-        family = FAMILIES.get(ceiling.family)
-        where = ("by the slots (adapter_mode='slots', mixed=False)" if family is not None and family.lora_biases
-                 else f"by no {ceiling.family} engine (its slots hold none)")
+    if biased and not ceiling.biases:  # slots or banks of a family whose slots hold none
         problems.append(f"LoRA biases (lora_B.bias, lightx2v's .diff_b) on {len(biased)} module(s) ({_listed(biased)}): "
-                        f"this engine adds no LoRA bias; they are served {where}")
+                        f"the {ceiling.family} slots hold no LoRA bias; fused mode (adapter_mode='fused') merges "
+                        "them into the layers' biases")
+    unmergeable = [m for m in biased if m in ceiling.unbiased] if ceiling.biases else []
+    if unmergeable:
+        problems.append(f"LoRA biases on {len(unmergeable)} layer(s) without a bias of their own "
+                        f"({_listed(unmergeable)}): fused mode merges a LoRA bias into the layer's bias")
     bad_dtype, bad_shape, non_finite, bad_scale = [], [], [], []
     for module, w in adapter.modules.items():
         bias = () if w.bias is None else (w.bias,)

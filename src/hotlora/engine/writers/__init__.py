@@ -75,7 +75,8 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
         from hotlora.engine.writers.banks import BanksWriter
 
         return BanksWriter(denoiser, family, config.slots, config.target_rank, config.target_modules, served_models,
-                           entries=config.bank_entries or 2 * config.batch_limit + 1, max_batch=2 * config.batch_limit)
+                           entries=config.bank_entries or 2 * config.batch_limit + 1, max_batch=2 * config.batch_limit,
+                           biases=lora_biases(family))
     from hotlora.engine.writers.slots import SlotsWriter
 
     return SlotsWriter(denoiser, family, config.slots, config.target_rank, config.target_modules,

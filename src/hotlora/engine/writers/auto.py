@@ -21,8 +21,9 @@ every bucket. With a rank-0 bucket (slots that run no LoRA product at all), a fu
 be free of slot compute without a change here: ``SlotsWriter.swap({})`` picks the smallest bucket
 that holds the (empty) slots.
 
-An adapter with LoRA biases (lightx2v's ``.diff_b``, where the family's slots hold them) always goes
-through the slots: the merge writes weights only.
+An adapter with LoRA biases (lightx2v's ``.diff_b``) is decided like any other: the merge takes
+them into the layers' biases; the slots hold them where the family's do (``lora_biases``: Wan),
+and such a request that would need slots without them is refused by name.
 
 Every adapter must fit the slots' layers (``target_modules``, Linear layers only), so that any
 request could fall back to the slots; the pristine copy covers only those layers. An adapter above
@@ -69,8 +70,10 @@ class AutoWriter:
         self.slots = SlotsWriter(denoiser, family, slot_names, target_rank, target_modules, served_models=served_models,
                                  rank_buckets=rank_buckets, biases=biases)
         self.slot_names = self.slots.slot_names
-        # The slots' layers; any rank (one above the slots' is served fused only: ``_decide``).
-        self.ceiling = dataclasses.replace(self.slots.ceiling, any_rank=True)
+        # The slots' layers; any rank and LoRA biases where the merge takes them (what the slots
+        # cannot hold is served fused only: ``_decide``).
+        self.ceiling = dataclasses.replace(self.slots.ceiling, any_rank=True, biases=True,
+                                           unbiased=self.fused.ceiling.unbiased)
         self._decisions: LRU[tuple, tuple[str, float]] = LRU(max_entries=self.DECISIONS)
         self.batches = {FUSED: 0, SLOTS: 0}  # forward batches (chunks) with adapters per path, for describe()
 
@@ -96,10 +99,6 @@ class AutoWriter:
     def _decide(self, bindings: Bindings) -> tuple[str, float]:
         signature = bindings_key(bindings)
         decided = self._decisions.get(signature)
-        if decided is None and any(b is not None and b.adapter.biased for b in bindings.values()):
-            decided = (SLOTS, 0.0)  # the merge holds no LoRA bias: the slots do (kept 0: nothing merged)
-            self._refuse_above_slots(bindings, 0.0)
-            self._decisions.put(signature, decided)
         if decided is None:
             plan = self.fused.plan_for(bindings)
             kept = plan.kept if plan is not None else 1.0
@@ -112,6 +111,13 @@ class AutoWriter:
 
     def _refuse_above_slots(self, bindings: Bindings, kept: float) -> None:
         """A request the merge would cut that the slots cannot hold either: refused by name."""
+        unheld = {slot: b for slot, b in bindings.items() if b is not None and b.adapter.biased}
+        if unheld and not self.slots.ceiling.biases:
+            names = ", ".join(f"{slot}={b.adapter.name} (scale {b.scale:g})" for slot, b in sorted(unheld.items()))
+            raise AdapterRejected(names, [
+                f"its LoRA biases are held by no {self.slots.ceiling.family} slot, and merged into the weights it "
+                f"would keep {kept:.1%} of its weight delta (fused_min_kept {self._min_kept:.0%}): auto mode serves "
+                "it neither way. Serve it with adapter_mode=fused and a lower fused_min_kept"])
         target = self.slots.ceiling.target_rank
         above = {slot: b for slot, b in bindings.items() if b is not None and b.adapter.rank > target}
         if above:

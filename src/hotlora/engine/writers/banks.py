@@ -3,7 +3,8 @@
 Each ceiling Linear is replaced by a ``BankedLinear`` holding *banks* of rank-padded adapters
 (``down [E, R, in]``, ``up [E, out, R]``; entry 0 stays zero). A shared ``BankSelector`` buffer
 holds, per adapter kind (identity, style, ...), one entry index per sample; the layer gathers
-each sample's matrices and adds ``up[i] @ down[i] @ x`` per kind. The index is a *tensor* that is
+each sample's matrices and adds ``up[i] @ down[i] @ x`` per kind, and with LoRA biases (a family's
+``lora_biases``: lightx2v's ``.diff_b`` on Wan) each sample's bias row ``bias[i]`` too. The index is a *tensor* that is
 written in place, so any assignment of adapters to batch positions runs the same graph.
 
 Written here by hand because no library offers it: PEFT's per-sample ``adapter_names`` is a list
@@ -23,7 +24,7 @@ from hotlora.adapters.binding import Binding, Bindings
 from hotlora.adapters.format.validate import SlotCeiling
 from hotlora.engine.device import synchronize
 from hotlora.engine.writers.base import SwapReport, ceiling_modules
-from hotlora.engine.writers.slots import _Slot, write_padded
+from hotlora.engine.writers.slots import _Slot, write_biases, write_padded
 from hotlora.errors import InvalidRequest, SlotStateCorrupt
 from hotlora.lru import LRU
 
@@ -37,12 +38,15 @@ class BankSelector(nn.Module):
 
 
 class BankedLinear(nn.Module):
-    def __init__(self, base: nn.Linear, entries: int, rank: int, selector: BankSelector):
+    def __init__(self, base: nn.Linear, entries: int, rank: int, selector: BankSelector, biases: bool = False):
         super().__init__()
         self.base = base
         kwargs = {"dtype": base.weight.dtype, "device": base.weight.device}
         self.register_buffer("down", torch.zeros(entries, rank, base.in_features, **kwargs), persistent=False)
         self.register_buffer("up", torch.zeros(entries, base.out_features, rank, **kwargs), persistent=False)
+        # Each entry's LoRA bias ([entries, out], scaled like up), or None where the family holds none.
+        self.register_buffer("lora_bias", torch.zeros(entries, base.out_features, **kwargs) if biases else None,
+                             persistent=False)
         self.selector = selector
 
     @property
@@ -69,6 +73,8 @@ class BankedLinear(nn.Module):
             chosen = index[kind]
             hidden = torch.einsum("b...i,bri->b...r", x, self.down[chosen])
             y = y + torch.einsum("b...r,bor->b...o", hidden, self.up[chosen])
+            if self.lora_bias is not None:  # [b, out] broadcast over the sample's tokens
+                y = y + self.lora_bias[chosen].view(x.shape[0], *([1] * (y.ndim - 2)), -1)
         return y
 
 
@@ -79,13 +85,14 @@ class BanksWriter:
     mixes_requests = True
 
     def __init__(self, denoiser: nn.Module, family: str, slot_names: Iterable[str], target_rank: int,
-                 target_modules=None, served_models: Iterable[str] = (), *, entries: int, max_batch: int):
+                 target_modules=None, served_models: Iterable[str] = (), *, entries: int, max_batch: int,
+                 biases: bool = False):
         self.slot_names = tuple(slot_names)
         if entries < 2:
             raise ValueError("a bank needs at least 2 entries (entry 0 is the empty adapter)")
         modules = ceiling_modules(denoiser, target_modules)
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
-                                   served_models=frozenset(n for n in served_models if n))
+                                   served_models=frozenset(n for n in served_models if n), biases=biases)
         self.device = device = next(denoiser.parameters()).device
         self.selector = BankSelector(len(self.slot_names), max_batch).to(device)
         self.max_batch = max_batch
@@ -93,12 +100,12 @@ class BanksWriter:
         for name in modules:
             parent_name, _, child = name.rpartition(".")
             parent = denoiser.get_submodule(parent_name) if parent_name else denoiser
-            layers[name] = BankedLinear(getattr(parent, child), entries, target_rank, self.selector)
+            layers[name] = BankedLinear(getattr(parent, child), entries, target_rank, self.selector, biases)
             setattr(parent, child, layers[name])
         self._layers = layers
         self._entries = [
             _Slot(f"entry-{e}", {m: l.down[e] for m, l in layers.items()}, {m: l.up[e] for m, l in layers.items()},
-                  dict.fromkeys(layers, 0))
+                  dict.fromkeys(layers, 0), bias={m: l.lora_bias[e] for m, l in layers.items()} if biases else None)
             for e in range(entries)
         ]
         # Resident (sha256, scale) -> entry, in least-recently-used order; entry 0 is never given out.
@@ -111,10 +118,12 @@ class BanksWriter:
 
     @property
     def nbytes(self) -> int:
-        return sum(l.down.nbytes + l.up.nbytes for l in self._layers.values())
+        return sum(l.down.nbytes + l.up.nbytes + (l.lora_bias.nbytes if l.lora_bias is not None else 0)
+                   for l in self._layers.values())
 
     def _fingerprint(self):
-        return [(l.down.data_ptr(), l.up.data_ptr(), tuple(l.down.shape)) for l in self._layers.values()]
+        return [(l.down.data_ptr(), l.up.data_ptr(), tuple(l.down.shape),
+                 None if l.lora_bias is None else l.lora_bias.data_ptr()) for l in self._layers.values()]
 
     def check_intact(self) -> None:
         if self._fingerprint() != self._layout:
@@ -164,6 +173,7 @@ class BanksWriter:
             else:  # recycle the least recently used entry this batch does not need
                 _, entry = self._resident.pop_oldest(exclude=wanted)
             write_padded(self._entries[entry], binding.adapter, float(binding.scale), report)
+            write_biases(self._entries[entry], binding.adapter, float(binding.scale))
             self._resident.put(key, entry)
         index = torch.zeros(len(self.slot_names), len(samples), dtype=torch.long)
         for position, sample in enumerate(samples):

@@ -15,8 +15,11 @@ the weight's dtype once. A conv layer's delta is the same GEMM on flattened fact
 has the layer's kernel and the up conv is 1x1, so ``B.flatten(1) @ A.flatten(1)`` reshaped to
 ``[out, in, kh, kw]`` is exactly what running the two LoRA convs adds. Unfusing is always a copy
 of ``W0``, never a subtraction, so after any sequence of swaps "no adapters" is the base weights
-bit for bit. The Parameters are the same objects with the same storage throughout (``copy_``), so
-no dynamo guard sees a change and a swap never recompiles. The weights must stay graph *inputs*: inductor's ``freezing`` would fold
+bit for bit. A LoRA bias (PEFT's ``lora_B.bias``, lightx2v's ``.diff_b``) merges the same way into
+the layer's own bias, ``b = b0 + sum_k scale_k * alpha_k / r_k * bias_k``, from a pristine copy of
+the biases; a layer without a bias of its own cannot take one (refused at validation). The
+Parameters are the same objects with the same storage throughout (``copy_``), so no dynamo guard
+sees a change and a swap never recompiles. The weights must stay graph *inputs*: inductor's ``freezing`` would fold
 them into the compiled code as constants and every swap would be silently ignored (``enter``
 refuses to warm up with it on).
 
@@ -73,6 +76,7 @@ class _Plan:
     fused: dict[str, dict] = field(default_factory=dict)  # slot -> {"modules", "rank", "kept"}
     nbytes: int = 0
     kept: float = 1.0  # the fraction of the intended delta the merged weights carry (``FusedWriter._kept``)
+    biases: dict[str, torch.Tensor] = field(default_factory=dict)  # module -> float32 bias delta, slots summed
 
 
 def conv_modules(denoiser: torch.nn.Module) -> dict[str, tuple[int, int, int, int]]:
@@ -110,28 +114,35 @@ class FusedWriter:
         # must fit so that it can fall back to the slots; the pristine copy covers no more).
         modules = ceiling_modules(denoiser, None) if linears is None else dict(linears)
         convs = conv_modules(denoiser) if linears is None else {}
-        self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
-                                   served_models=frozenset(n for n in served_models if n), any_rank=True,
-                                   convs=convs)
         self.device = next(denoiser.parameters()).device
         layers = [*modules, *convs]
         self._params: dict[str, torch.nn.Parameter] = {m: denoiser.get_submodule(m).weight for m in layers}
         self._layers = {m: denoiser.get_submodule(m) for m in layers}
+        # The Linears' own biases: where a LoRA bias merges.
+        self._biases = {m: self._layers[m].bias for m in modules if getattr(self._layers[m], "bias", None) is not None}
+        self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
+                                   served_models=frozenset(n for n in served_models if n), any_rank=True,
+                                   convs=convs, biases=True, unbiased=frozenset(m for m in modules if m not in self._biases))
         self._pointers = {m: p.data_ptr() for m, p in self._params.items()}
-        self.pristine_bytes = sum(p.nbytes for p in self._params.values())
+        self._bias_pointers = {m: b.data_ptr() for m, b in self._biases.items()}
+        self.pristine_bytes = sum(p.nbytes for p in [*self._params.values(), *self._biases.values()])
         self.restore = self._where(restore)
         with torch.no_grad():
-            if self.restore == "device":
-                self._pristine = {m: p.detach().clone() for m, p in self._params.items()}
-            else:
-                pin = self.device.type == "cuda"
-                self._pristine = {m: p.detach().to("cpu", copy=True).pin_memory() if pin
-                                  else p.detach().to("cpu", copy=True) for m, p in self._params.items()}
+            self._pristine = {m: self._kept_copy(p) for m, p in self._params.items()}
+            self._pristine_biases = {m: self._kept_copy(b) for m, b in self._biases.items()}
         self._current: tuple | None = ()  # signature of what is merged; None: unknown (a failed swap)
         self._touched: frozenset[str] = frozenset()  # layers that differ from W0 now
+        self._biased: frozenset[str] = frozenset()  # layers whose bias differs from b0 now
         self._fused: dict[str, dict] = {}
         self._lock = threading.Lock()
         self._plans: LRU[tuple, _Plan] = LRU(max_cost=self.PLAN_CACHE_BYTES, cost=lambda plan: plan.nbytes)
+
+    def _kept_copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A pristine copy where ``restore`` keeps them: on the device, or in (pinned) host memory."""
+        if self.restore == "device":
+            return tensor.detach().clone()
+        copy = tensor.detach().to("cpu", copy=True)
+        return copy.pin_memory() if self.device.type == "cuda" else copy
 
     def _where(self, restore: str) -> str:
         """"auto": the device when the pristine copy fits in its free memory with room to run
@@ -200,6 +211,9 @@ class FusedWriter:
         for module, param in self._params.items():
             if self._layers[module].weight is not param or param.data_ptr() != self._pointers[module]:
                 raise SlotStateCorrupt(f"{module}: the weight the model reads is no longer the one fused mode writes")
+        for module, bias in self._biases.items():
+            if self._layers[module].bias is not bias or bias.data_ptr() != self._bias_pointers[module]:
+                raise SlotStateCorrupt(f"{module}: the bias the model reads is no longer the one fused mode writes")
 
     @property
     def nbytes(self) -> int:
@@ -238,11 +252,26 @@ class FusedWriter:
                     row += r
             groups.append(_Group(modules, up, down, shape))
             nbytes += up.nbytes + down.nbytes
+        biases = self._bias_deltas(bindings)
+        nbytes += sum(b.nbytes for b in biases.values())
         kept = self._kept(groups) if self.min_kept is not None else 1.0
         for info in fused.values():
             if self.min_kept is not None:
                 info["kept"] = round(kept, 6)  # the request's merge as a whole: its slots share each layer
-        return _Plan(groups, frozenset(per_module), fused, nbytes, kept)
+        return _Plan(groups, frozenset(per_module), fused, nbytes, kept, biases)
+
+    def _bias_deltas(self, bindings: Bindings) -> dict[str, torch.Tensor]:
+        """module -> the float32 sum of every slot's LoRA bias, each times its alpha/r and scale."""
+        biases: dict[str, torch.Tensor] = {}
+        for slot in sorted(bindings):
+            binding = bindings[slot]
+            if binding is None or not binding.writes:
+                continue
+            for module, w in self.weights_of(binding.adapter).items():
+                if w.bias is not None:
+                    delta = w.bias.to(self.device, torch.float32) * (w.scaling * float(binding.scale))
+                    biases[module] = delta if module not in biases else biases[module] + delta
+        return biases
 
     @torch.no_grad()
     def _kept(self, groups: list[_Group]) -> float:
@@ -284,10 +313,11 @@ class FusedWriter:
                 try:
                     self._write(plan, report)
                 except BaseException:
-                    # Unknown state: the next swap restores every layer from W0.
-                    self._current, self._touched = None, frozenset(self._params)
+                    # Unknown state: the next swap restores every layer from W0 (and b0).
+                    self._current, self._touched, self._biased = None, frozenset(self._params), frozenset(self._biases)
                     raise
                 self._current, self._touched, self._fused = signature, plan.modules, plan.fused
+                self._biased = frozenset(plan.biases)
             report.fused = {slot: dict(info) for slot, info in self._fused.items()}
         report.ms = (time.perf_counter() - start) * 1000
         return report
@@ -308,6 +338,19 @@ class FusedWriter:
                 deltas = [d.view(group.shape) for d in delta]
                 torch._foreach_add_(deltas, [source[m] for m in names])  # W0 + delta, in float32
                 torch._foreach_copy_([params[m] for m in names], deltas)  # cast once
+        self._write_biases(plan)
         report.modules_written += len(plan.modules)
         report.bytes_copied += sum(params[m].nbytes for m in (*stale, *plan.modules))
         synchronize(self.device)  # host-to-device copies are asynchronous
+
+    def _write_biases(self, plan: _Plan) -> None:
+        """b0 back where the old request merged a bias and this one does none; b0 + delta where it does."""
+        stale = [m for m in self._biased if m not in plan.biases]
+        if stale:
+            torch._foreach_copy_([self._biases[m] for m in stale], [self._pristine_biases[m] for m in stale],
+                                 non_blocking=True)
+        if plan.biases:
+            names = list(plan.biases)
+            merged = torch._foreach_add([plan.biases[m] for m in names],
+                                        [self._pristine_biases[m].to(self.device) for m in names])  # float32
+            torch._foreach_copy_([self._biases[m] for m in names], merged)  # cast once
