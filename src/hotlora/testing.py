@@ -100,13 +100,14 @@ def save_pivotal_lora(path: Path, family: str, denoiser_sd: Mapping[str, torch.T
 # ----------------------------------------------------------------------------- the reference
 
 
-def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: int, num_inference_steps: int,
+def plain_diffusers_reference(model_dir, adapters, *, prompt: str | list[str], num_images: int, num_inference_steps: int,
                               guidance_scale: float, height: int, width: int, seed: int, output_type="latent",
                               embeddings=(), prepare=None, pipeline_class: str | None = None,
                               task_arguments: Mapping | None = None, num_frames: int | None = None):
     """What a fresh, plain diffusers pipeline gives: ``load_lora_weights`` per adapter, then
     ``set_adapters`` with the scales, one batch, image i seeded ``seed + i``. The correctness
-    contract compares the warm engine against exactly this.
+    contract compares the warm engine against exactly this. ``prompt`` a list: one image per prompt
+    (``num_images`` of them), for a pipeline that cannot make several of one prompt (Wan2.1-I2V).
 
     ``embeddings``: (file tensors keyed clip_l / clip_g / t5, token names) pairs, each loaded
     with ``load_textual_inversion`` into the text encoder its key names, in order, as the
@@ -142,7 +143,7 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str, num_images: i
     if family.video and num_frames is None:
         num_frames = {**family.defaults, **read_model_defaults(str(model_dir))}["num_frames"]
     kind = output_kind(family)
-    made = pipeline(prompt=prompt, **{kind.per_prompt: num_images}, generator=generators,
+    made = pipeline(prompt=prompt, **{kind.per_prompt: 1 if isinstance(prompt, list) else num_images}, generator=generators,
                     num_inference_steps=num_inference_steps, height=height, width=width, output_type=output_type,
                     **({} if negative is None else {"negative_prompt": negative}),
                     **({} if num_frames is None else {"num_frames": num_frames}),

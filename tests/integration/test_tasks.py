@@ -24,8 +24,9 @@ N = 3  # with batch_size 2: a full chunk and a last chunk of 1
 
 
 def task_params():
+    """The image families with tasks (a video family's image-to-video: test_image_to_video.py)."""
     return [pytest.param(name, id=name, marks=() if name in CORE_FAMILIES else pytest.mark.families)
-            for name, family in FAMILIES.items() if family.task_pipelines]
+            for name, family in FAMILIES.items() if family.task_pipelines and not family.video]
 
 
 @pytest.fixture(scope="module", params=task_params())

@@ -76,8 +76,11 @@ def test_wan_is_served_and_its_experts_are_no_text_encoders():
     assert wan.lora_mixin._lora_loadable_modules == ["transformer", "transformer_2"]
     assert wan.denoiser == "transformer" and wan.lora_text_encoders == () and wan.text_encoders == ()
     assert "num_frames" in wan.request_options() and wan.defaults["num_frames"] == 81
-    # Image-to-video shares the mixin and the denoiser class, but is another task: not claimed.
-    assert wan.matches(diffusers.WanImageToVideoPipeline) == 0
+    # Image-to-video checkpoints are served, with that task alone; the other pipelines sharing the mixin
+    # and the denoiser class (video-to-video, VACE) are not claimed.
+    assert wan.matches(diffusers.WanImageToVideoPipeline) == 1
+    assert wan.conditioned_checkpoints == {"WanImageToVideoPipeline": "image-to-video"}
+    assert wan.matches(diffusers.WanVideoToVideoPipeline) == 0 and wan.matches(diffusers.WanVACEPipeline) == 0
 
 
 def test_a_two_expert_wan_has_both_experts_and_warms_up_on_both_sides_of_its_boundary():

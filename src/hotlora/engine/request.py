@@ -23,7 +23,7 @@ from hotlora.adapters.binding import AdapterSpec, Binding, Bindings  # noqa: F40
 from hotlora.settings import RequestLimits, format_size
 from hotlora.errors import InvalidRequest, RequestTooLarge
 from hotlora.engine.shift import shift_problems
-from hotlora.families import ModelFamily
+from hotlora.families import REFERENCE_TASKS, ModelFamily
 from hotlora.tracing import NO_TRACE, Trace
 
 OUTPUT_TYPES = ("pil", "latent", "pt", "np")
@@ -216,8 +216,9 @@ class PreparedRequest:
         the served size). An edit's references are the pipeline's for every prompt of its call
         (``image``: Flux.2's pipelines take a list as several references of EVERY prompt, so two
         edits in one call would each see the other's), so an edit shares its batch with none, unless
-        the pipeline takes one reference per batch position (Kontext, ``reference_per_image``)."""
-        alone = self.params.task == "edit" and not self.params.reference_per_image
+        the pipeline takes one reference per batch position (Kontext, ``reference_per_image``); an
+        image-to-video request's first frame likewise (Wan's pipeline takes one image a call)."""
+        alone = self.params.task in REFERENCE_TASKS and not self.params.reference_per_image
         return (self.params, self.output_type, *((id(self),) if alone else ()))
 
 
@@ -285,12 +286,13 @@ class RequestRules:
     def implied_task(self, images: int, mask: bool) -> str:
         """The task a request that names none asks for: no input image, text-to-image; a mask,
         inpaint; input images, edit where it is served (as OpenAI's images edits reads them), else
-        image-to-image (refused as such where that is not served either)."""
+        image-to-video where that is (a video model's first frame), else image-to-image (refused as
+        such where that is not served either)."""
         if mask:
             return "inpaint"
         if not images:
             return TEXT_TO_IMAGE
-        return "edit" if "edit" in self.tasks else "image-to-image"
+        return next((task for task in ("edit", "image-to-video") if task in self.tasks), "image-to-image")
 
     def check_task(self, params: CallParams, task, images: int, mask: bool, strength) -> CallParams:
         """The task's inputs (how many images, a mask, the strength) against what is served: an
@@ -300,12 +302,21 @@ class RequestRules:
         if task is None:
             task = self.implied_task(images, mask)
         if task not in self.tasks:
-            raise UnservedTask(f"task {task!r} is not served by this warm engine; served tasks: "
-                               f"{', '.join(self.tasks)}", self.tasks)
+            needs_image = task == TEXT_TO_IMAGE and TEXT_TO_IMAGE not in self.tasks  # an image-to-video checkpoint
+            raise UnservedTask(f"task {task!r} is not served by this warm engine; served tasks: {', '.join(self.tasks)}"
+                               + (" (this model makes nothing from text alone: give an input image)" if needs_image
+                                  else ""), self.tasks)
         problems = []
         if task == TEXT_TO_IMAGE:
             if images or mask:
                 problems.append("text-to-image takes no input image or mask (ask for image-to-image, inpaint or edit)")
+            if strength is not None:
+                problems.append("strength is taken by image-to-image and inpaint only")
+        elif task == "image-to-video":
+            if images != 1:
+                problems.append(f"image-to-video takes exactly one input image (the first frame), got {images}")
+            if mask:
+                problems.append("image-to-video takes no mask")
             if strength is not None:
                 problems.append("strength is taken by image-to-image and inpaint only")
         elif task in IMAGE_TASKS:

@@ -29,6 +29,7 @@ from hotlora.engine.results import IMAGES, GenerationResult, OutputKind, build_r
 from hotlora.engine.shift import shifted
 from hotlora.engine.writers import SwapReport
 from hotlora.errors import ClientGone, InvalidRequest
+from hotlora.families import REFERENCE_TASKS
 from hotlora.tracing import NO_TRACE, Trace, together
 
 if TYPE_CHECKING:
@@ -269,8 +270,8 @@ class Runner:
         call = params.pipeline_kwargs(warm.family)
         # An edit's batch is one request (``batch_key``) and its pipeline takes the prompt once beside
         # the references (Qwen-Image-Edit-Plus refuses a list of prompts): a pack's prompt, also when
-        # it runs as a mixed batch; unless each position takes its own reference (Kontext).
-        one_prompt = not mixed or (params.task == "edit" and not params.reference_per_image)
+        # it runs as a mixed batch; unless each position takes its own reference (Kontext). Image-to-video too.
+        one_prompt = not mixed or (params.task in REFERENCE_TASKS and not params.reference_per_image)
         texts = warm.text.prompts(first.adapters, first.prompt, first.negative_prompt) if one_prompt else None
         inputs = TaskInputs(warm.family, params, requests, warm.task_pipelines[params.task], mixed)
         per_prompt = warm.output.per_prompt
@@ -285,7 +286,7 @@ class Runner:
                     return {per_prompt: 1, **inputs.arguments(chunk),
                             **batch_prompts(warm.text, warm.pipeline, warm.family, owners,
                                             warm.uses_cfg(params.guidance_scale), swap)}
-            return {per_prompt: size, **inputs.arguments(chunk), **texts}
+            return {**warm.family.call_prompts(params.task, texts, size, per_prompt), **inputs.arguments(chunk)}
 
         warm.active_adapters = len({b.adapter.sha256 for r in requests for b in r.adapters.values()})
         with warm.section():

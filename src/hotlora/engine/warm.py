@@ -94,7 +94,10 @@ class WarmModel:
 
     def __init__(self, pipeline, family: ModelFamily, config: EngineConfig, *, model: str | None = None,
                  defaults: Mapping | None = None):
-        loaded, pipeline = pipeline, family.text_to_image_pipeline(pipeline)
+        # A checkpoint that makes nothing from text alone (Wan's image-to-video ones) serves its one task
+        # on the pipeline it loads as; any other serves text-to-image and the tasks made from it.
+        loaded, self.checkpoint_task = pipeline, family.checkpoint_task(pipeline)
+        pipeline = loaded if self.checkpoint_task else family.text_to_image_pipeline(loaded)
         self.config, self.pipeline, self.family, self.model = config, pipeline, family, model
         family.check_engine_config(config)  # before anything is installed or compiled
         self.batch_size = config.batch_limit  # compiled for batches up to this; packs chunk by ``chunk_for``
@@ -121,7 +124,7 @@ class WarmModel:
         self.tasks = self._served_tasks(config)
         # Each task's pipeline made from the warm one: the same module objects (every weight, LoRA
         # slot and compiled block shared; nothing copied), the task's own __call__.
-        self.task_pipelines = {"text-to-image": pipeline, **{
+        self.task_pipelines = {self.tasks[0]: pipeline, **{
             task: family.task_pipeline(task, loaded, share=lambda cls, source: shared_pipeline(
                 cls, source, self.denoiser.dtype)) for task in self.tasks[1:]}}
         for each in self.task_pipelines.values():
@@ -140,6 +143,20 @@ class WarmModel:
         self._make_warm()
 
     def _served_tasks(self, config: EngineConfig) -> tuple[str, ...]:
+        """The tasks warmed up, the one the pipeline loaded as first: ``config.tasks`` (text-to-image
+        and those made from it), or a conditioned checkpoint's one task, which its config must name
+        (the server sizes its bodies for input images from the config, before the model loads)."""
+        only = self.checkpoint_task
+        if only is not None:
+            from hotlora.families import UnservedModel
+
+            kind = type(self.pipeline).__name__
+            others = [task for task in config.tasks if task not in ("text-to-image", only)]
+            if only not in config.tasks or others:
+                raise UnservedModel(f"this checkpoint ({kind}) makes nothing from text alone: it serves {only} only "
+                                    f"(start it with tasks={only}; asked for: {', '.join(config.tasks)})")
+            log.info("this checkpoint (%s) serves %s only: a request without an input image is refused", kind, only)
+            return (only,)
         unserved = [task for task in config.tasks if task not in self.family.served_tasks()]
         if unserved:
             from hotlora.families import UnservedModel

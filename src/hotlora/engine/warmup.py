@@ -108,10 +108,12 @@ def planned_passes(warm) -> list[tuple[object, list[tuple[str, tuple]]]]:
     # Eager, no state compiles anything: one state pages the model in (the rest would only cost time).
     states = warm.writer.warmup_states() if warm.compile_mode else warm.writer.warmup_states()[:1]
     prompts = warm.family.warmup_prompts(warm.pipeline)
-    # Each task beyond text-to-image with the first prompt (its text path is text-to-image's) and,
-    # for an edit, every reference count served (each is another token count).
-    tasks = [(TEXT_TO_IMAGE, 0, prompts)] + [
-        (task, references, prompts[:1]) for task in warm.tasks[1:]
+    # The first task (text-to-image, or a conditioned checkpoint's one task) with every prompt; each
+    # other with the first prompt (its text path is the first's) and, for an edit, every reference
+    # count served (each is another token count).
+    first, *others = warm.tasks
+    tasks = [(first, 0 if first == TEXT_TO_IMAGE else 1, prompts)] + [
+        (task, references, prompts[:1]) for task in others
         for references in (range(1, warm.config.max_reference_images + 1) if task == "edit" else (1,))]
     frame_counts = warm.frames or (None,)
     return [(state, [(pass_name(state, height, width, scale, batch, index, task, references, frames),
@@ -147,12 +149,21 @@ def _run(warm, batch: int, height: int, width: int, scale: float, prompt: str | 
         warmup_strength(family, task), references)
     if frames is None and warm.frames:  # the chunk-size measurement: the default frame count
         frames = warm.frames[0]
+    texts = {"prompt": prompt, **({} if negative is None else {"negative_prompt": negative})}
+    per_prompt = warm.output.per_prompt
     warm.task_pipelines[task](
-        prompt=prompt, **{warm.output.per_prompt: 1 if per_image else batch}, num_inference_steps=family.warmup_steps(warm.pipeline, TIMED_STEPS),
+        **({per_prompt: 1, **texts} if per_image else family.call_prompts(task, texts, batch, per_prompt)),
+        num_inference_steps=family.warmup_steps(warm.pipeline, TIMED_STEPS),
         **({} if frames is None else {"num_frames": frames}),
         height=height, width=width, generator=[torch.Generator().manual_seed(i) for i in range(batch)],
-        output_type="latent", **({} if negative is None else {"negative_prompt": negative}),
-        **family.call_arguments(scale), **inputs)
+        output_type="latent", **family.call_arguments(scale), **inputs)
+
+
+def first_task(warm) -> dict:
+    """``_run``'s task keywords for the engine's first task: none for text-to-image; a conditioned
+    checkpoint's one task (Wan image-to-video) with its one input image."""
+    task = warm.tasks[0]
+    return {} if task == TEXT_TO_IMAGE else {"task": task, "references": 1}
 
 
 def warmup_strength(family, task: str) -> float | None:
@@ -210,7 +221,7 @@ def measure_chunks(warm, budget_s: float | None = None) -> dict[str, dict]:
         height, width, scale = key
         synchronize(warm.device)
         start = clock()
-        _run(warm, batch, height, width, scale)
+        _run(warm, batch, height, width, scale, **first_task(warm))
         synchronize(warm.device)
         took = clock() - start
         best[key][batch] = min(best[key].get(batch, float("inf")), took)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 from hotlora.errors import HotloraError
-from hotlora.families.base import CfgStyle, ModelFamily
+from hotlora.families.base import REFERENCE_TASKS, CfgStyle, ModelFamily
 from hotlora.families.chroma import Chroma
 from hotlora.families.flux import Flux
 from hotlora.families.flux2 import Flux2, Flux2Klein, Flux2KleinBase
@@ -134,6 +134,6 @@ def full_size_names() -> list[str]:
     return [name for family in REGISTERED for name in family.full_size_models]
 
 
-__all__ = ["CfgStyle", "DEFAULT_FAMILY", "FAMILIES", "ModelFamily", "REGISTERED", "UnservedModel", "describe_families",
+__all__ = ["CfgStyle", "DEFAULT_FAMILY", "FAMILIES", "ModelFamily", "REFERENCE_TASKS", "REGISTERED", "UnservedModel", "describe_families",
            "family_named", "family_of_class", "family_of_denoiser_class", "family_of_model_index", "family_of_pipeline",
            "full_size_model", "full_size_names", "why_unserved"]

@@ -23,6 +23,9 @@ from typing import Any, ClassVar, Literal, Mapping
 #   batch  classifier-free guidance as one doubled batch [uncond..., cond...] (SDXL, SD3, SD1.5)
 #   true   a second forward pass per step (Qwen-Image's ``true_cfg_scale``, Chroma, Wan)
 CfgStyle = Literal["none", "batch", "true"]
+# Tasks whose input images are the pipeline's for every prompt of its call, none noised away (no
+# strength): an edit's references, image-to-video's first frame (one image; ``ModelFamily.task_arguments``).
+REFERENCE_TASKS = ("edit", "image-to-video")
 
 
 class ModelFamily:
@@ -108,6 +111,10 @@ class ModelFamily:
     # False where the pipelines sharing the family's mixin and denoiser class are other checkpoints
     # (Wan's and LTX's image-to-video: an image-conditioned transformer), not variants it serves.
     serves_variants: ClassVar[bool] = True
+    # Pipeline classes of this family's checkpoints that make nothing from text alone, each with the
+    # one task such a checkpoint serves (Wan's image-to-video checkpoints: a transformer that takes the
+    # input image's latents beside the noise). A model directory of one serves that task only.
+    conditioned_checkpoints: ClassVar[Mapping[str, str]] = {}
     # Step-cache backends refused on this family, each with the reason said at start-up.
     unserved_step_caches: ClassVar[Mapping[str, str]] = {}
 
@@ -171,6 +178,8 @@ class ModelFamily:
         names = {cls.__name__ for cls in pipeline_type.__mro__}
         if self.pipeline_class in names:
             return 2
+        if names & set(self.conditioned_checkpoints):
+            return 1
         if not self.serves_variants or self.lora_mixin.__name__ not in names:
             return 0
         if denoiser_class is None:
@@ -236,6 +245,12 @@ class ModelFamily:
 
         return getattr(diffusers, self.task_pipelines[task])
 
+    def checkpoint_task(self, loaded) -> str | None:
+        """The one task a checkpoint that makes nothing from text alone serves
+        (``conditioned_checkpoints``, by the loaded pipeline's class); None for any other."""
+        names = [cls.__name__ for cls in type(loaded).__mro__]
+        return next((self.conditioned_checkpoints[n] for n in names if n in self.conditioned_checkpoints), None)
+
     def text_to_image_pipeline(self, loaded):
         """The pipeline text-to-image runs on, from the one a model directory loads as (its
         model_index.json's class): itself, unless that pipeline cannot make an image from text
@@ -244,7 +259,10 @@ class ModelFamily:
 
     def task_pipeline(self, task: str, loaded, share):
         """``task``'s pipeline on the loaded pipeline's components: ``share(cls, loaded)``, the
-        engine's ``from_pipe`` that shares every module and keeps every dtype (``warm.shared_pipeline``)."""
+        engine's ``from_pipe`` that shares every module and keeps every dtype (``warm.shared_pipeline``);
+        a conditioned checkpoint's own task (``checkpoint_task``) runs on the loaded pipeline itself."""
+        if task == self.checkpoint_task(loaded):
+            return loaded
         return share(self.task_pipeline_type(task), loaded)
 
     def default_strength(self, task: str) -> float | None:
@@ -272,11 +290,12 @@ class ModelFamily:
         VAE sample from that image's own generator, so an image is the same whatever chunk it runs
         in; given one image for several, diffusers' Flux img2img samples it from the first
         generator of the call). Edit: its ``references`` images, the same for every prompt (the
-        edit pipelines encode them with the VAE's mean: no generator is drawn); where the family takes
+        edit pipelines encode them with the VAE's mean: no generator is drawn); image-to-video its one
+        first frame, the same way (Wan's encodes it with the VAE's mode); where the family takes
         a reference per batch position (``edit_references_per_image``), a batch of several requests'
         edits gives one image per image of the batch, as ``references`` of them."""
         arguments: dict[str, Any] = {}
-        if task == "edit":
+        if task in REFERENCE_TASKS:
             arguments["image"] = images if references > 1 else images[0]
             return arguments
         arguments["image"] = list(images)
@@ -285,6 +304,11 @@ class ModelFamily:
         if strength is not None:
             arguments["strength"] = strength
         return arguments
+
+    def call_prompts(self, task: str, texts: Mapping[str, str], count: int, per_prompt: str) -> dict:
+        """One call's prompt arguments for ``count`` images of one prompt (``texts``: prompt and
+        negative prompt arguments): the prompt once, ``per_prompt`` (``num_images_per_prompt``) ``count``."""
+        return {per_prompt: count, **texts}
 
     # Why mixed batches are not served, where ``mixed_batches`` is False.
     mixed_batches_refused: ClassVar[str] = ""

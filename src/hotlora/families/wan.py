@@ -18,6 +18,16 @@ encoder (``lora_text_encoders``). Both get slots and a compile (``experts``;
 ``engine/writers/experts.py``); an adapter carries the low-noise expert's LoRA under
 ``transformer_2.`` keys beside the high-noise expert's ``transformer.`` ones (``format.convert``).
 Wan 2.1 and Wan 2.2 TI2V-5B have one transformer.
+
+Image-to-video (``WanImageToVideoPipeline``), the task ``image-to-video``: the input image is the
+first frame. Its checkpoints (Wan2.1-I2V-14B: a transformer taking the image's latents and a mask
+beside the noise, 36 channels in, and a CLIP image encoder whose features its cross-attention reads
+through ``add_k_proj`` / ``add_v_proj``; Wan2.2-I2V-A14B: the same without the image encoder, two
+experts) make nothing from text alone: a model directory of one serves image-to-video only
+(``conditioned_checkpoints``). Wan 2.2 TI2V-5B runs both on one transformer (``expand_timesteps``:
+the first frame's latent kept at timestep 0): its text-to-video model serves image-to-video through
+``from_pipe``. The pipeline takes one image a call (its latents and CLIP features repeated over the
+batch): an image-to-video request runs in a forward batch of its own.
 """
 
 from __future__ import annotations
@@ -51,9 +61,11 @@ class Wan(ModelFamily):
     # The mixin's loadable modules are the two experts, no text encoder: Wan 2.2's low-noise one is
     # the second (``load_lora_weights(..., load_into_transformer_2=True)``).
     other_denoisers = ("transformer_2",)
-    # Wan's image-to-video and video-to-video pipelines share its mixin and denoiser class, but run
-    # other checkpoints (an image-conditioned transformer) this family does not serve.
+    # Wan's other pipelines sharing its mixin and denoiser class (video-to-video, VACE, Animate) are
+    # not served; image-to-video is, on its own checkpoints or TI2V-5B's (``task_pipeline``).
     serves_variants = False
+    conditioned_checkpoints = {"WanImageToVideoPipeline": "image-to-video"}
+    task_pipelines = {"image-to-video": "WanImageToVideoPipeline"}
     # lightx2v's step/CFG-distill LoRAs (the most used Wan LoRAs) carry every Linear's bias difference.
     lora_biases = True
     lora_key_pattern = r"(?<!transformer_)blocks[._]\d+[._](attn1|attn2|ffn)|condition_embedder"  # not LTX's transformer_blocks
@@ -86,6 +98,29 @@ class Wan(ModelFamily):
         if second is None or pipeline.config.boundary_ratio is None:
             return {"transformer": pipeline.transformer}
         return {"transformer": pipeline.transformer, "transformer_2": second}
+
+    def task_pipeline(self, task: str, loaded, share):
+        """Image-to-video on an image-to-video checkpoint (the loaded pipeline) or on TI2V-5B's
+        text-to-video one (``expand_timesteps``: the same transformer takes the first frame);
+        refused on Wan 2.1's and 2.2 A14B's text-to-video transformers, which take no image."""
+        if task == "image-to-video" and self.checkpoint_task(loaded) is None and not loaded.config.get("expand_timesteps"):
+            from hotlora.families import UnservedModel
+
+            channels = loaded.transformer.config.in_channels
+            raise UnservedModel(f"image-to-video needs a Wan image-to-video checkpoint (model_index.json naming "
+                                f"WanImageToVideoPipeline: Wan2.1-I2V-14B, Wan2.2-I2V-A14B) or Wan 2.2 TI2V-5B "
+                                f"(expand_timesteps); this text-to-video model's transformer takes no image "
+                                f"({channels} latent channels in, the noise's alone)")
+        return super().task_pipeline(task, loaded, share)
+
+    def call_prompts(self, task: str, texts: Mapping[str, str], count: int, per_prompt: str) -> dict:
+        """Image-to-video: the prompt ``count`` times, one video each. ``WanImageToVideoPipeline``
+        repeats the CLIP image features by the prompt count alone (``image_embeds.repeat(batch_size,
+        1, 1)``), so Wan2.1-I2V fails at ``num_videos_per_prompt`` above 1 (its transformer joins them
+        to the prompt's embeddings); the videos are the same either way (one generator each)."""
+        if task != "image-to-video":
+            return super().call_prompts(task, texts, count, per_prompt)
+        return {per_prompt: 1, **{name: [text] * count for name, text in texts.items()}}
 
     def warmup_steps(self, pipeline, steps: int) -> int:
         """The fewest steps, from ``steps``, whose timesteps fall on both sides of the boundary
@@ -162,21 +197,35 @@ class Wan(ModelFamily):
         return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
                            scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), transformer=transformer)
 
-    tiny_variants = ("two-experts",)
+    tiny_variants = ("two-experts", "i2v", "i2v-two-experts", "ti2v")
 
     def build_tiny_variant(self, variant: str, seed: int = 0):
         """"two-experts": Wan 2.2 A14B's layout as diffusers' own tests/pipelines/wan/test_wan_22.py
         builds it: ``build_tiny``'s components, a second transformer of the same config (its own
-        seeded weights) as the low-noise expert, ``boundary_ratio`` 0.875."""
+        seeded weights) as the low-noise expert, ``boundary_ratio`` 0.875.
+
+        "i2v": Wan2.1-I2V's layout as diffusers' tests/pipelines/wan/test_wan_image_to_video.py builds
+        it: a transformer taking 36 channels (the noise, the first frame's latents and their mask)
+        with ``image_dim`` and, as the published config has, ``added_kv_proj_dim`` (``add_k_proj`` /
+        ``add_v_proj`` in its cross-attention, which that test leaves out), a tiny CLIP
+        vision encoder and its image processor. "i2v-two-experts": Wan2.2-I2V-A14B's (two such
+        experts, no image encoder, as test_wan_22_image_to_video.py builds it). "ti2v": Wan 2.2
+        TI2V-5B's, as that file's ``Wan225BImageToVideoPipelineFastTests`` builds it (the Wan 2.2 VAE:
+        48 latent channels, 16x spatial; ``expand_timesteps``) as a text-to-video pipeline: 32 pixels
+        is its smallest size."""
         import torch
         from diffusers import WanPipeline, WanTransformer3DModel
 
-        if variant != "two-experts":
+        if variant not in self.tiny_variants:
             return super().build_tiny_variant(variant, seed)
         one = self.build_tiny(seed)
-        torch.manual_seed(seed + 1)
-        second = WanTransformer3DModel.from_config(one.transformer.config)
-        return WanPipeline(**{**one.components, "transformer_2": second}, boundary_ratio=0.875)
+        if variant == "two-experts":
+            torch.manual_seed(seed + 1)
+            second = WanTransformer3DModel.from_config(one.transformer.config)
+            return WanPipeline(**{**one.components, "transformer_2": second}, boundary_ratio=0.875)
+        # The constructor's arguments alone: diffusers' ``_use_default_values`` would reset any given here.
+        config = {key: value for key, value in one.transformer.config.items() if not key.startswith("_")}
+        return _tiny_ti2v(one, config, seed) if variant == "ti2v" else _tiny_i2v(one, config, variant, seed)
 
     def tiny_defaults(self) -> dict[str, Any]:
         return {"num_frames": self.tiny_frames}
@@ -296,3 +345,43 @@ def _comfy_name(match: re.Match) -> str:
     attn, _, proj = match["module"].partition("_attn_")
     module = f"{attn}_attn.{proj}" if proj else match["module"].replace("_", ".")
     return f"diffusion_model.blocks.{match['block']}.{module}.{match['part']}"
+
+
+def _tiny_ti2v(one, config: dict, seed: int):
+    """``Wan.build_tiny_variant("ti2v")``: ``one``'s text encoder, the Wan 2.2 VAE and a transformer of
+    48 channels, ``expand_timesteps``, TI2V-5B's UniPC flow scheduler."""
+    import torch
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+
+    torch.manual_seed(seed + 5)
+    vae = AutoencoderKLWan(base_dim=3, z_dim=48, in_channels=12, out_channels=12, is_residual=True, patch_size=2,
+                           latents_mean=[0.0] * 48, latents_std=[1.0] * 48, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           scale_factor_spatial=16, scale_factor_temporal=4, temperal_downsample=[False, True, True])
+    transformer = WanTransformer3DModel.from_config({**config, "in_channels": 48, "out_channels": 48})
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0)
+    return WanPipeline(tokenizer=one.tokenizer, text_encoder=one.text_encoder, vae=vae, scheduler=scheduler,
+                       transformer=transformer, expand_timesteps=True)
+
+
+def _tiny_i2v(one, config: dict, variant: str, seed: int):
+    """``Wan.build_tiny_variant("i2v" | "i2v-two-experts")``: ``one``'s text encoder and VAE, image-to-video
+    transformers of 36 channels in; Wan2.1-I2V's with its image features and CLIP encoder."""
+    import torch
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    config = {**config, "in_channels": 36}
+    # Wan2.1-I2V's config: the CLIP features' width, and add_k_proj / add_v_proj as wide as the blocks.
+    image = {"image_dim": 4, "added_kv_proj_dim": config["num_attention_heads"] * config["attention_head_dim"]}
+    experts = {}
+    for index, name in enumerate(("transformer", "transformer_2") if variant == "i2v-two-experts" else ("transformer",)):
+        torch.manual_seed(seed + 2 + index)
+        experts[name] = WanTransformer3DModel.from_config({**config, **(image if variant == "i2v" else {})})
+    components = {name: part for name, part in one.components.items() if name not in ("transformer", "transformer_2")}
+    if variant == "i2v-two-experts":
+        return WanImageToVideoPipeline(**components, **experts, boundary_ratio=0.875)
+    torch.manual_seed(seed + 4)
+    encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=4, projection_dim=4, num_hidden_layers=2, num_attention_heads=2,
+                                               image_size=32, intermediate_size=16, patch_size=1)).eval()
+    return WanImageToVideoPipeline(**components, **experts, image_encoder=encoder,
+                                   image_processor=CLIPImageProcessor(crop_size=32, size=32))

@@ -65,7 +65,7 @@ class CountRequests:
 
 
 # The routes a request's input images arrive on (base64 in JSON, or a multipart upload).
-IMAGE_ROUTES = ("/", "/v1/generate", "/v1/generate/stream", "/v1/images/edits")
+IMAGE_ROUTES = ("/", "/v1/generate", "/v1/generate/stream", "/v1/images/edits", "/v1/videos")
 
 
 def body_limits(config: ServerConfig):

@@ -9,7 +9,13 @@ key that made it: to any other it does not exist (404). Errors are answered in O
 ``seconds`` -> frames: ``seconds x fps + 1`` (a video of n frames spans (n - 1) / fps seconds from
 its first frame to its last: Wan's 81 frames at 16 fps are its "5 seconds"). It must come out a
 whole frame count the engine serves, else a 422 listing the seconds served; none given: the
-engine's default frame count. Everything is checked before the job exists.
+engine's default frame count. Everything is checked before the job exists, but the input image.
+
+``input_reference`` (an image file in the form, as the openai client uploads it; in a JSON body an
+image as the other routes take one: base64, a data URL or an http(s) URL) is the video's first
+frame: the task ``image-to-video``, served by an engine started with it (a 422 naming the served
+tasks otherwise). It is decoded (or fetched) when the job runs, as a generation's images are: one
+that is no image fails the job, saying why.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from hotlora.errors import InvalidRequest, JobNotFound, NotAccepting, Unsupporte
 from hotlora.server import video
 from hotlora.server.access import public_model_id
 from hotlora.server.errors import validation_error
+from hotlora.server.inputs import ImageInput
 from hotlora.server.jobs import Jobs
 from hotlora.server.jobstore import JobRecord, video_object
 from hotlora.server.schemas import MAX_FORM_FIELDS, OpenAIVideosRequest, place
@@ -40,7 +47,7 @@ def videos_routes(jobs: Jobs) -> APIRouter:
 
     @router.post("/v1/videos")
     async def create_video(request: Request):
-        body = await videos_body(request)
+        body, first_frame = await videos_body(request)
         engine = service.worker.engine
         if engine is None:
             raise NotAccepting(service.worker.why_not_ready())
@@ -55,7 +62,7 @@ def videos_routes(jobs: Jobs) -> APIRouter:
         shown = frames if frames is not None else rules.default_frames()
         params = {"model": body.model or public_model_id(engine), "seconds": seconds_of(shown, fps), "size": size,
                   "prompt": body.prompt}
-        record = await jobs.create(request, body.to_request(frames), "mp4", retention_s=body.retention_s,
+        record = await jobs.create(request, body.to_request(frames, first_frame), "mp4", retention_s=body.retention_s,
                                    kind="video", params=params)
         return video_object(record)
 
@@ -140,11 +147,13 @@ def frames_for(seconds, fps: int, served: tuple[int, ...], served_only: bool) ->
     return frames
 
 
-async def videos_body(request: Request) -> OpenAIVideosRequest:
+async def videos_body(request: Request) -> tuple[OpenAIVideosRequest, ImageInput | None]:
     """The request body: JSON, or a multipart form (the openai client's way; bracketed keys nested
-    as ``extra_body`` flattens them: ``adapters[style][ref]``). A file upload (``input_reference``:
-    image-to-video) is refused: this API serves text-to-video."""
+    as ``extra_body`` flattens them: ``adapters[style][ref]``); and its ``input_reference``, the
+    first frame of an image-to-video request: the form's one file (no other field may be one), or
+    a JSON body's image text."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    first_frame = None
     if media == "application/json":
         try:
             fields = await request.json()
@@ -152,22 +161,30 @@ async def videos_body(request: Request) -> OpenAIVideosRequest:
             raise InvalidRequest("invalid request: body: not JSON") from None
         if not isinstance(fields, dict):
             raise InvalidRequest("invalid request: body: a JSON object is expected")
+        reference = fields.pop("input_reference", None)
+        if reference is not None:
+            if not isinstance(reference, str) or not reference:
+                raise InvalidRequest("input_reference must be an image: base64, a data: URL or an http(s) URL")
+            first_frame = ImageInput(text=reference)
     elif media in ("multipart/form-data", "application/x-www-form-urlencoded"):
         form = await request.form(max_files=1, max_fields=MAX_FORM_FIELDS)
         try:
             fields = {}
             for key, value in form.multi_items():
                 if isinstance(value, UploadFile):
-                    raise InvalidRequest(f"form field {key!r} is a file: input_reference (image-to-video) is not "
-                                         "served; this API makes videos from text")
+                    if key != "input_reference":
+                        raise InvalidRequest(f"form field {key[:80]!r} is a file; the one file taken is input_reference "
+                                             "(image-to-video's first frame)")
+                    first_frame = ImageInput(data=await value.read(), content_type=value.content_type)
+                    continue
+                if key == "input_reference":
+                    raise InvalidRequest("form field 'input_reference' must be a file (an image upload), not text")
                 place(fields, key, value)
         finally:
             await form.close()
     else:
         raise UnsupportedMediaType("POST /v1/videos takes application/json or multipart/form-data")
-    if fields.get("input_reference") is not None:
-        raise InvalidRequest("input_reference (image-to-video) is not served; this API makes videos from text")
     try:
-        return OpenAIVideosRequest.model_validate(fields)
+        return OpenAIVideosRequest.model_validate(fields), first_frame
     except ValidationError as exc:
         raise InvalidRequest(validation_error(exc.errors())) from None

@@ -30,7 +30,7 @@ SlotName = Annotated[str, Field(max_length=64)]
 MAX_IMAGE_CHARS = 256 * 2**20
 MAX_INPUT_IMAGES = 8  # the most max_reference_images allows
 ImageText = Annotated[str, Field(min_length=1, max_length=MAX_IMAGE_CHARS)]
-Task = Literal["text-to-image", "image-to-image", "inpaint", "edit"]
+Task = Literal["text-to-image", "image-to-image", "inpaint", "edit", "image-to-video"]
 Strength = Annotated[float, Field(gt=0, le=1)]
 
 
@@ -231,13 +231,15 @@ class OpenAIVideosRequest(SizedRequest):
     shift: float | None = None
     retention_s: float | None = Field(default=None, gt=0)  # the job's (server/jobs.py)
 
-    def to_request(self, num_frames: int | None) -> GenerationRequest:
+    def to_request(self, num_frames: int | None, first_frame=None) -> GenerationRequest:
+        """The engine's request; ``first_frame`` (``input_reference``, an ``ImageInput``): image-to-video."""
         height, width = self.dimensions()
         return GenerationRequest(prompt=self.prompt, adapters=specs(self.adapters), num_images=1, height=height,
                                  width=width, seed=self.seed or 0, num_inference_steps=self.num_inference_steps,
                                  negative_prompt=self.negative_prompt, num_frames=num_frames,
                                  guidance_scale=self.guidance_scale, guidance_scale_2=self.guidance_scale_2,
-                                 shift=self.shift)
+                                 shift=self.shift, **({} if first_frame is None else
+                                                      {"task": "image-to-video", "images": (first_frame,)}))
 
 
 MAX_FORM_FIELDS = 64

@@ -23,7 +23,7 @@ STEP_CACHE_BACKENDS = ("dbcache", "taylorseer", "fbcache")  # engine.stepcache c
 BASE_QUANTIZATIONS = ("none", "int8_weight_only", "float8")  # engine/quantize.py applies them
 # What a request may ask one warm denoiser for; each task beyond text-to-image runs through the
 # family's variant pipeline made with ``from_pipe`` (families/base.py ``task_pipelines``).
-TASKS = ("text-to-image", "image-to-image", "inpaint", "edit")
+TASKS = ("text-to-image", "image-to-image", "inpaint", "edit", "image-to-video")
 
 
 def _tasks(value):
@@ -211,8 +211,9 @@ class EngineConfig(Settings):
     # Each task is warmed up at every served size (and each reference count up to
     # max_reference_images), so no request of a served task compiles.
     tasks: tuple[str, ...] = setting(("text-to-image",), "tasks served besides text-to-image, comma-separated: "
-                                                         "image-to-image, inpaint, edit (the family's variant "
-                                                         "pipelines, sharing every weight through from_pipe)",
+                                                         "image-to-image, inpaint, edit, image-to-video (the "
+                                                         "family's variant pipelines, sharing every weight through "
+                                                         "from_pipe; an image-to-video checkpoint serves that alone)",
                                      parse=_tasks)
     max_reference_images: int = setting(1, "edit: the most reference images a request may give (each count "
                                            "is warmed up)")
