@@ -3,7 +3,8 @@ tiny Wan model (eager, batch 1, one size, two frame counts): where ``/readyz`` s
 frames, the page offers the served frame counts, submits a job (``Prefer: respond-async``), shows
 its progress per step from the job's events, and plays the MP4 from a blob URL of its ``/content``;
 the video it made equals a direct request's; an unserved frame count's 422 and a failed job are
-shown. (Debian's Chromium decodes H.264: the element reports the video's size and duration.)"""
+shown. An image-to-video model's page takes the first frame (a picked file) and sends it with the task.
+(Debian's Chromium decodes H.264: the element reports the video's size and duration.)"""
 
 import base64
 import io
@@ -206,3 +207,49 @@ def test_an_unserved_frame_count_and_a_failed_job_are_shown(video_server, browse
     assert message.startswith(f"job {job_id} failed: "), message
     assert not browser.find_element(By.ID, "video-result").is_displayed()
     assert httpx.get(f"{video_server.url}/v1/jobs/{job_id}").json()["status"] == "failed"
+
+
+@pytest.fixture(scope="module")
+def image_to_video_server(tmp_path_factory, start_server):
+    """A Wan2.1-I2V-shaped tiny model served eager with its one task."""
+    from hotlora.testing import save_tiny_model
+
+    tmp = tmp_path_factory.mktemp("playground-i2v")
+    model = save_tiny_model(tmp / "wan", "wan", target_rank=8, variant="i2v")
+    return start_server(model, tmp, roots=(model / "adapters",), compile=False, batch_size=1, sizes=f"{SIDE}x{SIDE}",
+                        tasks="image-to-video")
+
+
+def test_an_image_to_video_models_page_takes_the_first_frame(image_to_video_server, browser, tmp_path):
+    """The page of a model that makes videos from an image only: the task offered is image-to-video,
+    its image a "First frame" without strength; Generate without one asks for it and sends nothing;
+    with a picked file, the job carries the task and the image (a data URL) and its MP4 plays."""
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+
+    open_video_page(browser, image_to_video_server)
+    wait_for(lambda: browser.find_element(By.ID, "image-controls").is_displayed(), timeout_s=30)
+    assert [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#task option")] == \
+        ["image-to-video"]
+    assert browser.find_element(By.ID, "image-label").text == "First frame"
+    assert not browser.find_element(By.ID, "strength-row").is_displayed()
+    browser.find_element(By.ID, "generate").click()
+    assert "image-to-video needs an input image" in wait_for(lambda: browser.find_element(By.ID, "error").text)
+    assert posts(browser) == []
+
+    rng = np.random.default_rng(3)
+    Image.fromarray((rng.random((24, 20, 3)) * 255).astype(np.uint8)).save(tmp_path / "first.png")
+    browser.find_element(By.ID, "image-file").send_keys(str(tmp_path / "first.png"))
+    wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#thumbs img")) == 1, timeout_s=30)
+    browser.find_element(By.ID, "generate").click()
+    wait_for(lambda: browser.find_element(By.ID, "video-result").is_displayed()
+             or browser.find_element(By.ID, "error").text, timeout_s=60)
+    assert browser.find_element(By.ID, "error").text == ""
+    (sent,) = posts(browser)
+    assert sent["task"] == "image-to-video" and "strength" not in sent
+    (image,) = sent["images"]
+    assert image.startswith("data:image/png;base64,")
+    assert base64.b64decode(image.split(",", 1)[1]) == (tmp_path / "first.png").read_bytes()
+    facts = browser.execute_async_script(VIDEO_FACTS)
+    assert facts["error"] is None and facts["readyState"] >= 2 and (facts["width"], facts["height"]) == (SIDE, SIDE)
+
