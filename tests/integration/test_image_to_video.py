@@ -2,9 +2,9 @@
 the first frame. An image-to-video checkpoint (Wan2.1-I2V: 36 channels in, a CLIP image encoder read
 by ``add_k_proj`` / ``add_v_proj``) serves that task alone; served compiled with per-request LoRA,
 equal to plain diffusers (``load_lora_weights`` into the image-to-video pipeline), no request
-compiling. Wan 2.2 TI2V-5B's one transformer serves text-to-video and image-to-video from one warm
-model, and Wan2.2-I2V-A14B's two experts their LoRA pair (``families``). Everything a request or a
-start-up gets wrong is refused by name."""
+compiling; mixed batches, fused and auto modes too (eager). Wan 2.2 TI2V-5B's one transformer
+serves text-to-video and image-to-video from one warm model, and Wan2.2-I2V-A14B's two experts their
+LoRA pair (``families``). Everything a request or a start-up gets wrong is refused by name."""
 
 import json
 
@@ -94,6 +94,18 @@ def test_an_image_to_video_checkpoint_serves_per_request_lora_equal_to_plain_dif
     other = like_diffusers(engine, model, {}, first_frame(2), num_images=1)
     assert (other - base[:1]).abs().max() > 1e-2
     assert engine.recompiles == 0
+
+
+@pytest.mark.parametrize("mode", [{"mixed": True}, {"adapter_mode": "fused"}, {"adapter_mode": "auto"}],
+                         ids=["mixed", "fused", "auto"])
+def test_every_adapter_mode_serves_image_to_video(i2v_model, mode):
+    """Mixed batches (the request alone in its batch: one first frame a call), fused and auto modes
+    (eager): musubi-tuner's LoRA, then none, each equal to plain diffusers on the same first frame."""
+    engine = Engine.from_pretrained(i2v_model, target_rank=TARGET_RANK, batch_size=2, compile=False,
+                                    frames=(FRAMES,), tasks=TASK, **mode)
+    image = first_frame(6)
+    styled = like_diffusers(engine, i2v_model, {"style": (sample(i2v_model, "style-musubi"), 0.8)}, image, num_images=2)
+    assert (styled - like_diffusers(engine, i2v_model, {}, image, num_images=2)).abs().max() > 1e-2
 
 
 def test_what_an_image_to_video_engine_refuses(i2v_engine, i2v_model, tiny_models):
