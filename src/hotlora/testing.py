@@ -122,7 +122,7 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str | list[str], n
     import diffusers
 
     from hotlora.engine.results import output_kind
-    from hotlora.families import family_of_pipeline
+    from hotlora.families import family_of_model_index
     from hotlora.settings import read_model_defaults
 
     loader = getattr(diffusers, pipeline_class or "DiffusionPipeline")
@@ -131,7 +131,7 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str | list[str], n
     if prepare is not None:
         prepare(pipeline)
     _load_adapters(pipeline, adapters)
-    family = family_of_pipeline(pipeline)
+    family = family_of_model_index(model_dir)  # the model's, whatever variant pipeline it was loaded as
     targets = dict(family.embedding_keys)
     for tensors, tokens in embeddings:
         for key, vectors in tensors.items():

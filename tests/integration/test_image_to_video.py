@@ -3,8 +3,9 @@ the first frame. An image-to-video checkpoint (Wan2.1-I2V: 36 channels in, a CLI
 by ``add_k_proj`` / ``add_v_proj``) serves that task alone; served compiled with per-request LoRA,
 equal to plain diffusers (``load_lora_weights`` into the image-to-video pipeline), no request
 compiling; mixed batches, fused and auto modes too (eager). Wan 2.2 TI2V-5B's one transformer
-serves text-to-video and image-to-video from one warm model, and Wan2.2-I2V-A14B's two experts their
-LoRA pair (``families``). Everything a request or a start-up gets wrong is refused by name."""
+serves text-to-video and image-to-video from one warm model, Wan2.2-I2V-A14B's two experts their
+LoRA pair, and LTX-Video both tasks on its one checkpoint (``families``). Everything a request or a
+start-up gets wrong is refused by name."""
 
 import json
 
@@ -181,3 +182,37 @@ def test_wan22_image_to_video_experts_serve_a_lora_pair_equal_to_plain_diffusers
                                     given={"identity": {"ref": str(high), "low_noise": str(low), "scale": scale}})
         assert (paired[:1] - base).abs().max() > 1e-2
     assert engine.recompiles == 0
+
+
+@pytest.mark.families
+def test_ltx_serves_image_to_video_on_its_text_to_video_weights(tiny_models):
+    """LTX-Video's one checkpoint, compiled with both tasks: image-to-video (``LTXImageToVideoPipeline``
+    through ``from_pipe``; its first frame given once per video, each sampled with that video's
+    generator) at 1 and 3 videos (chunks of 2 and 1), with a LoRA and without, each equal to plain
+    diffusers; text-to-video between them still equal, and another video than image-to-video's."""
+    model = tiny_models["ltx"]
+    frames = served_frames(family_named("ltx"))[0]
+    with torch._dynamo.config.patch(error_on_recompile=False):
+        engine = Engine.from_pretrained(model, target_rank=TARGET_RANK, batch_size=2, compile=True, frames=(frames,),
+                                        tasks=TASK)
+    image, style = first_frame(7), {"style": (sample(model, "style-diffusers"), 0.8)}
+
+    def both(adapters, count, task_arguments=None):
+        ours = engine.generate("a cat", adapters=adapters, num_images=count, num_inference_steps=2, num_frames=frames,
+                               output_type="latent", **({"images": (image,), "task": None} if task_arguments else {})).images
+        theirs = plain_diffusers_reference(
+            model, adapters, prompt="a cat", num_images=count, num_inference_steps=2,
+            guidance_scale=engine.defaults["guidance_scale"], height=engine.height, width=engine.width, seed=0,
+            num_frames=frames, task_arguments=task_arguments,
+            pipeline_class="LTXImageToVideoPipeline" if task_arguments else None)
+        torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
+        return ours
+
+    with recompiles_are_errors():
+        for adapters in ({}, style):
+            for count in (1, 3):
+                from_image = both(adapters, count, {"image": [image] * count})
+            from_text = both(adapters, 3)
+            assert (from_image - from_text).abs().max() > 1e-2
+    assert engine.recompiles == 0
+

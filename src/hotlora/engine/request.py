@@ -32,6 +32,13 @@ IMAGE_TASKS = ("image-to-image", "inpaint")  # one input image, a strength; inpa
 MAX_PROMPT_CHARS = 10_000  # prompts are truncated to the text encoders' length anyway
 
 
+def images_per_video(family, task: str) -> bool:
+    """Whether ``task``'s pipeline takes its input image once per image (or video) of the batch:
+    image-to-image and inpaint, and the image-to-video of a family that encodes the first frame per
+    video (``ModelFamily.first_frame_per_video``); else once a call (an edit's references)."""
+    return task in IMAGE_TASKS or (task == "image-to-video" and family.first_frame_per_video)
+
+
 class UnservedShape(InvalidRequest):
     """A request the warm engine has no compiled graph for: serving it would start a compile
     (tens of seconds on a GPU, the queue waiting), so it is refused instead. ``sizes``: the

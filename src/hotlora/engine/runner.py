@@ -24,7 +24,7 @@ from hotlora.engine.device import synchronize
 from hotlora.engine.guard import NonFiniteOutput
 from hotlora.engine.inputs import as_pil
 from hotlora.engine.prompts import batch_prompts
-from hotlora.engine.request import IMAGE_TASKS, PreparedRequest, Timings, all_cancelled
+from hotlora.engine.request import IMAGE_TASKS, PreparedRequest, Timings, all_cancelled, images_per_video
 from hotlora.engine.results import IMAGES, GenerationResult, OutputKind, build_result
 from hotlora.engine.shift import shifted
 from hotlora.engine.writers import SwapReport
@@ -233,7 +233,7 @@ class TaskInputs:
     def arguments(self, chunk: Chunk) -> dict:
         if not self.images or not self.images[0]:
             return {}
-        per_image = self.params.task in IMAGE_TASKS or self.per_position
+        per_image = images_per_video(self.family, self.params.task) or self.per_position
         owners = [part.request for part in chunk for _ in range(part.count if per_image else 1)]
         images = [image for i in owners for image in self.images[i]]
         masks = None if self.masks[0] is None else [self.masks[i] for i in owners]

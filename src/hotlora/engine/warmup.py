@@ -38,7 +38,7 @@ import torch
 from hotlora.settings import format_size
 from hotlora.engine.device import synchronize
 from hotlora.engine.pipeline import graph_count, read_private, write_private
-from hotlora.engine.request import IMAGE_TASKS, TEXT_TO_IMAGE
+from hotlora.engine.request import TEXT_TO_IMAGE, images_per_video
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def _run(warm, batch: int, height: int, width: int, scale: float, prompt: str | 
         prompt = [prompt[i % len(prompt)] for i in range(batch)]
         negative = None if negative is None else [negative] * batch
     inputs = {} if task == TEXT_TO_IMAGE else family.task_arguments(
-        task, *warmup_inputs(task, height, width, batch if task in IMAGE_TASKS else references),
+        task, *warmup_inputs(task, height, width, batch if images_per_video(family, task) else references),
         warmup_strength(family, task), references)
     if frames is None and warm.frames:  # the chunk-size measurement: the default frame count
         frames = warm.frames[0]

@@ -310,6 +310,11 @@ class ModelFamily:
         negative prompt arguments): the prompt once, ``per_prompt`` (``num_images_per_prompt``) ``count``."""
         return {per_prompt: count, **texts}
 
+    # Image-to-video pipelines that encode the first frame once per video, its latents sampled with
+    # that video's generator (LTX's ``image[i]``): given the image once per video of the batch. Wan's
+    # take it once a call.
+    first_frame_per_video: ClassVar[bool] = False
+
     # Why mixed batches are not served, where ``mixed_batches`` is False.
     mixed_batches_refused: ClassVar[str] = ""
 

@@ -11,6 +11,9 @@ Frames: 8k + 1 (the first frame kept, the rest compressed 8 to 1); the pipeline 
 count silently, so a request is refused instead (``frame_problems``). The frame rate (25, the
 pipeline's default ``frame_rate``) enters the transformer's rotary positions; hotlora always runs the
 default, and encodes the video at it.
+
+Image-to-video (``LTXImageToVideoPipeline``, the task ``image-to-video``) runs on the same weights
+through ``from_pipe``: the input image is the first frame.
 """
 
 from __future__ import annotations
@@ -42,8 +45,13 @@ class LTXVideo(ModelFamily):
     frame_multiple = 8  # the published VAE's temporal compression (AutoencoderKLLTXVideo): 8k + 1 frames
     cfg = "batch"
     negative_prompts = True
-    # LTX's image-to-video and condition pipelines share the mixin and denoiser class but take an
-    # image this family does not serve.
+    # LTX-Video's one transformer makes a video from text or from a first frame: image-to-video is
+    # LTXImageToVideoPipeline on the same weights (the image's latents as the first latent frame, kept
+    # by a conditioning mask). It encodes the frame once per video, sampling its latents with that
+    # video's generator (``image[i]``): the image is given once per video of the batch.
+    task_pipelines = {"image-to-video": "LTXImageToVideoPipeline"}
+    first_frame_per_video = True
+    # The condition pipeline (several conditions at chosen frames) is not served.
     serves_variants = False
     tokenizer_of = {"text_encoder": "tokenizer"}
     prompt_argument_of = {"text_encoder": "prompt"}
@@ -68,6 +76,13 @@ class LTXVideo(ModelFamily):
         if cfg:
             out.update(negative_prompt_embeds=negative, negative_prompt_attention_mask=negative_mask)
         return out
+
+    def task_arguments(self, task: str, images: list, masks: list | None, strength: float | None,
+                       references: int) -> dict[str, Any]:
+        """Image-to-video: the first frame once per video (``first_frame_per_video``), as a list."""
+        if task == "image-to-video":
+            return {"image": list(images)}
+        return super().task_arguments(task, images, masks, strength, references)
 
     def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
         """Every latent pixel of every latent frame (the default frame count's) in one sequence."""
