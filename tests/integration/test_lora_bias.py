@@ -77,6 +77,26 @@ def test_lora_biases_are_refused_by_name_where_no_bias_is_held(tiny_models):
     assert "shape mismatch" in problem and "bias (3,)" in problem
 
 
+def test_slots_over_a_quantized_base_hold_no_lora_bias_and_say_so(tiny_models):
+    """An int8 base (torchao): PEFT's LoRA layer on a quantized weight takes no ``lora_bias``, so the
+    Wan slots are built without (the engine starts, where it once failed inside PEFT), a bias-free
+    LoRA is served, and lightx2v's is refused naming the quantized base, nothing run."""
+    found, frames = samples(tiny_models), served_frames(WAN)[0]
+    engine = Engine.from_pretrained(tiny_models["wan"], target_rank=TARGET_RANK, compile=False, frames=(frames,),
+                                    base_quantization="int8_weight_only")
+    assert engine.describe()["lora_biases"] is False
+
+    def run(adapters):
+        return engine.generate("a cat", adapters=adapters, num_inference_steps=2, num_frames=frames,
+                               output_type="latent").images
+
+    base = run({})
+    assert (run({"identity": (found["identity-diffusers"], 0.9)}) - base).abs().max() > 1e-3
+    with pytest.raises(AdapterRejected, match=r"the wan slots over a quantized base hold no LoRA bias .*\(mixed=True\)"):
+        run({"style": (found["style-lightx2v"], 1.0)})
+    assert run({}).equal(base)
+
+
 def served_like_diffusers(engine, model_dir, adapters, num_images: int) -> torch.Tensor:
     """The engine's latents for ``adapters`` (two steps, the served frame count), checked against
     plain diffusers' (``load_lora_weights`` + ``set_adapters``) within TOLERANCE."""

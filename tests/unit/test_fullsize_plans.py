@@ -30,6 +30,9 @@ PUBLISHED = {
     "wan21_t2v_1_3b": ("transformer", 1.3e9, 0.10),  # "1.3B" is a rounded name (1.42B)
     "wan21_t2v_14b": ("transformer", 14e9, 0.025),  # "14B" (14.29B)
     "wan22_t2v_a14b": ("transformer", 14e9, 0.025),  # "14B" per expert (14.29B each)
+    # "14B" is the family's name: the image cross-attention adds 2.1B (16.39B; see the module)
+    "wan21_i2v_14b_480p": ("transformer", 14e9, 0.18),
+    "wan22_i2v_a14b": ("transformer", 14e9, 0.025),  # "14B" per expert (14.29B each)
     "ltx_video": ("transformer", 2e9, 0.04),  # "2B" is a rounded name (1.92B)
 }
 
@@ -163,6 +166,27 @@ def test_wan22_a14b_builds_both_experts_as_published():
     parts = build_parts(spec, torch.bfloat16)
     assert count(parts.transformer) == count(parts.transformer_2) == a14b.TRANSFORMER_PARAMETERS
     assert "transformer_2" not in models._built_in("wan2.1-t2v-14b").configs
+
+
+def test_wan_image_to_video_plans_hold_the_image_encoder_and_both_experts():
+    """Wan2.1-I2V's plan builds and counts its CLIP image encoder (ViT-H/14 with projection) beside
+    the transformer; Wan2.2-I2V-A14B's both image-to-video experts, switched at 0.9. Both are
+    image-to-video checkpoints of the wan family."""
+    from hotlora.engine.plan import models
+    from hotlora.families import family_named, family_of_model_index
+    from hotlora.fullsize import wan21_i2v_14b_480p as i2v, wan22_i2v_a14b as a14b
+
+    assert count(build(i2v, "image_encoder")) == i2v.IMAGE_ENCODER_PARAMETERS
+    parts = build_parts(models._built_in("wan2.1-i2v-14b-480p"), torch.bfloat16)
+    assert count(parts.image_encoder) == i2v.IMAGE_ENCODER_PARAMETERS
+    assert count(parts.transformer) == i2v.TRANSFORMER_PARAMETERS
+    assert a14b.MODEL_INDEX["boundary_ratio"] == 0.9
+    parts = build_parts(models._built_in("wan2.2-i2v-a14b"), torch.bfloat16)
+    assert count(parts.transformer) == count(parts.transformer_2) == a14b.TRANSFORMER_PARAMETERS
+    wan = family_named("wan")
+    for module in (i2v, a14b):
+        assert family_of_model_index(module.MODEL_INDEX) is wan
+        assert wan.conditioned_checkpoints[module.MODEL_INDEX["_class_name"]] == "image-to-video"
 
 
 @pytest.mark.parametrize("size,tokens", [((480, 832), 21 * 60 * 104 // 4), ((720, 1280), 21 * 90 * 160 // 4)])

@@ -44,6 +44,9 @@ class SlotCeiling:
     # Layers whose LoRA bias cannot be held although ``biases`` is set: fused mode merges a LoRA bias
     # into the layer's own, and these Linears have none.
     unbiased: frozenset[str] = frozenset()
+    # Why no LoRA bias fits where the family's slots would hold them (a quantized base): said instead
+    # of the family's rule.
+    no_biases_because: str = ""
 
 
 def is_conv(w) -> bool:
@@ -98,9 +101,10 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
         problems.append(f"{len(outside)} module(s) outside the slot ceiling: {_listed(outside)}{note}")
     biased = adapter.biased
     if biased and not ceiling.biases:  # slots or banks of a family whose slots hold none
+        why = ceiling.no_biases_because or (f"the {ceiling.family} slots hold no LoRA bias; fused mode "
+                                            "(adapter_mode='fused') merges them into the layers' biases")
         problems.append(f"LoRA biases (lora_B.bias, lightx2v's .diff_b) on {len(biased)} module(s) ({_listed(biased)}): "
-                        f"the {ceiling.family} slots hold no LoRA bias; fused mode (adapter_mode='fused') merges "
-                        "them into the layers' biases")
+                        + why)
     unmergeable = [m for m in biased if m in ceiling.unbiased] if ceiling.biases else []
     if unmergeable:
         problems.append(f"LoRA biases on {len(unmergeable)} layer(s) without a bias of their own "

@@ -101,7 +101,7 @@ def _static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, dev
                 expert_bytes[name] = weight_bytes(expert)
         writer = install_expert_writers(meta_config, experts, family.name, ())
         text = install_text_writer(meta_config, parts, family, writer.slot_names)
-    others = {c: weight_bytes(getattr(parts, c)) for c in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
+    others = {c: weight_bytes(getattr(parts, c)) for c in ("text_encoder", "text_encoder_2", "text_encoder_3", "image_encoder", "vae")
               if hasattr(parts, c)}
     result = [Part(name, nbytes, detail=f"{counts[name]:,} parameters, "
                    f"{_dtype_name(dtype)}" + (f", {config.base_quantization}" if config.base_quantization != "none" else ""))

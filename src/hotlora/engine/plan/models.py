@@ -22,7 +22,8 @@ import torch
 from hotlora.families import ModelFamily, family_of_model_index, full_size_model, full_size_names
 from hotlora.engine.pipeline import ModelLoadError
 
-COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")  # read beside the family's denoiser
+# Read beside the family's denoiser (an image-to-video checkpoint's image encoder too: Wan2.1-I2V's CLIP).
+COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "image_encoder", "vae")
 
 
 @dataclass

@@ -38,6 +38,7 @@ layout are what none of the libraries does, so they are written here.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import warnings
@@ -53,6 +54,8 @@ from hotlora.engine.device import synchronize
 from hotlora.engine.writers.base import SwapReport, ceiling_modules
 from hotlora.engine.writers.packing import PackCache, PackedWeights, PackLayout
 from hotlora.errors import InvalidRequest, SlotStateCorrupt
+
+log = logging.getLogger(__name__)
 
 PEFT_ADAPTER = "hotlora_slots"  # the one PEFT adapter all slots are rows of
 
@@ -102,9 +105,17 @@ class SlotsWriter:
         # No slots (the benchmarks' baseline): nothing to bucket, one state.
         self.rank_buckets = tuple(sorted({*rank_buckets, target_rank})) if self.slot_names else (target_rank,)
         modules = ceiling_modules(denoiser, target_modules)
+        # PEFT's LoRA layer on a torchao-quantized weight (base_quantization) takes no lora_bias: such
+        # slots hold none, and a biased adapter is refused saying so (the banks' layers hold them).
+        quantized = [n for n in modules if type(denoiser.get_submodule(n).weight) not in (torch.Tensor, torch.nn.Parameter)]
+        because = (f"the {family} slots over a quantized base hold no LoRA bias (PEFT's LoRA layer on a torchao "
+                   "weight takes none); mixed batches (mixed=True) hold them" if biases and quantized else "")
+        if because:
+            log.warning("%s: biased adapters will be refused", because)
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
                                    served_models=frozenset(n for n in served_models if n),
-                                   biases=biases and bool(self.slot_names))
+                                   biases=biases and bool(self.slot_names) and not quantized,
+                                   no_biases_because=because)
         # PEFT gives a LoRA layer its base weight's dtype; a model may keep some modules in another
         # (diffusers' ``_keep_in_fp32_modules``): those stay out of the flat buffers (one dtype), so an
         # adapter touching them is written module by module (``pack`` leaves it unpacked).
