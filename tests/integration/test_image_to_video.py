@@ -118,6 +118,9 @@ def test_what_an_image_to_video_engine_refuses(i2v_engine, i2v_model, tiny_model
     with pytest.raises(UnservedTask, match=r"'text-to-image' is not served .* image-to-video \(this model makes "
                                            r"nothing from text alone: give an input image\)"):
         engine.check(GenerationRequest(prompt="a cat", num_frames=FRAMES))
+    # The Python API's default task is text-to-image: given an image, the hint names the task.
+    with pytest.raises(UnservedTask, match=r"name the task 'image-to-video' with the input image, or none to imply it"):
+        engine.check(GenerationRequest(prompt="a cat", num_frames=FRAMES, images=(image,)))
     for wrong, message in (({"images": (image, image)}, "exactly one input image .* got 2"),
                            ({"images": (image,), "mask": image}, "image-to-video takes no mask"),
                            ({"images": (image,), "strength": 0.5}, "strength is taken by image-to-image and inpaint")):

@@ -309,10 +309,13 @@ class RequestRules:
         if task is None:
             task = self.implied_task(images, mask)
         if task not in self.tasks:
-            needs_image = task == TEXT_TO_IMAGE and TEXT_TO_IMAGE not in self.tasks  # an image-to-video checkpoint
+            hint = ""
+            if task == TEXT_TO_IMAGE and TEXT_TO_IMAGE not in self.tasks:  # an image-to-video checkpoint
+                hint = (f" (this model makes nothing from text alone: name the task {self.tasks[0]!r} with the input "
+                        "image, or none to imply it)" if images else
+                        " (this model makes nothing from text alone: give an input image)")
             raise UnservedTask(f"task {task!r} is not served by this warm engine; served tasks: {', '.join(self.tasks)}"
-                               + (" (this model makes nothing from text alone: give an input image)" if needs_image
-                                  else ""), self.tasks)
+                               + hint, self.tasks)
         problems = []
         if task == TEXT_TO_IMAGE:
             if images or mask:
