@@ -160,6 +160,9 @@ def cmd_families(args) -> int:
               f"{defaults['width']}x{defaults['height']}; text-encoder LoRA: "
               f"{', '.join(entry['text_encoder_lora']) or 'none'}; LoRA biases: {entry['lora_biases']}; "
               f"plans: {', '.join(entry['plans']) or 'none'}")
+        alone = "".join(f"; a {cls} checkpoint serves {task} alone"
+                        for cls, task in entry["single_task_checkpoints"].items())
+        print(f"{'':12} tasks: {', '.join(entry['tasks'])}{alone}")
         print(f"{'':12} a request may set: {', '.join(entry['request_options'])}")
     return 0
 

@@ -38,6 +38,9 @@ def test_hotlora_families_lists_every_registered_family():
         assert entry["pipeline"] == family.pipeline_class and entry["cfg"] == family.cfg
         assert ("negative_prompt" in entry["request_options"]) == family.negative_prompts
         assert entry["defaults"]["num_inference_steps"] == family.default_steps
+        assert entry["tasks"] == ["text-to-image", *family.task_pipelines]
+    assert listed["wan"]["single_task_checkpoints"] == {"WanImageToVideoPipeline": "image-to-video"}
+    assert "image-to-video" in listed["ltx"]["tasks"] and not listed["ltx"]["single_task_checkpoints"]
 
 
 def test_request_options_a_family_does_not_take_are_refused_with_what_it_takes():

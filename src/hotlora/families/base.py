@@ -201,6 +201,8 @@ class ModelFamily:
                 "cfg": self.cfg, "request_options": list(self.request_options()),
                 "text_encoder_lora": list(self.lora_text_encoders), "embeddings": sorted({k for k, _ in self.embedding_keys}),
                 "lora_biases": "slots, mixed batches and fused" if self.lora_biases else "fused mode only",
+                # Tasks (``--tasks``) and the checkpoints that serve one task alone (Wan's image-to-video).
+                "tasks": list(self.served_tasks()), "single_task_checkpoints": dict(self.conditioned_checkpoints),
                 "defaults": {**self.defaults, "height": self.default_size[0], "width": self.default_size[1]},
                 "plans": list(self.full_size_models)}
 
