@@ -367,7 +367,7 @@ def test_image_to_video_with_the_openai_client_and_on_generate_equal_to_plain_di
     pipeline runs on none without it); /v1/generate with the image in JSON (its task implied) gives the
     frames plain diffusers' image-to-video pipeline gives (the tiny VAE maps the first frame's effect on
     the latents, test_image_to_video.py, to under a level: pixels cannot tell two first frames apart);
-    a request without an image, or with one that is no image, is refused by name."""
+    a request without an image, or with one that is no image, is refused by name at create."""
     from hotlora.testing import plain_diffusers_reference
 
     model, server = image_to_video
@@ -385,10 +385,12 @@ def test_image_to_video_with_the_openai_client_and_on_generate_equal_to_plain_di
     assert video.status == "completed", video.error
     facts, frames = decode(videos.download_content(video.id).read())
     assert facts[0] == "h264" and frames.shape == (FRAMES, 16, 16, 3)
-    # The image is decoded when the job runs (as a URL would be fetched): the job fails, saying why.
-    broken = videos.create_and_poll(prompt="a cat", input_reference=("first.png", b"not an image", "image/png"),
-                                    seconds=SECONDS, poll_interval_ms=100)
-    assert broken.status == "failed" and "image" in broken.error.message, broken
+    # An uploaded image is decoded when the job is created: one that is no image is a 415 (as on the
+    # direct routes), and no job is made.
+    listed = len(videos.list().data)
+    with pytest.raises(openai.APIStatusError, match=r"not an accepted image; send PNG, JPEG or WebP") as refused:
+        videos.create(prompt="a cat", input_reference=("first.png", b"not an image", "image/png"), seconds=SECONDS)
+    assert refused.value.status_code == 415 and len(videos.list().data) == listed
 
     body = {"prompt": "a cat", "seed": 7, "num_inference_steps": STEPS, "output_format": "png",
             "images": [base64.b64encode(pngs[0]).decode()],

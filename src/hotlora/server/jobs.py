@@ -30,7 +30,7 @@ from hotlora.errors import ClientGone, HotloraError, InvalidRequest, JobNotFinis
 from hotlora.server.errors import error_body, status_of
 from hotlora.server.jobstore import JobRecord, JobStore, Status, new_id, view
 from hotlora.server.outputs import output_format
-from hotlora.server.service import Generated, Service
+from hotlora.server.service import Checked, Generated, Service
 from hotlora.tracing import NO_TRACE
 
 __all__ = ["Jobs", "JobStore", "view"]
@@ -93,6 +93,12 @@ class Jobs:
             loop.call_soon_threadsafe(self._progress, job_id, done, total)
 
         checked = self.service.check(principal, replace(job, progress=progress, trace=NO_TRACE))
+        # The input images in the body are decoded now: one that is no image is the client's 422 here,
+        # not a failed job later. URLs are fetched when the job runs, as its adapters are.
+        engine, store, result = checked
+        deadline = began + (result.request.timeout_s or self.config.request_timeout_s)
+        request = await self.service.load_inputs(engine, result.request, client, deadline, fetch=False)
+        checked = Checked(engine, store, replace(result, request=request))
         output = {"images": "images", "video": "frames"}.get(kind) if kind is not None else None
         fmt = output_format(checked.engine, fmt, output)
         kind = "video" if checked.engine.family.output_kind == "frames" else "images"

@@ -9,13 +9,14 @@ key that made it: to any other it does not exist (404). Errors are answered in O
 ``seconds`` -> frames: ``seconds x fps + 1`` (a video of n frames spans (n - 1) / fps seconds from
 its first frame to its last: Wan's 81 frames at 16 fps are its "5 seconds"). It must come out a
 whole frame count the engine serves, else a 422 listing the seconds served; none given: the
-engine's default frame count. Everything is checked before the job exists, but the input image.
+engine's default frame count. Everything is checked before the job exists.
 
 ``input_reference`` (an image file in the form, as the openai client uploads it; in a JSON body an
 image as the other routes take one: base64, a data URL or an http(s) URL) is the video's first
 frame: the task ``image-to-video``, served by an engine started with it (a 422 naming the served
-tasks otherwise). It is decoded (or fetched) when the job runs, as a generation's images are: one
-that is no image fails the job, saying why.
+tasks otherwise). An uploaded or base64 image is decoded when the job is created (one that is no
+image: 415, no job); a URL is fetched when the job runs, as a job's adapters are (a failed fetch
+fails the job, saying why).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from hotlora.errors import HotloraError
 from hotlora.server.access import Access
 from hotlora.server.auth import Principal
 from hotlora.server import outputs
-from hotlora.server.inputs import image_label, load_image
+from hotlora.server.inputs import ImageInput, image_label, load_image
 from hotlora.server.metrics import Metrics
 from hotlora.server.shares import Shares
 from hotlora.server.tracing import Tracing
@@ -249,22 +249,28 @@ class Service:
                         from None
             await asyncio.sleep(POLL_S)
 
-    async def load_inputs(self, engine, job: GenerationRequest, client: str, deadline: float) -> GenerationRequest:
+    async def load_inputs(self, engine, job: GenerationRequest, client: str, deadline: float, *,
+                          fetch: bool = True) -> GenerationRequest:
         """``job`` with its input images and mask fetched (URLs) and decoded (``server/inputs.py``)
         on a worker thread, under ``client``'s share of decoders (429 beyond) and the request's
-        deadline (504; the thread keeps its place in the share until it ends)."""
+        deadline (504; the thread keeps its place in the share until it ends). ``fetch`` False: the
+        images in the body alone (uploads, base64), URLs left for the run to fetch."""
         if not job.images and job.mask is None:
+            return job
+        if not fetch and not any(isinstance(value, ImageInput) and value.url is None for value in (*job.images, job.mask)):
             return job
         budget, policy, timeout_s = engine.image_budget, self.image_policy, self.config.input_image_fetch_deadline_s
         hold = self._decoding.hold(client)
 
+        def decoded(value, label: str, mode: str):
+            if not fetch and isinstance(value, ImageInput) and value.url is not None:
+                return value
+            return load_image(value, label=label, mode=mode, budget=budget, policy=policy, fetch_timeout_s=timeout_s)
+
         def load() -> GenerationRequest:
             try:
-                images = tuple(load_image(image, label=image_label(i, len(job.images)), mode="RGB", budget=budget,
-                                          policy=policy, fetch_timeout_s=timeout_s)
-                               for i, image in enumerate(job.images))
-                mask = load_image(job.mask, label="mask", mode="L", budget=budget, policy=policy,
-                                  fetch_timeout_s=timeout_s)
+                images = tuple(decoded(image, image_label(i, len(job.images)), "RGB") for i, image in enumerate(job.images))
+                mask = decoded(job.mask, "mask", "L")
                 return replace(job, images=images, mask=mask)
             finally:
                 hold.release()
