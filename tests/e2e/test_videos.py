@@ -187,7 +187,8 @@ def test_an_image_upload_and_a_body_without_a_prompt_are_refused(served):
     assert "'image-to-video' is not served" in upload.json()["error"]["message"], upload.text
     other = httpx.post(f"{served.url}/v1/videos", data={"prompt": "a cat"}, headers=headers, timeout=30,
                        files={"reference": ("ref.png", b"\x89PNG", "image/png")})
-    assert other.status_code == 422 and "the one file taken is input_reference" in other.json()["error"]["message"]
+    assert other.status_code == 422
+    assert "the files taken are input_reference (image-to-video's first frame) and last_frame" in other.json()["error"]["message"]
     empty = httpx.post(f"{served.url}/v1/videos", json={"seconds": SECONDS}, headers=headers, timeout=30)
     assert empty.status_code == 422 and "prompt" in empty.json()["error"]["message"]
 
@@ -407,4 +408,12 @@ def test_image_to_video_with_the_openai_client_and_on_generate_equal_to_plain_di
 
     text_only = httpx.post(f"{server.url}/v1/videos", json={"prompt": "a cat", "seconds": SECONDS}, timeout=30)
     assert text_only.status_code == 422 and "give an input image" in text_only.json()["error"]["message"], text_only.text
+    # A last frame (hotlora's ``last_frame`` file beside the first) reaches the engine, which says which
+    # checkpoints take one; a last frame without a first is refused at the route.
+    both = httpx.post(f"{server.url}/v1/videos", data={"prompt": "a cat", "seconds": SECONDS},
+                      files={"input_reference": ("first.png", pngs[0], "image/png"),
+                             "last_frame": ("last.png", pngs[0], "image/png")}, timeout=30)
+    assert both.status_code == 422 and "a last frame is taken by Wan2.1-FLF2V-14B" in both.json()["error"]["message"]
+    alone = httpx.post(f"{server.url}/v1/videos", json={"prompt": "a cat", "last_frame": body["images"][0]}, timeout=30)
+    assert alone.status_code == 422 and "last_frame needs a first frame" in alone.json()["error"]["message"], alone.text
 

@@ -38,19 +38,21 @@ def sample(model_dir, name: str):
     return folder / json.loads((folder / "README.json").read_text())[name]
 
 
-def like_diffusers(engine, model_dir, adapters, image, num_images: int, given=None, size=None) -> torch.Tensor:
+def like_diffusers(engine, model_dir, adapters, image, num_images: int, given=None, size=None, last=None) -> torch.Tensor:
     """The engine's latents for ``adapters`` (or ``given``, the same adapters as the engine takes
-    them) and ``image`` (two steps), checked against plain diffusers' image-to-video pipeline given the
-    same image, within TOLERANCE."""
+    them) and ``image`` (and a ``last`` frame; two steps), checked against plain diffusers'
+    image-to-video pipeline given the same images, within TOLERANCE."""
     size = size or (engine.height, engine.width)
-    ours = engine.generate("a cat", adapters=adapters if given is None else given, num_images=num_images, num_inference_steps=2, num_frames=FRAMES,
-                           output_type="latent", images=(image,), task=None, height=size[0], width=size[1]).images
+    images = (image,) if last is None else (image, last)
+    ours = engine.generate("a cat", adapters=adapters if given is None else given, num_images=num_images,
+                           num_inference_steps=2, num_frames=FRAMES, output_type="latent", images=images, task=None,
+                           height=size[0], width=size[1]).images
     # A prompt per video: diffusers' pipeline fails on Wan2.1-I2V at num_videos_per_prompt > 1 (Wan.call_prompts).
     theirs = plain_diffusers_reference(model_dir, adapters, prompt=["a cat"] * num_images, num_images=num_images,
                                        num_inference_steps=2,
                                        guidance_scale=engine.defaults["guidance_scale"], height=size[0], width=size[1],
                                        seed=0, num_frames=FRAMES, pipeline_class="WanImageToVideoPipeline",
-                                       task_arguments={"image": image})
+                                       task_arguments={"image": image, **({} if last is None else {"last_image": last})})
     torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
     return ours
 
@@ -121,7 +123,8 @@ def test_what_an_image_to_video_engine_refuses(i2v_engine, i2v_model, tiny_model
     # The Python API's default task is text-to-image: given an image, the hint names the task.
     with pytest.raises(UnservedTask, match=r"name the task 'image-to-video' with the input image, or none to imply it"):
         engine.check(GenerationRequest(prompt="a cat", num_frames=FRAMES, images=(image,)))
-    for wrong, message in (({"images": (image, image)}, "exactly one input image .* got 2"),
+    for wrong, message in (({"images": (image, image)}, r"takes one input image \(the first frame\), got 2 input image\(s\) "
+                                                        r"\(a last frame is taken by Wan2.1-FLF2V-14B and Wan2.2-I2V-A14B"),
                            ({"images": (image,), "mask": image}, "image-to-video takes no mask"),
                            ({"images": (image,), "strength": 0.5}, "strength is taken by image-to-image and inpaint")):
         with pytest.raises(InvalidRequest, match=message):
@@ -136,6 +139,31 @@ def test_what_an_image_to_video_engine_refuses(i2v_engine, i2v_model, tiny_model
     with pytest.raises(UnservedModel, match=r"image-to-video needs a Wan image-to-video checkpoint .* takes no image "
                                             r"\(16 latent channels in"):
         Engine.from_pretrained(tiny_models["wan"], target_rank=TARGET_RANK, compile=False, frames=(FRAMES,), tasks=TASK)
+
+
+def test_a_first_last_frame_checkpoint_serves_both_frames_equal_to_plain_diffusers(tmp_path_factory):
+    """Wan2.1-FLF2V's layout (the I2V one whose image embedder takes both frames' CLIP features,
+    ``pos_embed_seq_len``), compiled: first and last frame, with a LoRA and without, equal to plain
+    diffusers given ``last_image``; another last frame makes another video; nothing compiled by a
+    request. One image is refused by name (the checkpoint cannot run on one)."""
+    from hotlora.testing import save_tiny_model
+
+    model = save_tiny_model(tmp_path_factory.mktemp("flf2v") / "wan", "wan", target_rank=TARGET_RANK,
+                            variant="i2v-first-last")
+    with torch._dynamo.config.patch(error_on_recompile=False):
+        engine = Engine.from_pretrained(model, target_rank=TARGET_RANK, batch_size=1, compile=True, frames=(FRAMES,),
+                                        tasks=TASK)
+    assert engine.rules.input_frames == (2,)
+    first, last, style = first_frame(8), first_frame(9), {"style": (sample(model, "style-musubi"), 0.8)}
+    with recompiles_are_errors():
+        base = like_diffusers(engine, model, {}, first, num_images=1, last=last)
+        styled = like_diffusers(engine, model, style, first, num_images=2, last=last)
+        other = like_diffusers(engine, model, {}, first, num_images=1, last=first_frame(10))
+    assert (styled[:1] - base).abs().max() > 1e-2 and (other - base).abs().max() > 1e-2
+    assert engine.recompiles == 0
+    with pytest.raises(InvalidRequest, match=r"takes two input images \(the first and the last frame\), got 1 input "
+                                             r"image\(s\) \(a first-last-frame checkpoint, Wan2.1-FLF2V"):
+        engine.check(GenerationRequest(prompt="a cat", num_frames=FRAMES, task="image-to-video", images=(first,)))
 
 
 @pytest.mark.families
@@ -161,13 +189,15 @@ def test_ti2v_serves_text_to_video_and_image_to_video_from_one_warm_model(tmp_pa
                                                seed=0, num_frames=FRAMES)
             torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
     assert engine.recompiles == 0
+    with pytest.raises(InvalidRequest, match=r"takes one input image \(the first frame\), got 2"):  # else dropped
+        engine.check(GenerationRequest(prompt="a cat", num_frames=FRAMES, task="image-to-video", images=(image, image)))
 
 
 @pytest.mark.families
 def test_wan22_image_to_video_experts_serve_a_lora_pair_equal_to_plain_diffusers(tmp_path_factory):
     """Wan2.2-I2V-A14B's layout (two image-to-video experts, no image encoder), compiled: musubi-tuner's
     high-noise and low-noise files as one slot's pair, at two scales, each equal to diffusers loading
-    each file into its expert; the low-noise guidance of its own; nothing compiled."""
+    each file into its expert, then with a last frame too (``last_image``); nothing compiled."""
     from hotlora.testing import save_tiny_model
 
     model = save_tiny_model(tmp_path_factory.mktemp("i2v-experts") / "wan", "wan", target_rank=TARGET_RANK,
@@ -184,6 +214,11 @@ def test_wan22_image_to_video_experts_serve_a_lora_pair_equal_to_plain_diffusers
             paired = like_diffusers(engine, model, {"identity": ((high, low), scale)}, image, num_images=2,
                                     given={"identity": {"ref": str(high), "low_noise": str(low), "scale": scale}})
         assert (paired[:1] - base).abs().max() > 1e-2
+        # A last frame too (no image encoder: it enters the condition latents alone), warmed up with one.
+        assert engine.rules.input_frames == (1, 2)
+        ending = like_diffusers(engine, model, {"identity": ((high, low), 0.6)}, image, num_images=1, last=first_frame(6),
+                                given={"identity": {"ref": str(high), "low_noise": str(low), "scale": 0.6}})
+        assert (ending - paired[:1]).abs().max() > 1e-3
     assert engine.recompiles == 0
 
 

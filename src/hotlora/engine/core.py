@@ -54,7 +54,7 @@ class Engine:
                              sizes_only=config.compile or bool(config.sizes), size_policy=config.size_policy,
                              tasks=warm.tasks, max_reference_images=config.max_reference_images,
                              strengths={task: family.default_strength(task) for task in warm.tasks},
-                             frames=warm.frames, experts=len(warm.experts),
+                             frames=warm.frames, input_frames=warm.input_frames, experts=len(warm.experts),
                              shift_key=static_shift_key(warm.pipeline.scheduler),
                              scheduler=type(warm.pipeline.scheduler).__name__)
         self.runner = Runner(warm)

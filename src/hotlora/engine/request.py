@@ -229,6 +229,12 @@ class PreparedRequest:
         return (self.params, self.output_type, *((id(self),) if alone else ()))
 
 
+def input_frames_text(counts: tuple[int, ...]) -> str:
+    """What image-to-video's input images are, for ``counts`` (``RequestRules.input_frames``)."""
+    said = {1: "one input image (the first frame)", 2: "two input images (the first and the last frame)"}
+    return " or ".join(said[count] for count in counts)
+
+
 def all_cancelled(predicates) -> Callable[[], bool] | None:
     """True once every request of a run is cancelled (a mixed batch goes on while one still wants
     it); None when one of them cannot be cancelled."""
@@ -256,6 +262,8 @@ class RequestRules:
     strengths: Mapping = field(default_factory=dict)  # task -> the strength a request without one runs at
     # A video family's frame counts warmed up, the default first (a compiled engine serves only these).
     frames: tuple[int, ...] = ()
+    # The input images image-to-video takes (1: the first frame; 2: the first and the last frame).
+    input_frames: tuple[int, ...] = (1,)
     experts: int = 1  # the denoisers a run switches between (Wan 2.2 A14B: 2, one guidance each)
     # The scheduler's fixed-shift config key (``engine.shift``; None: no shift a request can set) and its class.
     shift_key: str | None = None
@@ -323,8 +331,9 @@ class RequestRules:
             if strength is not None:
                 problems.append("strength is taken by image-to-image and inpaint only")
         elif task == "image-to-video":
-            if images != 1:
-                problems.append(f"image-to-video takes exactly one input image (the first frame), got {images}")
+            if images not in self.input_frames:
+                problems.append(f"image-to-video on this model takes {input_frames_text(self.input_frames)}, got "
+                                f"{images} input image(s)" + self.family.input_frames_hint(self.input_frames, images))
             if mask:
                 problems.append("image-to-video takes no mask")
             if strength is not None:

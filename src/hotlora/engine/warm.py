@@ -129,6 +129,9 @@ class WarmModel:
                 cls, source, self.denoiser.dtype)) for task in self.tasks[1:]}}
         for each in self.task_pipelines.values():
             each.set_progress_bar_config(disable=True)
+        # Image-to-video's input image counts (a first frame; first and last on Wan's FLF2V checkpoints).
+        video = self.task_pipelines.get("image-to-video")
+        self.input_frames = family.input_frame_counts(video) if video is not None else (1,)
         self.output: OutputKind = output_kind(family)
         self._lock = threading.Lock()  # one run at a time: the writer's tensors are shared state
         self._recompiles, self.compile_mode = 0, None

@@ -112,9 +112,10 @@ def planned_passes(warm) -> list[tuple[object, list[tuple[str, tuple]]]]:
     # other with the first prompt (its text path is the first's) and, for an edit, every reference
     # count served (each is another token count).
     first, *others = warm.tasks
-    tasks = [(first, 0 if first == TEXT_TO_IMAGE else 1, prompts)] + [
+    tasks = [(first, 0 if first == TEXT_TO_IMAGE else input_images(warm, first), prompts)] + [
         (task, references, prompts[:1]) for task in others
-        for references in (range(1, warm.config.max_reference_images + 1) if task == "edit" else (1,))]
+        for references in (range(1, warm.config.max_reference_images + 1) if task == "edit"
+                           else (input_images(warm, task),))]
     frame_counts = warm.frames or (None,)
     return [(state, [(pass_name(state, height, width, scale, batch, index, task, references, frames),
                       (height, width, scale, batch, prompt, task, references, frames))
@@ -161,9 +162,17 @@ def _run(warm, batch: int, height: int, width: int, scale: float, prompt: str | 
 
 def first_task(warm) -> dict:
     """``_run``'s task keywords for the engine's first task: none for text-to-image; a conditioned
-    checkpoint's one task (Wan image-to-video) with its one input image."""
+    checkpoint's one task (Wan image-to-video) with its input images."""
     task = warm.tasks[0]
-    return {} if task == TEXT_TO_IMAGE else {"task": task, "references": 1}
+    return {} if task == TEXT_TO_IMAGE else {"task": task, "references": input_images(warm, task)}
+
+
+def input_images(warm, task: str) -> int:
+    """The input images a warm-up pass of a task beyond text-to-image gives (edits: each count apart):
+    image-to-video its first served count (the first frame; first and last on Wan FLF2V, whose image
+    features take both), every other task one. The other count (Wan 2.2 I2V's last frame) changes
+    the condition's values, not a shape the denoiser sees."""
+    return warm.input_frames[0] if task == "image-to-video" else 1
 
 
 def warmup_strength(family, task: str) -> float | None:

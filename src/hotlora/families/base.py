@@ -312,6 +312,16 @@ class ModelFamily:
         negative prompt arguments): the prompt once, ``per_prompt`` (``num_images_per_prompt``) ``count``."""
         return {per_prompt: count, **texts}
 
+    def input_frame_counts(self, pipeline) -> tuple[int, ...]:
+        """The input images an image-to-video request may give ``pipeline`` (its image-to-video
+        pipeline), the one warm-up runs first: 1, the first frame; 2, the first and the last."""
+        return (1,)
+
+    def input_frames_hint(self, counts: tuple[int, ...], given: int) -> str:
+        """What to say after refusing ``given`` input images where ``counts`` are served (Wan: the
+        checkpoints that take a last frame)."""
+        return ""
+
     # Image-to-video pipelines that encode the first frame once per video, its latents sampled with
     # that video's generator (LTX's ``image[i]``): given the image once per video of the batch. Wan's
     # take it once a call.

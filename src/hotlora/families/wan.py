@@ -123,6 +123,34 @@ class Wan(ModelFamily):
             return super().call_prompts(task, texts, count, per_prompt)
         return {per_prompt: 1, **{name: [text] * count for name, text in texts.items()}}
 
+    def input_frame_counts(self, pipeline) -> tuple[int, ...]:
+        """Read from ``WanImageToVideoPipeline``: a last frame (``last_image``) is encoded into the
+        condition latents beside the first, and with an image encoder its CLIP features too, which
+        only Wan2.1-FLF2V's transformer takes (``pos_embed_seq_len``: the two images' features as one
+        sequence; without a second image it cannot run). Wan2.1-I2V's transformer takes one image's
+        features (two would be a second batch row: the call fails); Wan2.2-I2V-A14B has no image
+        encoder and takes one frame or two; TI2V-5B (``expand_timesteps``) encodes the first frame
+        alone and would drop a last one without a word."""
+        if pipeline.config.get("expand_timesteps"):
+            return (1,)
+        if getattr(pipeline, "image_encoder", None) is None:
+            return (1, 2)
+        return (2,) if pipeline.transformer.config.get("pos_embed_seq_len") else (1,)
+
+    def input_frames_hint(self, counts: tuple[int, ...], given: int) -> str:
+        if counts == (2,):
+            return " (a first-last-frame checkpoint, Wan2.1-FLF2V: its image features take both frames)"
+        if given == 2:
+            return " (a last frame is taken by Wan2.1-FLF2V-14B and Wan2.2-I2V-A14B checkpoints)"
+        return ""
+
+    def task_arguments(self, task: str, images: list, masks: list | None, strength: float | None,
+                       references: int) -> dict[str, Any]:
+        """Image-to-video: the first frame, and the last one where given (``last_image``)."""
+        if task == "image-to-video":
+            return {"image": images[0], **({"last_image": images[1]} if len(images) > 1 else {})}
+        return super().task_arguments(task, images, masks, strength, references)
+
     def warmup_steps(self, pipeline, steps: int) -> int:
         """The fewest steps, from ``steps``, whose timesteps fall on both sides of the boundary
         (``__call__``: ``transformer`` for ``t >= boundary_ratio x num_train_timesteps``, else
@@ -198,7 +226,7 @@ class Wan(ModelFamily):
         return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
                            scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), transformer=transformer)
 
-    tiny_variants = ("two-experts", "i2v", "i2v-two-experts", "ti2v")
+    tiny_variants = ("two-experts", "i2v", "i2v-first-last", "i2v-two-experts", "ti2v")
 
     def build_tiny_variant(self, variant: str, seed: int = 0):
         """"two-experts": Wan 2.2 A14B's layout as diffusers' own tests/pipelines/wan/test_wan_22.py
@@ -209,7 +237,9 @@ class Wan(ModelFamily):
         it: a transformer taking 36 channels (the noise, the first frame's latents and their mask)
         with ``image_dim`` and, as the published config has, ``added_kv_proj_dim`` (``add_k_proj`` /
         ``add_v_proj`` in its cross-attention, which that test leaves out), a tiny CLIP
-        vision encoder and its image processor. "i2v-two-experts": Wan2.2-I2V-A14B's (two such
+        vision encoder and its image processor. "i2v-first-last": Wan2.1-FLF2V-14B's (the "i2v"
+        layout whose image embedder adds a position embedding over both frames' CLIP features,
+        ``pos_embed_seq_len``, as diffusers' convert script configures it). "i2v-two-experts": Wan2.2-I2V-A14B's (two such
         experts, no image encoder, as test_wan_22_image_to_video.py builds it). "ti2v": Wan 2.2
         TI2V-5B's, as that file's ``Wan225BImageToVideoPipelineFastTests`` builds it (the Wan 2.2 VAE:
         48 latent channels, 16x spatial; ``expand_timesteps``) as a text-to-video pipeline: 32 pixels
@@ -374,15 +404,18 @@ def _tiny_i2v(one, config: dict, variant: str, seed: int):
     config = {**config, "in_channels": 36}
     # Wan2.1-I2V's config: the CLIP features' width, and add_k_proj / add_v_proj as wide as the blocks.
     image = {"image_dim": 4, "added_kv_proj_dim": config["num_attention_heads"] * config["attention_head_dim"]}
+    clip_side = 32
+    if variant == "i2v-first-last":  # both frames' CLIP tokens (the class token and one per patch of 1 pixel)
+        image["pos_embed_seq_len"] = 2 * (clip_side * clip_side + 1)
     experts = {}
     for index, name in enumerate(("transformer", "transformer_2") if variant == "i2v-two-experts" else ("transformer",)):
         torch.manual_seed(seed + 2 + index)
-        experts[name] = WanTransformer3DModel.from_config({**config, **(image if variant == "i2v" else {})})
+        experts[name] = WanTransformer3DModel.from_config({**config, **(image if variant != "i2v-two-experts" else {})})
     components = {name: part for name, part in one.components.items() if name not in ("transformer", "transformer_2")}
     if variant == "i2v-two-experts":
         return WanImageToVideoPipeline(**components, **experts, boundary_ratio=0.875)
     torch.manual_seed(seed + 4)
     encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=4, projection_dim=4, num_hidden_layers=2, num_attention_heads=2,
-                                               image_size=32, intermediate_size=16, patch_size=1)).eval()
+                                               image_size=clip_side, intermediate_size=16, patch_size=1)).eval()
     return WanImageToVideoPipeline(**components, **experts, image_encoder=encoder,
-                                   image_processor=CLIPImageProcessor(crop_size=32, size=32))
+                                   image_processor=CLIPImageProcessor(crop_size=clip_side, size=clip_side))

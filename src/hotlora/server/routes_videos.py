@@ -48,7 +48,7 @@ def videos_routes(jobs: Jobs) -> APIRouter:
 
     @router.post("/v1/videos")
     async def create_video(request: Request):
-        body, first_frame = await videos_body(request)
+        body, input_frames = await videos_body(request)
         engine = service.worker.engine
         if engine is None:
             raise NotAccepting(service.worker.why_not_ready())
@@ -63,7 +63,7 @@ def videos_routes(jobs: Jobs) -> APIRouter:
         shown = frames if frames is not None else rules.default_frames()
         params = {"model": body.model or public_model_id(engine), "seconds": seconds_of(shown, fps), "size": size,
                   "prompt": body.prompt}
-        record = await jobs.create(request, body.to_request(frames, first_frame), "mp4", retention_s=body.retention_s,
+        record = await jobs.create(request, body.to_request(frames, input_frames), "mp4", retention_s=body.retention_s,
                                    kind="video", params=params)
         return video_object(record)
 
@@ -148,13 +148,17 @@ def frames_for(seconds, fps: int, served: tuple[int, ...], served_only: bool) ->
     return frames
 
 
-async def videos_body(request: Request) -> tuple[OpenAIVideosRequest, ImageInput | None]:
+# The body's input images: OpenAI's first frame, and hotlora's last frame (Wan FLF2V and 2.2 I2V).
+FRAME_FIELDS = ("input_reference", "last_frame")
+
+
+async def videos_body(request: Request) -> tuple[OpenAIVideosRequest, tuple[ImageInput, ...]]:
     """The request body: JSON, or a multipart form (the openai client's way; bracketed keys nested
-    as ``extra_body`` flattens them: ``adapters[style][ref]``); and its ``input_reference``, the
-    first frame of an image-to-video request: the form's one file (no other field may be one), or
-    a JSON body's image text."""
+    as ``extra_body`` flattens them: ``adapters[style][ref]``); and its input frames: the first
+    (``input_reference``) of an image-to-video request, and its last (``last_frame``, which needs a
+    first): a form's files (no other field may be one), or a JSON body's image texts."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    first_frame = None
+    frames: dict[str, ImageInput] = {}
     if media == "application/json":
         try:
             fields = await request.json()
@@ -162,30 +166,33 @@ async def videos_body(request: Request) -> tuple[OpenAIVideosRequest, ImageInput
             raise InvalidRequest("invalid request: body: not JSON") from None
         if not isinstance(fields, dict):
             raise InvalidRequest("invalid request: body: a JSON object is expected")
-        reference = fields.pop("input_reference", None)
-        if reference is not None:
-            if not isinstance(reference, str) or not reference:
-                raise InvalidRequest("input_reference must be an image: base64, a data: URL or an http(s) URL")
-            first_frame = ImageInput(text=reference)
+        for name in FRAME_FIELDS:
+            reference = fields.pop(name, None)
+            if reference is not None:
+                if not isinstance(reference, str) or not reference:
+                    raise InvalidRequest(f"{name} must be an image: base64, a data: URL or an http(s) URL")
+                frames[name] = ImageInput(text=reference)
     elif media in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        form = await request.form(max_files=1, max_fields=MAX_FORM_FIELDS)
+        form = await request.form(max_files=len(FRAME_FIELDS), max_fields=MAX_FORM_FIELDS)
         try:
             fields = {}
             for key, value in form.multi_items():
                 if isinstance(value, UploadFile):
-                    if key != "input_reference":
-                        raise InvalidRequest(f"form field {key[:80]!r} is a file; the one file taken is input_reference "
-                                             "(image-to-video's first frame)")
-                    first_frame = ImageInput(data=await value.read(), content_type=value.content_type)
+                    if key not in FRAME_FIELDS or key in frames:
+                        raise InvalidRequest(f"form field {key[:80]!r} is a file; the files taken are input_reference "
+                                             "(image-to-video's first frame) and last_frame, one each")
+                    frames[key] = ImageInput(data=await value.read(), content_type=value.content_type)
                     continue
-                if key == "input_reference":
-                    raise InvalidRequest("form field 'input_reference' must be a file (an image upload), not text")
+                if key in FRAME_FIELDS:
+                    raise InvalidRequest(f"form field {key!r} must be a file (an image upload), not text")
                 place(fields, key, value)
         finally:
             await form.close()
     else:
         raise UnsupportedMediaType("POST /v1/videos takes application/json or multipart/form-data")
+    if "last_frame" in frames and "input_reference" not in frames:
+        raise InvalidRequest("last_frame needs a first frame: input_reference")
     try:
-        return OpenAIVideosRequest.model_validate(fields), first_frame
+        return OpenAIVideosRequest.model_validate(fields), tuple(frames[name] for name in FRAME_FIELDS if name in frames)
     except ValidationError as exc:
         raise InvalidRequest(validation_error(exc.errors())) from None

@@ -231,15 +231,16 @@ class OpenAIVideosRequest(SizedRequest):
     shift: float | None = None
     retention_s: float | None = Field(default=None, gt=0)  # the job's (server/jobs.py)
 
-    def to_request(self, num_frames: int | None, first_frame=None) -> GenerationRequest:
-        """The engine's request; ``first_frame`` (``input_reference``, an ``ImageInput``): image-to-video."""
+    def to_request(self, num_frames: int | None, input_frames: tuple = ()) -> GenerationRequest:
+        """The engine's request; ``input_frames`` (``input_reference`` and ``last_frame``, ``ImageInput``s):
+        image-to-video."""
         height, width = self.dimensions()
         return GenerationRequest(prompt=self.prompt, adapters=specs(self.adapters), num_images=1, height=height,
                                  width=width, seed=self.seed or 0, num_inference_steps=self.num_inference_steps,
                                  negative_prompt=self.negative_prompt, num_frames=num_frames,
                                  guidance_scale=self.guidance_scale, guidance_scale_2=self.guidance_scale_2,
-                                 shift=self.shift, **({} if first_frame is None else
-                                                      {"task": "image-to-video", "images": (first_frame,)}))
+                                 shift=self.shift, **({"task": "image-to-video", "images": tuple(input_frames)}
+                                                      if input_frames else {}))
 
 
 MAX_FORM_FIELDS = 64
