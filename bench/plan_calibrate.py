@@ -15,7 +15,9 @@ this CPU takes minutes a point); ``--only wan-vae`` measures just that (~2 minut
 keeps the other parts' results from bench/results/plan_calibrate.json. LTX-Video's VAE (real
 widths, a non-causal decoder: every frame decoded at once) is measured the same way, in the same
 ``(k, c, f)`` form, where ``f`` then carries the whole decoder's activations per decoded frame;
-``--only video-vae`` measures both video VAEs.
+``--only video-vae`` measures every video VAE. Wan 2.2's residual VAE (TI2V-5B's: decoder_base_dim
+256, a 2 x 2 patch, 16x spatial) is another architecture: it gets its own fit (``residual_vae_decode``)
+at the same points, with ``--only wan-vae`` too.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from hotlora.engine.plan.activations import (
 )
 from hotlora.fullsize._encoders import WAN21_VAE
 from hotlora.fullsize.ltx_video import VAE as LTX_VIDEO_VAE
+from hotlora.fullsize.wan22_ti2v_5b import VAE as WAN22_VAE
 from hotlora.engine.writers.slots import SlotsWriter
 from hotlora.fullsize.flux import TRANSFORMER, VAE
 from hotlora.fullsize.sdxl import UNET as SDXL_PUBLISHED_UNET
@@ -126,6 +129,13 @@ def calibrate_wan_vae(dtype: torch.dtype) -> dict:
     return calibrate_video_vae(AutoencoderKLWan, WAN21_VAE, 4, WAN_VAE_SIZES, WAN_VAE_FRAMES, dtype)
 
 
+def calibrate_wan22_vae(dtype: torch.dtype) -> dict:
+    """Wan 2.2's residual VAE (TI2V-5B's, decoder_base_dim 256 over a 2 x 2 patch), at the same points."""
+    from diffusers import AutoencoderKLWan
+
+    return calibrate_video_vae(AutoencoderKLWan, WAN22_VAE, 4, WAN_VAE_SIZES, WAN_VAE_FRAMES, dtype)
+
+
 def calibrate_ltx_vae(dtype: torch.dtype) -> dict:
     from diffusers import AutoencoderKLLTXVideo
 
@@ -175,12 +185,14 @@ def main() -> int:
     # Wan's VAE in float32 only: a bfloat16 Conv3d on this CPU (no bf16 kernels) took over 7 minutes for
     # the smallest point. bfloat16 plans use the float32 fit at 2 bytes an element (the Flux VAE's
     # bfloat16 k came out 0.95-1.25x its float32 k: a margin of that order, said in the plan's docs).
-    for family, calibrate in (("wan", calibrate_wan_vae), ("ltx", calibrate_ltx_vae)):
+    for family, part, calibrate in (("wan", "vae_decode", calibrate_wan_vae),
+                                    ("wan", "residual_vae_decode", calibrate_wan22_vae),
+                                    ("ltx", "vae_decode", calibrate_ltx_vae)):
         if args.only == "wan-vae" and family != "wan":
             continue
         video = calibrate(torch.float32)
-        results[family]["vae_decode"] = {"float32": video, "bfloat16": {**video, "measured_in": "float32"}}
-        print(family, "float32", json.dumps(video), file=sys.stderr)
+        results[family][part] = {"float32": video, "bfloat16": {**video, "measured_in": "float32"}}
+        print(family, part, "float32", json.dumps(video), file=sys.stderr)
 
     def fitted(by: dict):  # by writer or regime ((k, c)); a family's own VAE has no writer ((k, c, f))
         return (by["k"], by["c"], by["f"]) if "f" in by else {k: (v["k"], v["c"]) for k, v in by.items()}
@@ -217,8 +229,9 @@ def main() -> int:
                             for p in v["points"])
             rows.append(f"| Flux VAE decode ({regime} image{'s' if regime == 'batch' else ''}) | {dtype} | - | "
                         f"{v['k']} | {v['c'] / 2**20:.1f} | {pts} |")
-    for family, label in (("wan", "Wan 2.1"), ("ltx", "LTX-Video")):
-        for dtype, v in results[family]["vae_decode"].items():
+    for family, part, label in (("wan", "vae_decode", "Wan 2.1"), ("wan", "residual_vae_decode", "Wan 2.2 (TI2V-5B)"),
+                                ("ltx", "vae_decode", "LTX-Video")):
+        for dtype, v in results[family].get(part, {}).items():
             pts = ", ".join(f"{p['frames']}f {p['width']}x{p['height']}: {p['peak_bytes'] / 2**20:.1f}" for p in v["points"])
             measured_in = f" (the {v['measured_in']} fit)" if "measured_in" in v else ""
             rows.append(f"| {label} VAE decode (k; f = {v['f']} per decoded frame's pixels x 3) | {dtype}{measured_in} | - | "

@@ -33,6 +33,7 @@ PUBLISHED = {
     # "14B" is the family's name: the image cross-attention adds 2.1B (16.39B; see the module)
     "wan21_i2v_14b_480p": ("transformer", 14e9, 0.18),
     "wan22_i2v_a14b": ("transformer", 14e9, 0.025),  # "14B" per expert (14.29B each)
+    "wan22_ti2v_5b": ("transformer", 5e9, 0.01),  # "5B" (5.00B)
     "ltx_video": ("transformer", 2e9, 0.04),  # "2B" is a rounded name (1.92B)
 }
 
@@ -142,7 +143,8 @@ def test_plan_builds_the_class_the_model_index_names(monkeypatch):
 
 @pytest.mark.parametrize("name,factor,width", [("sd15", 8, 128), ("flux2_dev", 8, 128), ("qwen_image", 8, 96),
                                                ("qwen_image_21", 16, 144), ("sd35_large", 8, 128),
-                                               ("wan21_t2v_14b", 8, 96), ("ltx_video", 32, 128)])
+                                               ("wan21_t2v_14b", 8, 96), ("wan22_ti2v_5b", 16, 256),
+                                               ("ltx_video", 32, 128)])
 def test_activation_workload_reads_every_vae_layout(name, factor, width):
     """The plan's activation workload reads the VAE's scale and width from AutoencoderKL-style
     configs (block_out_channels) and from the Wan-style ones Qwen-Image ships, as its pipelines do."""
@@ -187,6 +189,39 @@ def test_wan_image_to_video_plans_hold_the_image_encoder_and_both_experts():
     for module in (i2v, a14b):
         assert family_of_model_index(module.MODEL_INDEX) is wan
         assert wan.conditioned_checkpoints[module.MODEL_INDEX["_class_name"]] == "image-to-video"
+
+
+def test_wan22_ti2v_5b_plan_builds_48_channels_over_the_wan22_vae():
+    """Wan 2.2 TI2V-5B's plan: one transformer of 48 channels in and out (no ``transformer_2``), the
+    48-channel Wan 2.2 VAE (16x spatial) built from its config, ``expand_timesteps`` in its model
+    index (what lets the wan family serve image-to-video on it), a text-to-video model of the family."""
+    from hotlora.engine.plan import models
+    from hotlora.families import family_named, family_of_model_index
+    from hotlora.fullsize import wan22_ti2v_5b as ti2v
+
+    assert ti2v.MODEL_INDEX["_class_name"] == "WanPipeline" and ti2v.MODEL_INDEX["expand_timesteps"] is True
+    assert "boundary_ratio" not in ti2v.MODEL_INDEX and ti2v.SCHEDULER["flow_shift"] == 5.0
+    spec = models._built_in("wan2.2-ti2v-5b")
+    assert "transformer_2" not in spec.configs
+    parts = build_parts(spec, torch.bfloat16)
+    assert (parts.transformer.config.in_channels, parts.transformer.config.out_channels) == (48, 48)
+    assert count(parts.transformer) == ti2v.TRANSFORMER_PARAMETERS
+    assert parts.vae.config.z_dim == 48 and parts.vae.config.is_residual and parts.vae.config.patch_size == 2
+    assert parts.vae.config.scale_factor_spatial == 16
+    wan = family_named("wan")
+    assert family_of_model_index(ti2v.MODEL_INDEX) is wan
+    assert ti2v.MODEL_INDEX["_class_name"] not in wan.conditioned_checkpoints
+
+
+def test_wan22_ti2v_5b_plan_workload_at_720p():
+    """81 frames are 21 latent frames; the Wan 2.2 VAE is 16x spatial, so a 1280x704 latent frame is
+    80 x 44 latent pixels, (44 / 2) x (80 / 2) patches; the layer width is 24 heads x 128."""
+    from hotlora.engine.plan.activations import workload
+    from hotlora.families import family_named
+    from hotlora.fullsize import wan22_ti2v_5b
+
+    work = workload(family_named("wan"), wan22_ti2v_5b.COMPONENTS, 704, 1280, images=1, cfg=False)
+    assert (work.tokens, work.width) == (21 * 22 * 40, 3072)
 
 
 @pytest.mark.parametrize("size,tokens", [((480, 832), 21 * 60 * 104 // 4), ((720, 1280), 21 * 90 * 160 // 4)])

@@ -1,5 +1,5 @@
 """Wan (WanPipeline): text-to-video. A 3-D transformer over (1, 2, 2) latent patches of every frame,
-a UMT5 text encoder, a causal video VAE (8x spatial, 4x temporal); diffusers loads LoRA into the
+a UMT5 text encoder, a causal video VAE (8x spatial, 4x temporal; TI2V-5B's Wan 2.2 VAE 16x spatial); diffusers loads LoRA into the
 transformer only (``WanLoraLoaderMixin``).
 
 Guidance, read from ``WanPipeline.__call__``: classifier-free guidance for ``guidance_scale > 1``
@@ -90,7 +90,7 @@ class Wan(ModelFamily):
     tiny_frames = 5
     full_size_models = {"wan2.1-t2v-1.3b": "wan21_t2v_1_3b", "wan2.1-t2v-14b": "wan21_t2v_14b",
                         "wan2.2-t2v-a14b": "wan22_t2v_a14b", "wan2.1-i2v-14b-480p": "wan21_i2v_14b_480p",
-                        "wan2.2-i2v-a14b": "wan22_i2v_a14b"}
+                        "wan2.2-i2v-a14b": "wan22_i2v_a14b", "wan2.2-ti2v-5b": "wan22_ti2v_5b"}
 
     def experts(self, pipeline) -> dict[str, Any]:
         """Both experts where the pipeline switches between them (``boundary_ratio`` set: Wan 2.2

@@ -33,7 +33,11 @@ not reorder weights this way): a small margin, not a claim.
   (``k`` x videos x pixels x base_dim x bytes, fitted over sizes at one frame count) plus the
   decoded video, which grows with the frames (``f`` x videos x frames x pixels x 3 x bytes, fitted
   over frame counts at one size), measured on Wan 2.1's VAE at its real width (base_dim 96). The
-  plan decodes the family's default frame count (81 for Wan). LTX-Video's VAE has the same form,
+  plan decodes the family's default frame count (81 for Wan). Wan 2.2's VAE (TI2V-5B's:
+  ``is_residual``, a 2 x 2 patch, 16x spatial, decoder_base_dim 256) is another architecture with
+  the same form and its own ``residual_vae_decode`` fit (``vae_part``), measured at its real widths
+  (Wan 2.1's fit scaled by its 256 channels would be 3x its measured per-pixel peak: its widest
+  stage runs at half the pixels, before the patch is undone). LTX-Video's VAE has the same form,
   fitted the same way on its real widths; its decoder is not causal (every frame at once), so
   there ``f`` carries the whole decoder's activations per decoded frame and ``k`` what does not grow
   with the frames (161 frames planned).
@@ -72,6 +76,7 @@ class Workload:
     pixels: int  # per image
     vae_channels: int
     frames: int = 1  # decoded frames per video (1: an image)
+    vae_part: str = "vae_decode"  # a family's own video-VAE fit to use (``vae_part``)
 
 
 def vae_scale_factor(vae_config: dict) -> int:
@@ -95,13 +100,20 @@ def vae_width(vae_config: dict) -> int:
     return vae_config.get("decoder_base_dim") or vae_config["base_dim"]
 
 
+def vae_part(vae_config: dict) -> str:
+    """Which of a family's own video-VAE fits a VAE's decode uses: Wan 2.2's residual VAE
+    (``is_residual``: residual up blocks over a 2 x 2 patch) has its own, the others ``vae_decode``."""
+    return "residual_vae_decode" if vae_config.get("is_residual") else "vae_decode"
+
+
 def workload(family: ModelFamily, configs: dict, height: int, width: int, images: int, cfg: bool) -> Workload:
     """The tokens, widths and batches of one chunk of ``images`` at ``height`` x ``width``."""
     vae = configs["vae"]
     factor = vae_scale_factor(vae)
     tokens, layer_width = family.plan_tokens(configs, (height // factor) * (width // factor))
     return Workload(batch=images * (2 if cfg else 1), tokens=tokens, width=layer_width, images=images,
-                    pixels=height * width, vae_channels=vae_width(vae), frames=family.default_frames or 1)
+                    pixels=height * width, vae_channels=vae_width(vae), frames=family.default_frames or 1,
+                    vae_part=vae_part(vae))
 
 
 def coefficient(table: dict, family: str, part: str, dtype: torch.dtype, writer: str | None = None):
@@ -120,7 +132,9 @@ def predict(table: dict, family: str, work: Workload, dtype: torch.dtype, writer
     writers = ("none",) if writer == "fused" else ("none", "slots")
     fits = [k for k in (coefficient(table, family, "denoiser", dtype, w) for w in writers) if k is not None]
     denoiser = max((round(k * work.batch * work.tokens * work.width * element + c) for k, c in fits), default=None)
-    own = coefficient(table, family, "vae_decode", dtype)  # a family's own VAE: Wan's causal video VAE
+    own = coefficient(table, family, work.vae_part, dtype)  # a family's own VAE: Wan's causal video VAE
+    if own is None and work.vae_part != "vae_decode":  # an uncalibrated VAE of the family's: not the image fit
+        return {"denoiser": denoiser, "vae_decode": None}
     if own is not None:
         k, c, f = own
         vae = round(k * work.images * work.pixels * work.vae_channels * element
@@ -256,4 +270,5 @@ def fit(points: list[tuple[float, int]]) -> tuple[float, float]:
 
 
 __all__ = ["Workload", "coefficient", "empty_model", "fit", "flux_blocks", "flux_forward_peak",
-           "peak_allocated", "predict", "unet_forward_peak", "vae_decode_peak", "video_vae_decode_peak", "workload"]
+           "peak_allocated", "predict", "unet_forward_peak", "vae_decode_peak", "vae_part", "video_vae_decode_peak",
+           "workload"]

@@ -217,7 +217,7 @@ def _size_plan(spec, table: dict, dtype: torch.dtype, writer: str, cfg: bool, st
         if predicted["denoiser"] is None:
             # A VAE measured for the family itself (Wan's video VAE), beside a denoiser not modelled: the
             # decode is the peak's lower bound. The shared AutoencoderKL fit is not extended to other VAEs.
-            own = activations.coefficient(table, family.name, "vae_decode", dtype)
+            own = activations.coefficient(table, family.name, work.vae_part, dtype)
             return (predicted["vae_decode"] if own is not None else None), predicted
         return max(v for v in predicted.values() if v is not None), predicted
 
