@@ -1,6 +1,6 @@
 """Wan (WanPipeline): text-to-video. A 3-D transformer over (1, 2, 2) latent patches of every frame,
-a UMT5 text encoder, a causal video VAE (8x spatial, 4x temporal; TI2V-5B's Wan 2.2 VAE 16x spatial); diffusers loads LoRA into the
-transformer only (``WanLoraLoaderMixin``).
+a UMT5 text encoder, a causal video VAE (8x spatial, 4x temporal; TI2V-5B's Wan 2.2 VAE 16x
+spatial); diffusers loads LoRA into the transformer only (``WanLoraLoaderMixin``).
 
 Guidance, read from ``WanPipeline.__call__``: classifier-free guidance for ``guidance_scale > 1``
 as a SECOND forward pass on the negative prompt's embeddings (true CFG: the batch stays single).
