@@ -253,3 +253,50 @@ def test_an_image_to_video_models_page_takes_the_first_frame(image_to_video_serv
     facts = browser.execute_async_script(VIDEO_FACTS)
     assert facts["error"] is None and facts["readyState"] >= 2 and (facts["width"], facts["height"]) == (SIDE, SIDE)
 
+
+
+@pytest.fixture(scope="module")
+def first_last_server(tmp_path_factory, start_server):
+    """A Wan2.1-FLF2V-shaped tiny model (its image features take both frames) served eager."""
+    from hotlora.testing import save_tiny_model
+
+    tmp = tmp_path_factory.mktemp("playground-flf2v")
+    model = save_tiny_model(tmp / "wan", "wan", target_rank=8, variant="i2v-first-last")
+    return start_server(model, tmp, roots=(model / "adapters",), compile=False, batch_size=1, sizes=f"{SIDE}x{SIDE}",
+                        tasks="image-to-video")
+
+
+def test_a_first_last_frame_models_page_takes_both_frames_in_order(first_last_server, browser, tmp_path):
+    """On a model that needs a first and a last frame the drop zone says so and adds the second image
+    beside the first (a third is refused there); Generate with one asks for both and sends nothing;
+    with both, the job carries them in order and its MP4 plays."""
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+
+    open_video_page(browser, first_last_server)
+    wait_for(lambda: browser.find_element(By.ID, "image-controls").is_displayed(), timeout_s=30)
+    assert browser.find_element(By.ID, "image-label").text == "First and last frame"
+    rng = np.random.default_rng(4)
+    for name in ("first", "last", "third"):
+        Image.fromarray((rng.random((24, 20, 3)) * 255).astype(np.uint8)).save(tmp_path / f"{name}.png")
+    browser.find_element(By.ID, "image-file").send_keys(str(tmp_path / "first.png"))
+    wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#thumbs img")) == 1, timeout_s=30)
+    browser.find_element(By.ID, "generate").click()
+    assert "image-to-video here takes a first and a last frame" in wait_for(
+        lambda: browser.find_element(By.ID, "error").text)
+    assert posts(browser) == []
+    for name, count in (("last", 2), ("third", 2)):
+        browser.find_element(By.ID, "image-file").send_keys(str(tmp_path / f"{name}.png"))
+        wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#thumbs img")) == count, timeout_s=30)
+    assert "third.png: a video here takes a first and a last frame" in wait_for(
+        lambda: browser.find_element(By.ID, "image-message").text)
+    browser.find_element(By.ID, "generate").click()
+    wait_for(lambda: browser.find_element(By.ID, "video-result").is_displayed()
+             or browser.find_element(By.ID, "error").text, timeout_s=60)
+    assert browser.find_element(By.ID, "error").text == ""
+    (sent,) = posts(browser)
+    assert sent["task"] == "image-to-video"
+    assert [base64.b64decode(image.split(",", 1)[1]) for image in sent["images"]] == \
+        [(tmp_path / f"{name}.png").read_bytes() for name in ("first", "last")]
+    facts = browser.execute_async_script(VIDEO_FACTS)
+    assert facts["error"] is None and facts["readyState"] >= 2 and (facts["width"], facts["height"]) == (SIDE, SIDE)

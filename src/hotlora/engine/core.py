@@ -178,6 +178,7 @@ class Engine:
             "writer": writer["writer"], "sizes": list(self.rules.size_names()),  # WIDTHxHEIGHT, default first
             "lora_biases": self.writer.ceiling.biases,  # whether adapters' LoRA biases (lightx2v's .diff_b) are served
             "frames": list(self.rules.frames),  # a video family's frame counts served, default first
+            "input_frames": list(self.rules.input_frames),  # image-to-video's input images: 1 first, 2 first and last
             "output": self.family.output_kind, "fps": self.family.fps,  # "images" | "frames"; a video's frame rate
             # a model of several experts (Wan 2.2 A14B): the models with slots, the denoiser first
             **({"experts": list(writer["experts"])} if "experts" in writer else {}),
