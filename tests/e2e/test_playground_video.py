@@ -209,15 +209,20 @@ def test_an_unserved_frame_count_and_a_failed_job_are_shown(video_server, browse
     assert httpx.get(f"{video_server.url}/v1/jobs/{job_id}").json()["status"] == "failed"
 
 
-@pytest.fixture(scope="module")
-def image_to_video_server(tmp_path_factory, start_server):
-    """A Wan2.1-I2V-shaped tiny model served eager with its one task."""
+def image_to_video_model_server(tmp_path_factory, start_server, variant: str):
+    """A tiny Wan image-to-video checkpoint of ``variant`` served eager with its one task."""
     from hotlora.testing import save_tiny_model
 
-    tmp = tmp_path_factory.mktemp("playground-i2v")
-    model = save_tiny_model(tmp / "wan", "wan", target_rank=8, variant="i2v")
+    tmp = tmp_path_factory.mktemp(f"playground-{variant}")
+    model = save_tiny_model(tmp / "wan", "wan", target_rank=8, variant=variant)
     return start_server(model, tmp, roots=(model / "adapters",), compile=False, batch_size=1, sizes=f"{SIDE}x{SIDE}",
                         tasks="image-to-video")
+
+
+@pytest.fixture(scope="module")
+def image_to_video_server(tmp_path_factory, start_server):
+    """Wan2.1-I2V's layout: the first frame alone."""
+    return image_to_video_model_server(tmp_path_factory, start_server, "i2v")
 
 
 def test_an_image_to_video_models_page_takes_the_first_frame(image_to_video_server, browser, tmp_path):
@@ -257,13 +262,8 @@ def test_an_image_to_video_models_page_takes_the_first_frame(image_to_video_serv
 
 @pytest.fixture(scope="module")
 def first_last_server(tmp_path_factory, start_server):
-    """A Wan2.1-FLF2V-shaped tiny model (its image features take both frames) served eager."""
-    from hotlora.testing import save_tiny_model
-
-    tmp = tmp_path_factory.mktemp("playground-flf2v")
-    model = save_tiny_model(tmp / "wan", "wan", target_rank=8, variant="i2v-first-last")
-    return start_server(model, tmp, roots=(model / "adapters",), compile=False, batch_size=1, sizes=f"{SIDE}x{SIDE}",
-                        tasks="image-to-video")
+    """Wan2.1-FLF2V's layout (its image features take both frames): a first and a last frame."""
+    return image_to_video_model_server(tmp_path_factory, start_server, "i2v-first-last")
 
 
 def test_a_first_last_frame_models_page_takes_both_frames_in_order(first_last_server, browser, tmp_path):

@@ -59,22 +59,8 @@ TRANSFORMER_PARAMETERS = 4_999_787_712
 
 MODEL_INDEX = {**_wan21.MODEL_INDEX, "expand_timesteps": True}
 
-TRANSFORMER = {
-    "_class_name": "WanTransformer3DModel",
-    "added_kv_proj_dim": None,
-    "attention_head_dim": 128,
-    "cross_attn_norm": True,
-    "eps": 1e-06,
-    "ffn_dim": 14336,
-    "freq_dim": 256,
-    "in_channels": 48,
-    "num_attention_heads": 24,
-    "num_layers": 30,
-    "out_channels": 48,
-    "patch_size": [1, 2, 2],
-    "qk_norm": "rms_norm_across_heads",
-    "text_dim": 4096,
-}
+# Wan 2.1 1.3B's transformer config but for these (the script's "Wan2.2-TI2V-5B" config otherwise equal).
+TRANSFORMER = {**_wan21.TRANSFORMER, "ffn_dim": 14336, "in_channels": 48, "num_attention_heads": 24, "out_channels": 48}
 
 TEXT_ENCODER = dict(UMT5_XXL)
 
