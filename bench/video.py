@@ -1,5 +1,7 @@
-"""Video serving costs on the tiny Wan model, with one expert (Wan 2.1's layout) and two (Wan 2.2
-A14B's, ``variant="two-experts"``), both compiled, side by side in one run.
+"""Video serving costs on the tiny Wan model, with one expert (Wan 2.1's layout), two (Wan 2.2
+A14B's, ``variant="two-experts"``) and Wan2.1-I2V's image-to-video layout (``variant="i2v"``: 36
+channels in, the image cross-attention's ``add_k_proj`` / ``add_v_proj``, a CLIP image encoder), all
+compiled, side by side in one run.
 
 Usage: .venv/bin/python bench/video.py [--rank 8] [--runs 5] [--steps 8] [--no-jobs] [--out bench/results]
 
@@ -11,7 +13,8 @@ Usage: .venv/bin/python bench/video.py [--rank 8] [--runs 5] [--steps 8] [--no-j
    compiled with both slots filled against plain diffusers (``WanPipeline.from_pretrained``,
    ``load_lora_weights`` per adapter, the low-noise expert's with ``load_into_transformer_2=True``,
    ``set_adapters`` once, eager, as users run it) with the same LoRA, the same guidance (true CFG:
-   two forwards a step) and frames.
+   two forwards a step) and frames. Image-to-video against ``WanImageToVideoPipeline`` on the same first
+   frame; its per-step cost is also given as a ratio to text-to-video's (one expert).
 3. VAE decode per frame: the served pipeline's ``vae.decode`` of latents for 5 and 21 frames.
 4. MP4 encode per frame: ``hotlora.server.video.mp4`` (libx264, CRF 18) of the frames a request gave
    (tiny: 16x16) and of 21 smooth random frames at 832x480 (the 480p size the real models serve).
@@ -37,7 +40,8 @@ from bench.harness import REPO, allow_many_compiled_engines, markdown_table, use
 
 use_repo_compile_cache()
 PROMPT = "a cat walking in the snow"
-MODELS = {"one expert": None, "two experts": "two-experts"}
+MODELS = {"one expert": None, "two experts": "two-experts", "image-to-video": "i2v"}
+IMAGE_TO_VIDEO = "image-to-video"
 
 
 def median_ms(fn, runs: int) -> float:
@@ -84,10 +88,11 @@ def bench_adapters(engine, model: Path, rank: int) -> dict[str, dict]:
 
 
 def diffusers_pipeline(model: Path, adapters: dict, scales: dict):
-    """Plain diffusers with the same LoRA in the same slots (adapter names), eager."""
+    """Plain diffusers with the same LoRA in the same slots (adapter names), eager: the pipeline the
+    model directory names (WanPipeline, or WanImageToVideoPipeline)."""
     import diffusers
 
-    pipeline = diffusers.WanPipeline.from_pretrained(str(model), local_files_only=True)
+    pipeline = diffusers.DiffusionPipeline.from_pretrained(str(model), local_files_only=True)
     pipeline.set_progress_bar_config(disable=True)
     for slot, key in (("identity", "a"), ("style", "b")):
         for i, path in enumerate(adapters[key]["diffusers"]):
@@ -201,7 +206,8 @@ def main() -> None:
     for label, variant in MODELS.items():
         model = tiny_model(variant, args.rank)
         began = time.perf_counter()
-        engine = Engine.from_pretrained(model, target_rank=args.rank, batch_size=1, compile=True, rank_buckets=())
+        engine = Engine.from_pretrained(model, target_rank=args.rank, batch_size=1, compile=True, rank_buckets=(),
+                                        **({"tasks": (IMAGE_TO_VIDEO,)} if label == IMAGE_TO_VIDEO else {}))
         warm_s = time.perf_counter() - began
         adapters = bench_adapters(engine, model, args.rank)
         setups[label] = {"model": model, "engine": engine, "adapters": adapters, "warmup_s": warm_s,
@@ -210,6 +216,10 @@ def main() -> None:
     first = setups["one expert"]["engine"]
     height, width, guidance = first.height, first.width, first.defaults["guidance_scale"]
     frames = first.rules.frames[0]
+    from PIL import Image
+
+    first_frame = Image.fromarray(synthetic_frames(1, 24, 40)[0])  # resized to the served size by the pipeline
+    image_inputs = {label: ({"images": (first_frame,), "task": None} if label == IMAGE_TO_VIDEO else {}) for label in setups}
 
     # 1. Swap: both slots, two requests alternated so every bind writes every slot of every expert.
     swap = {}
@@ -237,7 +247,7 @@ def main() -> None:
         adapters = {"identity": (str(setup["adapters"]["a"]["hotlora"]), scales["identity"]),
                     "style": (str(setup["adapters"]["b"]["hotlora"]), scales["style"])}
         return lambda: setup["engine"].generate(PROMPT, adapters=adapters, num_inference_steps=steps, seed=1,
-                                                num_frames=frames, output_type="latent",
+                                                num_frames=frames, output_type="latent", **setup["inputs"],
                                                 progress=lambda done, total: marks.append(time.perf_counter()))
 
     def theirs(setup, marks):
@@ -248,8 +258,11 @@ def main() -> None:
         return lambda: setup["diffusers"](prompt=PROMPT, negative_prompt="", num_inference_steps=steps, height=height,
                                           width=width, num_frames=frames, guidance_scale=guidance,
                                           generator=torch.Generator().manual_seed(1), output_type="latent",
-                                          callback_on_step_end=mark)
+                                          callback_on_step_end=mark,
+                                          **({"image": first_frame} if setup["inputs"] else {}))
 
+    for label, setup in setups.items():
+        setup["inputs"] = image_inputs[label]
     marks = {(label, way): [] for label in setups for way in ("hotlora", "diffusers")}
     ways = {(label, way): (ours if way == "hotlora" else theirs)(setups[label], marks[label, way])
             for label, way in marks}
@@ -287,16 +300,17 @@ def main() -> None:
     jobs = None if args.no_jobs else job_overhead(setups["one expert"], steps, frames, args.runs, args.rank)
 
     recompiles = {label: setup["engine"].recompiles for label, setup in setups.items()}
-    rows = [["swap, both slots (ms)", round(swap["one expert"]["ms"], 3), round(swap["two experts"]["ms"], 3),
-             f"{swap['two experts']['ms'] / swap['one expert']['ms']:.2f}x (slot bytes "
-             f"{swap['one expert']['slot_bytes']:,} / {swap['two experts']['slot_bytes']:,})"]]
+    rows = [["swap, both slots (ms)", *(round(swap[label]["ms"], 3) for label in setups),
+             f"two / one expert {swap['two experts']['ms'] / swap['one expert']['ms']:.2f}x (slot bytes "
+             + " / ".join(f"{swap[label]['slot_bytes']:,}" for label in setups) + ")"]]
     for way in ("hotlora", "diffusers"):
-        rows.append([f"{way} per step (ms)", round(per_step["one expert"][way]["ms_per_step"], 2),
-                     round(per_step["two experts"][way]["ms_per_step"], 2), ""])
+        step_ms = {label: per_step[label][way]["ms_per_step"] for label in setups}
+        rows.append([f"{way} per step (ms)", *(round(ms, 2) for ms in step_ms.values()),
+                     f"image-to-video / text-to-video {step_ms[IMAGE_TO_VIDEO] / step_ms['one expert']:.2f}x"])
     rows.append(["hotlora compiled / diffusers eager, per step",
                  *(f"{per_step[label]['hotlora']['ms_per_step'] / per_step[label]['diffusers']['ms_per_step']:.2f}x"
                    for label in setups), "both with the same LoRA in two adapters"])
-    table = markdown_table(["measure", "one expert", "two experts", "ratio / note"], rows)
+    table = markdown_table(["measure", *setups, "ratio / note"], rows)
     table += "\n\n" + markdown_table(["VAE decode", "ms", "ms per frame"],
                                      [[f"{n} frames at {width}x{height}", round(v["ms"], 2), round(v["ms_per_frame"], 3)]
                                       for n, v in decode.items()])
@@ -318,11 +332,13 @@ def main() -> None:
               + " (the second engine's blocks have the first's shapes: it mostly reads the inductor cache the "
               "first filled).")
     description = (f"Tiny Wan {width}x{height}, {frames} frames, float32, compiled, batch 1, slots at rank {args.rank}; "
-                   f"both slots filled with rank-{args.rank} LoRA on every Linear of every expert. Swap: median of "
+                   f"both slots filled with rank-{args.rank} LoRA on every Linear of every expert (image-to-video: "
+                   "Wan2.1-I2V's layout, one first frame of 40x24 resized by the pipeline, against diffusers' "
+                   "WanImageToVideoPipeline). Swap: median of "
                    f"{4 * args.runs} binds. Per step: median time between consecutive step callbacks over "
                    f"{args.runs} requests of {steps} steps per way, ways taking turns; guidance "
                    f"{guidance} (true CFG, two forwards a step) on both sides. Launch-bound tiny model: serving "
-                   "overheads, not GPU throughput. The machine was shared with other work while this ran.")
+                   "overheads, not GPU throughput.")
     data = {"args": vars(args), "jobs": jobs, "swap": swap, "per_step": per_step, "vae_decode": decode, "mp4_encode": encode,
             "recompiles": recompiles, "warmup_s": {k: s["warmup_s"] for k, s in setups.items()},
             "step_intervals_ms": {" ".join(k): v for k, v in intervals.items()}}
