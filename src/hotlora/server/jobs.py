@@ -93,7 +93,7 @@ class Jobs:
             loop.call_soon_threadsafe(self._progress, job_id, done, total)
 
         checked = self.service.check(principal, replace(job, progress=progress, trace=NO_TRACE))
-        # The input images in the body are decoded now: one that is no image is the client's 422 here,
+        # The input images in the body are decoded now: one that is no image is the client's 4xx here,
         # not a failed job later. URLs are fetched when the job runs, as its adapters are.
         engine, store, result = checked
         deadline = began + (result.request.timeout_s or self.config.request_timeout_s)
