@@ -32,6 +32,7 @@ PUBLISHED = {
     "wan22_t2v_a14b": ("transformer", 14e9, 0.025),  # "14B" per expert (14.29B each)
     # "14B" is the family's name: the image cross-attention adds 2.1B (16.39B; see the module)
     "wan21_i2v_14b_480p": ("transformer", 14e9, 0.18),
+    "wan21_flf2v_14b_720p": ("transformer", 14e9, 0.18),  # I2V's and a position embedding of 514 x 1280
     "wan22_i2v_a14b": ("transformer", 14e9, 0.025),  # "14B" per expert (14.29B each)
     "wan22_ti2v_5b": ("transformer", 5e9, 0.01),  # "5B" (5.00B)
     "ltx_video": ("transformer", 2e9, 0.04),  # "2B" is a rounded name (1.92B)
@@ -176,9 +177,13 @@ def test_wan_image_to_video_plans_hold_the_image_encoder_and_both_experts():
     image-to-video checkpoints of the wan family."""
     from hotlora.engine.plan import models
     from hotlora.families import family_named, family_of_model_index
-    from hotlora.fullsize import wan21_i2v_14b_480p as i2v, wan22_i2v_a14b as a14b
+    from hotlora.fullsize import wan21_flf2v_14b_720p as flf2v, wan21_i2v_14b_480p as i2v, wan22_i2v_a14b as a14b
 
     assert count(build(i2v, "image_encoder")) == i2v.IMAGE_ENCODER_PARAMETERS
+    # FLF2V: the I2V transformer with a position embedding over both frames' CLIP tokens.
+    parts = build_parts(models._built_in("wan2.1-flf2v-14b-720p"), torch.bfloat16)
+    assert count(parts.transformer) == flf2v.TRANSFORMER_PARAMETERS == i2v.TRANSFORMER_PARAMETERS + 514 * 1280
+    assert count(parts.image_encoder) == flf2v.IMAGE_ENCODER_PARAMETERS
     parts = build_parts(models._built_in("wan2.1-i2v-14b-480p"), torch.bfloat16)
     assert count(parts.image_encoder) == i2v.IMAGE_ENCODER_PARAMETERS
     assert count(parts.transformer) == i2v.TRANSFORMER_PARAMETERS
@@ -186,7 +191,7 @@ def test_wan_image_to_video_plans_hold_the_image_encoder_and_both_experts():
     parts = build_parts(models._built_in("wan2.2-i2v-a14b"), torch.bfloat16)
     assert count(parts.transformer) == count(parts.transformer_2) == a14b.TRANSFORMER_PARAMETERS
     wan = family_named("wan")
-    for module in (i2v, a14b):
+    for module in (i2v, a14b, flf2v):
         assert family_of_model_index(module.MODEL_INDEX) is wan
         assert wan.conditioned_checkpoints[module.MODEL_INDEX["_class_name"]] == "image-to-video"
 

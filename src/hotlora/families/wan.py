@@ -90,7 +90,8 @@ class Wan(ModelFamily):
     tiny_frames = 5
     full_size_models = {"wan2.1-t2v-1.3b": "wan21_t2v_1_3b", "wan2.1-t2v-14b": "wan21_t2v_14b",
                         "wan2.2-t2v-a14b": "wan22_t2v_a14b", "wan2.1-i2v-14b-480p": "wan21_i2v_14b_480p",
-                        "wan2.2-i2v-a14b": "wan22_i2v_a14b", "wan2.2-ti2v-5b": "wan22_ti2v_5b"}
+                        "wan2.2-i2v-a14b": "wan22_i2v_a14b", "wan2.2-ti2v-5b": "wan22_ti2v_5b",
+                        "wan2.1-flf2v-14b-720p": "wan21_flf2v_14b_720p"}
 
     def experts(self, pipeline) -> dict[str, Any]:
         """Both experts where the pipeline switches between them (``boundary_ratio`` set: Wan 2.2

@@ -21,7 +21,8 @@ listing it in ``full_size_models`` (plan name -> module):
     sd15         {"sd15": "sd15"}
     wan          {"wan2.1-t2v-1.3b": "wan21_t2v_1_3b", "wan2.1-t2v-14b": "wan21_t2v_14b",
                   "wan2.2-t2v-a14b": "wan22_t2v_a14b", "wan2.1-i2v-14b-480p": "wan21_i2v_14b_480p",
-                  "wan2.2-i2v-a14b": "wan22_i2v_a14b", "wan2.2-ti2v-5b": "wan22_ti2v_5b"}
+                  "wan2.2-i2v-a14b": "wan22_i2v_a14b", "wan2.2-ti2v-5b": "wan22_ti2v_5b",
+                  "wan2.1-flf2v-14b-720p": "wan21_flf2v_14b_720p"}
     ltx          {"ltx-video": "ltx_video"}
 
 ``_encoders`` holds the text encoders and VAEs several models share.

@@ -1,0 +1,36 @@
+"""Wan 2.1 FLF2V 14B 720P as published: ``Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers`` (``hotlora plan
+wan2.1-flf2v-14b-720p``): a first-last-frame-to-video checkpoint (``WanImageToVideoPipeline``; it
+serves ``image-to-video`` alone, with two input images: the first and the last frame).
+
+Sources: ``TRANSFORMER`` is the ``"Wan-FLF2V-14B-720P"`` ``diffusers_config`` of diffusers'
+``scripts/convert_wan_to_diffusers.py`` (the file ``wan21_i2v_14b_480p`` cites), field by field:
+the I2V-14B config with ``rope_max_seq_len`` 1024 and ``pos_embed_seq_len`` 257 x 2 (a position
+embedding over both frames' CLIP tokens: the image embedder takes them as one sequence). The script
+builds it with the same CLIP ViT-H/14 image encoder and processor as I2V, the Wan 2.1 VAE and UMT5-XXL,
+and ``flow_shift`` 16.0 for FLF2V (3.0 for I2V).
+
+The transformer has 16,395,536,704 parameters built from that config (the I2V transformer's and the
+position embedding's 514 x 1280); ``tests/unit/test_fullsize_plans.py`` checks it.
+"""
+
+from __future__ import annotations
+
+from hotlora.fullsize import wan21_i2v_14b_480p as _i2v
+
+NAME = "wan2.1-flf2v-14b-720p"
+HUB_ID = "Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers"
+PUBLISHED_TRANSFORMER_PARAMETERS = "14B"
+TRANSFORMER_PARAMETERS = 16_395_536_704
+IMAGE_ENCODER_PARAMETERS = _i2v.IMAGE_ENCODER_PARAMETERS
+
+MODEL_INDEX = dict(_i2v.MODEL_INDEX)
+TRANSFORMER = {**_i2v.TRANSFORMER, "rope_max_seq_len": 1024, "pos_embed_seq_len": 257 * 2}
+IMAGE_ENCODER = dict(_i2v.IMAGE_ENCODER)
+TEXT_ENCODER = dict(_i2v.TEXT_ENCODER)
+VAE = dict(_i2v.VAE)
+SCHEDULER = {**_i2v.SCHEDULER, "flow_shift": 16.0}
+TOKENIZER_VOCABULARY = dict(_i2v.TOKENIZER_VOCABULARY)
+PLAN_SIZES = ("1280x720",)  # the 720P model's (WIDTHxHEIGHT), 81 frames: the family default
+
+COMPONENTS = {"transformer": TRANSFORMER, "image_encoder": IMAGE_ENCODER, "text_encoder": TEXT_ENCODER, "vae": VAE,
+              "scheduler": SCHEDULER}
