@@ -184,6 +184,14 @@ def test_wan_image_to_video_plans_hold_the_image_encoder_and_both_experts():
     parts = build_parts(models._built_in("wan2.1-flf2v-14b-720p"), torch.bfloat16)
     assert count(parts.transformer) == flf2v.TRANSFORMER_PARAMETERS == i2v.TRANSFORMER_PARAMETERS + 514 * 1280
     assert count(parts.image_encoder) == flf2v.IMAGE_ENCODER_PARAMETERS
+    published = {"in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120, "pos_embed_seq_len": 514,
+                 "rope_max_seq_len": 1024, "num_layers": 40, "num_attention_heads": 40, "ffn_dim": 13824}
+    assert {key: parts.transformer.config[key] for key in published} == published
+    assert tuple(parts.transformer.condition_embedder.image_embedder.pos_embed.shape) == (1, 514, 1280)
+    assert flf2v.SCHEDULER["flow_shift"] == 16.0 and i2v.SCHEDULER["flow_shift"] == 3.0
+    # Its image features take both frames: image-to-video with two input images, not one or two.
+    pipeline = SimpleNamespace(config={}, image_encoder=parts.image_encoder, transformer=parts.transformer)
+    assert family_named("wan").input_frame_counts(pipeline) == (2,)
     parts = build_parts(models._built_in("wan2.1-i2v-14b-480p"), torch.bfloat16)
     assert count(parts.image_encoder) == i2v.IMAGE_ENCODER_PARAMETERS
     assert count(parts.transformer) == i2v.TRANSFORMER_PARAMETERS
