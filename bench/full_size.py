@@ -42,23 +42,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "a lighthouse on a cliff at dawn, oil painting"
 SEED = 7
-# The requests, in order: (label, {slot: adapter key}). Each adapter comes back once, so its
-# bytes can be compared; none comes back at the end.
-SEQUENCE = [("none", {}), ("kohya", {"identity": "kohya-r32"}), ("diffusers", {"style": "diffusers-r128"}),
-            ("kohya", {"identity": "kohya-r32"}), ("diffusers", {"style": "diffusers-r128"}), ("none", {})]
 SCALES = {"identity": 0.9, "style": 0.8}
 
+# --family -> its name in the tables and the hotlora.fullsize module that builds it
+FAMILIES = {"sdxl": "SDXL", "sd15": "SD1.5", "sana": "Sana 1600M"}
+MODULES = {"sdxl": "sdxl", "sd15": "sd15", "sana": "sana_1600m"}
+# Each family's two adapters, (request label, adapter key, slot), as its trainers write them: a kohya
+# sd-scripts file (U-Net and text encoders) for the SD families, diffusers' DreamBooth script's
+# default targets for Sana (its trainers write diffusers' layout); a diffusers rank-128 one for each.
+ADAPTERS = {"sdxl": (("kohya", "kohya-r32", "identity"), ("diffusers", "diffusers-r128", "style")),
+            "sd15": (("kohya", "kohya-r32", "identity"), ("diffusers", "diffusers-r128", "style")),
+            "sana": (("dreambooth", "dreambooth-r32", "identity"), ("diffusers", "diffusers-r128", "style"))}
 
-FAMILIES = {"sdxl": "SDXL", "sd15": "SD1.5"}  # --family -> its name in the tables (hotlora.fullsize.FAMILY builds it)
+
+def sequence(family: str) -> list[tuple[str, dict[str, str]]]:
+    """The requests, in order: (label, {slot: adapter key}). Each adapter comes back once, so its
+    bytes can be compared; none comes back at the end."""
+    (a, key_a, slot_a), (b, key_b, slot_b) = ADAPTERS[family]
+    return [("none", {}), (a, {slot_a: key_a}), (b, {slot_b: key_b}), (a, {slot_a: key_a}), (b, {slot_b: key_b}),
+            ("none", {})]
+
+
+def adapter_path(adapters: Path, key: str) -> Path:
+    """kohya's files are one .safetensors; diffusers' ``save_lora_weights`` writes a folder."""
+    return adapters / f"{key}.safetensors" if key.startswith("kohya") else adapters / key / "pytorch_lora_weights.safetensors"
 
 
 def ensure_model(model: Path, family: str = "sdxl") -> tuple[Path, dict[str, Path]]:
     """The model and its two adapters (built by a child process the first time)."""
-    adapters = model / "adapters"
-    paths = {"kohya-r32": adapters / "kohya-r32.safetensors",
-             "diffusers-r128": adapters / "diffusers-r128" / "pytorch_lora_weights.safetensors"}
+    paths = {key: adapter_path(model / "adapters", key) for _, key, _ in ADAPTERS[family]}
     if not (model / "model_index.json").is_file() or not all(p.is_file() for p in paths.values()):
-        subprocess.run([sys.executable, "-m", f"hotlora.fullsize.{family}", "build", str(model)], check=True,
+        subprocess.run([sys.executable, "-m", f"hotlora.fullsize.{MODULES[family]}", "build", str(model)], check=True,
                        env=child_env())
     return model, paths
 
@@ -197,7 +211,7 @@ def run_server(model: Path, refs: dict[str, Path], args, name: str, artifacts: P
         inductor = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", REPO / ".cache" / "inductor"))
     else:
         subprocess.run(["rm", "-rf", str(inductor)], check=True)  # empty: only the artifacts file carries over
-    server = Server(model, refs["kohya-r32"].parent, args, inductor, artifacts, args.work / f"server-{name}.log")
+    server = Server(model, model / "adapters", args, inductor, artifacts, args.work / f"server-{name}.log")
     try:
         startup = server.wait_ready(args.ready_timeout_s)
         print(f"{name} server ready: {startup}", flush=True)
@@ -214,7 +228,7 @@ def run_reference(model: Path, refs: dict[str, Path], args, dtype: str) -> dict:
     out = args.work / f"reference-{dtype}.json"
     if not (args.reuse and out.is_file()):
         command = [sys.executable, str(REPO / "bench" / "full_size_reference.py"), str(model),
-                   json.dumps({k: str(v) for k, v in refs.items()}),
+                   json.dumps({label: [str(refs[key]), slot] for label, key, slot in ADAPTERS[args.family]}),
                    dtype, str(args.steps), str(args.num_images), args.size, str(out)]
         subprocess.run(command, check=True, env=child_env(), timeout=args.ready_timeout_s)
     data = json.loads(out.read_text())
@@ -314,7 +328,7 @@ def table(result: dict) -> str:
     for label in t:
         rows.append([f"pack, {label} (median generate_ms)", f"{median(t[label]['generate_ms']) / 1000:.1f} s"])
         if label != "none":
-            rows.append([f"swap in, {label}: U-Net / text encoders (each time)",
+            rows.append([f"swap in, {label}: denoiser / text encoders (each time)",
                          f"{t[label]['swap_ms']} ms / {t[label]['text_encoders_ms']} ms"])
     for dtype, ratios in result.get("pack_ratio_vs_diffusers", {}).items():
         for label, ratio in ratios.items():
@@ -372,10 +386,10 @@ def run(args) -> dict:
     artifacts = args.work / "compile-artifacts"
     if not args.warm_caches and not (args.reuse and (args.work / "server-cold.json").is_file()):
         subprocess.run(["rm", "-rf", str(artifacts)], check=True)  # cold: compiled from scratch, artifacts saved
-    cold = run_server(model, refs, args, "cold", artifacts, SEQUENCE)
+    cold = run_server(model, refs, args, "cold", artifacts, sequence(args.family))
     references |= {d: run_reference(model, refs, args, d) for d in dtypes if d != args.dtype}
     references = {d: references[d] for d in dtypes}
-    warm = run_server(model, refs, args, "warm", artifacts, SEQUENCE[:1]) if args.warm else None
+    warm = run_server(model, refs, args, "warm", artifacts, sequence(args.family)[:1]) if args.warm else None
     return summarize(cold, warm, references, args)
 
 

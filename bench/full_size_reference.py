@@ -1,14 +1,18 @@
 """Plain diffusers' answers for bench/full_size.py's requests, in one dtype, in its own process.
-The pipeline class is the one the model's ``model_index.json`` names (SDXL's or SD1.5's).
+The pipeline class is the one the model's ``model_index.json`` names (SDXL's, SD1.5's or Sana's).
 
 Usage (bench/full_size.py runs it): full_size_reference.py MODEL ADAPTERS_JSON DTYPE STEPS NUM_IMAGES WxH OUT.json
+(ADAPTERS_JSON: {request label: [adapter file, slot]}, the two adapters in the order served).
 
-Two phases so that float32 fits a 12 GB process (the whole float32 pipeline is 13.9 GB):
-1. the text encoders alone (``unet=None``): the prompt embeddings with no adapter and with the
-   kohya adapter's text-encoder LoRA (loaded by diffusers' own ``lora_state_dict`` and
-   ``load_lora_into_text_encoder``, the calls ``load_lora_weights`` makes, unfused);
-2. the U-Net and VAE (``text_encoder=None``): ``load_lora_weights`` for the U-Net part, unfused,
-   ``set_adapters`` with the request's scale, one pipeline call per request with those embeddings.
+Two phases so that float32 fits a 12 GB process (the whole float32 SDXL pipeline is 13.9 GB, Sana's
+17.5 GB):
+1. the text encoders alone (denoiser and VAE ``None``): the prompt embeddings with no adapter and,
+   for the SD families, with the kohya adapter's text-encoder LoRA (loaded by diffusers' own
+   ``lora_state_dict`` and ``load_lora_into_text_encoder``, the calls ``load_lora_weights`` makes,
+   unfused; Sana's LoRA has no text-encoder part);
+2. the denoiser and VAE (text encoders ``None``): ``load_lora_weights`` for the denoiser part,
+   unfused, ``set_adapters`` with the request's scale, one pipeline call per request with those
+   embeddings.
 The arithmetic is exactly what one pipeline call does; only the order of
 loading differs. Writes the PNG bytes (hex), each pack's seconds (the pipeline call from the
 embeddings), each request's prompt-encoding seconds and the process's peak memory.
@@ -16,6 +20,7 @@ embeddings), each request's prompt-encoding seconds and the process's peak memor
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import resource
@@ -26,17 +31,31 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from full_size import PROMPT, SCALES, SEED  # one definition of the requests
+from full_size import PROMPT, SEED  # one definition of the requests
 
-# The reference's requests: label -> (adapter key, slot) or None; the sequence's first three.
-REQUESTS = {"none": None, "kohya": ("kohya-r32", "identity"), "diffusers": ("diffusers-r128", "style")}
 # What each pipeline's encode_prompt returns, as the keyword arguments its __call__ takes them by;
-# and the text encoders it loads LoRA into.
+# the text encoders it loads LoRA into (Sana: none); its denoiser.
 EMBEDDINGS = {"StableDiffusionXLPipeline": ("prompt_embeds", "negative_prompt_embeds", "pooled_prompt_embeds",
                                             "negative_pooled_prompt_embeds"),
-              "StableDiffusionPipeline": ("prompt_embeds", "negative_prompt_embeds")}
+              "StableDiffusionPipeline": ("prompt_embeds", "negative_prompt_embeds"),
+              "SanaPipeline": ("prompt_embeds", "prompt_attention_mask", "negative_prompt_embeds",
+                               "negative_prompt_attention_mask")}
 TEXT_ENCODERS = {"StableDiffusionXLPipeline": ("text_encoder", "text_encoder_2"),
-                 "StableDiffusionPipeline": ("text_encoder",)}
+                 "StableDiffusionPipeline": ("text_encoder",), "SanaPipeline": ("text_encoder",)}
+TEXT_LORA = ("StableDiffusionXLPipeline", "StableDiffusionPipeline")
+DENOISER = {"StableDiffusionXLPipeline": "unet", "StableDiffusionPipeline": "unet", "SanaPipeline": "transformer"}
+# What hotlora passes on every Sana call (its generic family's fixed arguments: the size asked is
+# the size run), so plain diffusers runs the same request; its default negative prompt "" is in the
+# embeddings already (phase 1), and __call__ refuses both.
+CALL_ARGUMENTS = {"SanaPipeline": {"use_resolution_binning": False, "negative_prompt": None}}
+
+
+def encode_arguments(cls) -> dict:
+    """What ``__call__`` passes encode_prompt beyond the prompt, where it differs from encode_prompt's
+    own default: Sana's ``complex_human_instruction`` (the instructions it prepends to every prompt)."""
+    if cls.__name__ != "SanaPipeline":
+        return {}
+    return {"complex_human_instruction": inspect.signature(cls.__call__).parameters["complex_human_instruction"].default}
 
 
 def pipeline_class(model: Path):
@@ -63,58 +82,69 @@ def split_kohya(path: Path, out: Path) -> tuple[Path, Path]:
     return parts["te"], parts["unet"]
 
 
-def prompt_embeddings(model: Path, kohya_te: Path, dtype: torch.dtype) -> tuple[dict[str, tuple], dict[str, float]]:
-    """Phase 1: {"none": embeds, "kohya": embeds}, each encode_prompt's four tensors, and the seconds
-    each encoding takes (the second call of two: the server's pipeline call encodes too, warm)."""
+def prompt_embeddings(model: Path, kohya_te: Path | None, scale: float,
+                      dtype: torch.dtype) -> tuple[dict[str, tuple], dict[str, float]]:
+    """Phase 1: {"none": embeds, "kohya": embeds (the SD families)}, each encode_prompt's tensors, and
+    the seconds each encoding takes (the second call of two: the server's pipeline call encodes too, warm)."""
     from diffusers import UNet2DConditionModel
     from diffusers.configuration_utils import FrozenDict
 
     cls = pipeline_class(model)
-    pipe = cls.from_pretrained(str(model), unet=None, vae=None, torch_dtype=dtype, local_files_only=True)
+    pipe = cls.from_pretrained(str(model), **{DENOISER[cls.__name__]: None}, vae=None, torch_dtype=dtype,
+                               local_files_only=True)
     seconds = {}
 
     def encode(label: str):
         for _ in range(2):
             began = time.perf_counter()
-            embeds = pipe.encode_prompt(PROMPT, device="cpu", num_images_per_prompt=1, do_classifier_free_guidance=True)
+            embeds = pipe.encode_prompt(PROMPT, device="cpu", num_images_per_prompt=1, do_classifier_free_guidance=True,
+                                        **encode_arguments(cls))
             seconds[label] = time.perf_counter() - began
         return embeds
 
     with torch.no_grad():
         out = {"none": encode("none")}
+        if kohya_te is None:
+            return out, seconds
         unet_config = FrozenDict(UNet2DConditionModel.load_config(str(model / "unet")))
         sd, alphas, meta = pipe.lora_state_dict(str(kohya_te), unet_config=unet_config, return_lora_metadata=True)
         for prefix in TEXT_ENCODERS[cls.__name__]:
             pipe.load_lora_into_text_encoder(sd, network_alphas=alphas, text_encoder=getattr(pipe, prefix), prefix=prefix,
                                              adapter_name="kohya", metadata=meta, _pipeline=pipe)
-        pipe.set_adapters(["kohya"], [SCALES["identity"]])
+        pipe.set_adapters(["kohya"], [scale])
         out["kohya"] = encode("kohya")
     return out, seconds
 
 
 def main() -> None:
+    from full_size import SCALES
+
     model, adapters, dtype_name, steps, num_images, size, out = sys.argv[1:8]
-    model, adapters, dtype = Path(model), {k: Path(v) for k, v in json.loads(adapters).items()}, getattr(torch, dtype_name)
+    model, dtype = Path(model), getattr(torch, dtype_name)
+    requests = {"none": None, **{label: (Path(path), slot) for label, (path, slot) in json.loads(adapters).items()}}
     width, height = (int(x) for x in size.split("x"))
+    cls = pipeline_class(model)
     began = time.perf_counter()
-    kohya_te, kohya_unet = split_kohya(adapters["kohya-r32"], Path(out).parent)
-    embeddings, encode_s = prompt_embeddings(model, kohya_te, dtype)
+    files = {label: adapter[0] for label, adapter in requests.items() if adapter is not None}
+    kohya_te, kohya_scale = None, 1.0
+    if cls.__name__ in TEXT_LORA:  # the kohya file's text-encoder half goes in with phase 1
+        kohya_scale = SCALES[requests["kohya"][1]]
+        kohya_te, files["kohya"] = split_kohya(files["kohya"], Path(out).parent)
+    embeddings, encode_s = prompt_embeddings(model, kohya_te, kohya_scale, dtype)
     text_s = time.perf_counter() - began
     began = time.perf_counter()
-    cls = pipeline_class(model)
     pipe = cls.from_pretrained(str(model), **dict.fromkeys(TEXT_ENCODERS[cls.__name__]), torch_dtype=dtype,
                                local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - began
     rows = []
-    for label, adapter in REQUESTS.items():
+    for label, adapter in requests.items():
         if adapter is not None:
-            key, slot = adapter
             if pipe.get_list_adapters():
                 pipe.delete_adapters(pipe.get_active_adapters())
             began = time.perf_counter()
-            pipe.load_lora_weights(str(kohya_unet if key == "kohya-r32" else adapters[key]), adapter_name=label)
-            pipe.set_adapters([label], [SCALES[slot]])
+            pipe.load_lora_weights(str(files[label]), adapter_name=label)
+            pipe.set_adapters([label], [SCALES[adapter[1]]])
             adapter_load_s = time.perf_counter() - began
         embeds = embeddings.get(label, embeddings["none"])
         generators = [torch.Generator().manual_seed(SEED + i) for i in range(int(num_images))]
@@ -122,7 +152,8 @@ def main() -> None:
         with torch.no_grad():
             images = pipe(**dict(zip(EMBEDDINGS[cls.__name__], embeds, strict=True)),
                           num_images_per_prompt=int(num_images), generator=generators,
-                          num_inference_steps=int(steps), guidance_scale=5.0, height=height, width=width).images
+                          num_inference_steps=int(steps), guidance_scale=5.0, height=height, width=width,
+                          **CALL_ARGUMENTS.get(cls.__name__, {})).images
         pack_s = time.perf_counter() - began
         pngs = []
         for image in images:

@@ -219,7 +219,8 @@ def main() -> None:
     from PIL import Image
 
     first_frame = Image.fromarray(synthetic_frames(1, 24, 40)[0])  # resized to the served size by the pipeline
-    image_inputs = {label: ({"images": (first_frame,), "task": None} if label == IMAGE_TO_VIDEO else {}) for label in setups}
+    for label, setup in setups.items():  # what each model's requests give beside the prompt
+        setup["inputs"] = {"images": (first_frame,), "task": None} if label == IMAGE_TO_VIDEO else {}
 
     # 1. Swap: both slots, two requests alternated so every bind writes every slot of every expert.
     swap = {}
@@ -261,8 +262,6 @@ def main() -> None:
                                           callback_on_step_end=mark,
                                           **({"image": first_frame} if setup["inputs"] else {}))
 
-    for label, setup in setups.items():
-        setup["inputs"] = image_inputs[label]
     marks = {(label, way): [] for label in setups for way in ("hotlora", "diffusers")}
     ways = {(label, way): (ours if way == "hotlora" else theirs)(setups[label], marks[label, way])
             for label, way in marks}

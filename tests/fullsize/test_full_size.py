@@ -1,16 +1,19 @@
-"""The real SDXL and SD1.5 architectures served end to end on the CPU (`make test-full`; not in `make test`).
+"""The real SDXL, SD1.5 and Sana 1600M architectures served end to end on the CPU (`make test-full`;
+not in `make test`).
 
 What ``bench/full_size.py`` measures, asserted per family: ``hotlora serve`` (compiled, bfloat16,
-256x256) answers the no-adapter request, a kohya rank-32 LoRA on the U-Net and the text encoders
-and a diffusers rank-128 LoRA, swapped and brought back, with 0 recompiles, the same bytes each
-time an adapter comes back, and images as close to plain diffusers as plain diffusers' own dtype
-noise.
+256x256) answers the no-adapter request and two adapters as the family's trainers write them (SDXL,
+SD1.5: a kohya rank-32 LoRA on the U-Net and the text encoders; Sana: diffusers' DreamBooth script's
+rank-32 default; each: a diffusers rank-128 LoRA), swapped and brought back, with 0 recompiles, the
+same bytes each time an adapter comes back, and images as close to plain diffusers as plain
+diffusers' own dtype noise.
 
 SDXL needs ~15 GB of free memory (one full-size process at a time: the server peaks at 10.4 GiB,
 the float32 reference at 14.7 GB) and ~7 GB of disk under ``.cache/fullsize`` (the models, built on
-first use, kept across runs; HOTLORA_FULLSIZE_WORK moves them); SD1.5 a third of that. Keeps the
+first use, kept across runs; HOTLORA_FULLSIZE_WORK moves them); SD1.5 a third of that; Sana ~9 GB
+of disk and as much memory as SDXL. Keeps the
 inductor cache and compile artifacts of earlier runs (``--warm-caches``).
-``HOTLORA_FULLSIZE_REUSE=DIR`` (SDXL) / ``HOTLORA_FULLSIZE_REUSE_SD15=DIR`` assert on what an earlier
+``HOTLORA_FULLSIZE_REUSE=DIR`` (SDXL) / ``HOTLORA_FULLSIZE_REUSE_SD15=DIR`` / ``..._SANA`` assert on what an earlier
 ``bench/full_size.py --work DIR`` saved there (its servers' and references' images and figures)
 instead of serving again.
 """
@@ -37,7 +40,7 @@ NOISE_FACTOR = 1.5
 EFFECT_MARGIN = 1.5
 
 
-@pytest.fixture(scope="module", params=["sdxl", "sd15"])
+@pytest.fixture(scope="module", params=["sdxl", "sd15", "sana"])
 def measured(request):
     from bench.full_size import parser, run
 
@@ -56,23 +59,28 @@ def tolerance(result: dict, label: str, stat: str = "mean") -> float:
 
 
 def test_no_recompiles_across_swaps(measured):
-    assert measured["sequence"] == ["none", "kohya", "diffusers", "kohya", "diffusers", "none"]
+    from bench.full_size import ADAPTERS
+
+    (first, *_), (second, *_) = ADAPTERS[measured["args"]["family"]]
+    assert measured["sequence"] == ["none", first, second, first, second, "none"]
     assert measured["recompiles"] == 0
 
 
 def test_same_bytes_when_an_adapter_comes_back(measured):
-    assert measured["same_bytes_on_return"] == {"none": True, "kohya": True, "diffusers": True}
+    assert measured["same_bytes_on_return"] == dict.fromkeys(measured["sequence"], True)
 
 
-@pytest.mark.parametrize("label", ["none", "kohya", "diffusers"])
-def test_equal_to_plain_diffusers_within_its_dtype_noise(measured, label):
+@pytest.mark.parametrize("request_number", [0, 1, 2])  # none, then each family's two adapters
+def test_equal_to_plain_diffusers_within_its_dtype_noise(measured, request_number):
+    label = measured["sequence"][request_number]
     for dtype in ("bfloat16", "float32"):
         for stat in ("mean", "max"):
             distance = measured["comparison"]["server_vs"][dtype][label][stat]
             assert distance <= tolerance(measured, label, stat), (dtype, stat, measured["comparison"])
 
 
-@pytest.mark.parametrize("label", ["kohya", "diffusers"])
-def test_the_comparison_would_see_a_dropped_adapter(measured, label):
+@pytest.mark.parametrize("request_number", [1, 2])
+def test_the_comparison_would_see_a_dropped_adapter(measured, request_number):
+    label = measured["sequence"][request_number]
     effect = measured["comparison"]["adapter_effect"]["float32"][label]["mean"]
     assert effect >= EFFECT_MARGIN * tolerance(measured, label), measured["comparison"]

@@ -22,7 +22,6 @@ from ..helpers import TARGET_RANK
 
 TOLERANCE = 1e-4
 STEPS = 2
-PARTS = ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")
 MODULES = {
     "sdxl": ("down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q",
              "down_blocks.1.attentions.0.transformer_blocks.1.attn2.to_k",
@@ -32,14 +31,15 @@ MODULES = {
 }
 
 
-def loha_factors(denoiser, modules, rank: int, seed: int) -> dict[str, dict[str, torch.Tensor]]:
+def loha_factors(denoiser, modules, rank: int, seed: int, tucker: bool = False) -> dict[str, dict[str, torch.Tensor]]:
     """Random factors of PEFT's own LoHa layers on ``modules`` (their shapes are PEFT's), made
-    strong enough to move a tiny model's output."""
+    strong enough to move a tiny model's output. ``tucker``: convs with a kernel get Tucker cores
+    (PEFT's ``use_effective_conv2d``, LyCORIS' ``use_tucker``)."""
     from peft import LoHaConfig, inject_adapter_in_model
 
     torch.manual_seed(seed)
-    model = inject_adapter_in_model(LoHaConfig(r=rank, alpha=rank, target_modules=list(modules), init_weights=False),
-                                    copy.deepcopy(denoiser))
+    model = inject_adapter_in_model(LoHaConfig(r=rank, alpha=rank, target_modules=list(modules), init_weights=False,
+                                               use_effective_conv2d=tucker), copy.deepcopy(denoiser))
     factors: dict[str, dict[str, torch.Tensor]] = {}
     for name, value in model.state_dict().items():
         if ".hada_" in name:
@@ -59,14 +59,14 @@ def loha_file(path, family, factors, rank: int, layers_per_block: int):
     sd = {}
     for module, parts in factors.items():
         name = kohya_name(module, layers_per_block) if family == "sdxl" else f"transformer.{module}"
-        sd.update({f"{name}.{part}": parts[part].half() if family == "sdxl" else parts[part] for part in PARTS})
+        sd.update({f"{name}.{part}": value.half() if family == "sdxl" else value for part, value in parts.items()})
         if family == "sdxl":
             sd[f"{name}.alpha"] = torch.tensor(2.0 * rank)
     save_file(sd, str(path))
     return path
 
 
-def with_peft_loha(factors, rank: int, scale: float, family: str):
+def with_peft_loha(factors, rank: int, scale: float, family: str, tucker: bool = False):
     """``prepare`` for plain diffusers: PEFT's LoHa layers on the fresh pipeline's denoiser, holding
     the file's factors (SDXL's as the file stores them, in half precision), at the file's scale
     times the request's (PEFT's alpha / r)."""
@@ -76,13 +76,13 @@ def with_peft_loha(factors, rank: int, scale: float, family: str):
 
     def prepare(pipeline):
         denoiser = pipeline.unet if family == "sdxl" else pipeline.transformer
-        inject_adapter_in_model(LoHaConfig(r=rank, alpha=rank * file_scale * scale, target_modules=list(factors)),
-                                denoiser)
+        inject_adapter_in_model(LoHaConfig(r=rank, alpha=rank * file_scale * scale, target_modules=list(factors),
+                                           use_effective_conv2d=tucker), denoiser)
         params = dict(denoiser.named_parameters())
         with torch.no_grad():
             for module, parts in factors.items():
-                for part in PARTS:
-                    value = parts[part].half().float() if family == "sdxl" else parts[part]
+                for part, value in parts.items():
+                    value = value.half().float() if family == "sdxl" else value
                     params[f"{module}.{part}.default"].copy_(value)
     return prepare
 
@@ -128,18 +128,23 @@ def test_a_loha_is_served_equal_to_plain_diffusers_with_peft_loha(tiny_models, t
         torch.testing.assert_close(generate(engine, {}), base, atol=TOLERANCE, rtol=0)  # the base restored
 
 
-def test_a_loha_on_conv_layers_is_served_fused_and_refused_by_the_slots(tiny_models, tmp_path):
-    """LyCORIS' ``conv_dim`` LoHa (factors flattened over the kernel) on SDXL's resnet convs and a Linear,
-    in kohya names: fused mode equals PEFT's LoHa ``Conv2d`` layers; slots and auto name fused mode."""
+@pytest.mark.parametrize("tucker", [False, True], ids=["flattened", "tucker"])
+def test_a_loha_on_conv_layers_is_served_fused_and_refused_by_the_slots(tiny_models, tmp_path, tucker):
+    """LyCORIS' ``conv_dim`` LoHa on SDXL's resnet convs and a Linear, in kohya names, its conv factors
+    flattened over the kernel or Tucker-decomposed (``use_tucker``: a core per factor): fused mode
+    equals PEFT's LoHa ``Conv2d`` layers; slots and auto name fused mode."""
     model = tiny_models["sdxl"]
     fused = Engine.from_pretrained(model, target_rank=TARGET_RANK, compile=False, adapter_mode="fused")
     modules = ("down_blocks.0.resnets.0.conv1", "up_blocks.1.resnets.1.conv_shortcut", MODULES["sdxl"][0])
-    factors = loha_factors(fused.denoiser, modules, rank=2, seed=2)
-    assert factors[modules[0]]["hada_w1_b"].ndim == 2  # flattened over the 3x3 kernel, as LyCORIS stores it
+    factors = loha_factors(fused.denoiser, modules, rank=2, seed=2, tucker=tucker)
+    # flattened over the 3x3 kernel as LyCORIS stores it, or a [r, r, 3, 3] core; a 1x1 conv never has a core
+    assert (factors[modules[0]]["hada_w1_b"].ndim, "hada_t1" in factors[modules[0]]) == (2, tucker)
+    assert tuple(factors[modules[0]].get("hada_t2", torch.zeros(2, 2, 3, 3)).shape) == (2, 2, 3, 3)
+    assert "hada_t1" not in factors[modules[1]]
     path = loha_file(tmp_path / "conv.safetensors", "sdxl", factors, 2, fused.denoiser.config["layers_per_block"])
     base = generate(fused, {})
     got = generate(fused, {"identity": (str(path), 0.9)})
-    want = reference(model, fused, with_peft_loha(factors, 2, 0.9, "sdxl"))
+    want = reference(model, fused, with_peft_loha(factors, 2, 0.9, "sdxl", tucker))
     assert (got - want).abs().max().item() <= TOLERANCE
     assert (want - base).abs().max().item() > 100 * TOLERANCE
     torch.testing.assert_close(generate(fused, {}), base, atol=TOLERANCE, rtol=0)
@@ -158,9 +163,12 @@ def test_loha_files_that_are_not_served_are_refused_by_name(tiny_models, tmp_pat
     good = {f"{name}.hada_w1_a": torch.ones(32, 2), f"{name}.hada_w1_b": torch.ones(2, 32),
             f"{name}.hada_w2_a": torch.ones(32, 2), f"{name}.hada_w2_b": torch.ones(2, 32)}
     assert load_adapter(good, flux).modules["transformer_blocks.0.attn.to_q"].rank == 4
-    tucker = {**good, f"{name}.hada_t1": torch.ones(2, 2, 3, 3)}
-    with pytest.raises(AdapterFormatError, match="Tucker"):
-        load_adapter(tucker, flux)
+    half_tucker = {**good, f"{name}.hada_t1": torch.ones(2, 2, 3, 3)}
+    with pytest.raises(AdapterFormatError, match="needs both hada_t1 and hada_t2"):
+        load_adapter(half_tucker, flux)
+    bad_core = {**half_tucker, f"{name}.hada_t2": torch.ones(3, 2, 3, 3)}
+    with pytest.raises(AdapterFormatError, match="do not make one kernel"):
+        load_adapter(bad_core, flux)
     missing = {k: v for k, v in good.items() if not k.endswith("hada_w2_b")}
     with pytest.raises(AdapterFormatError, match="missing: hada_w2_b"):
         load_adapter(missing, flux)

@@ -36,6 +36,7 @@ PUBLISHED = {
     "wan22_i2v_a14b": ("transformer", 14e9, 0.025),  # "14B" per expert (14.29B each)
     "wan22_ti2v_5b": ("transformer", 5e9, 0.01),  # "5B" (5.00B)
     "ltx_video": ("transformer", 2e9, 0.04),  # "2B" is a rounded name (1.92B)
+    "sana_1600m": ("transformer", 1.6e9, 0.01),  # "1600M" (1.604B)
 }
 
 
@@ -100,6 +101,7 @@ TEXT_ENCODERS = {
     ("sd35_large", "text_encoder_2"): 694_659_840,  # OpenCLIP bigG/14 text tower with projection
     # UMT5-XXL's encoder: 5.68B, consistent with the 11.4 GB bf16 encoder file Wan ships (not confirmed here)
     ("wan21_t2v_1_3b", "text_encoder"): 5_680_910_336,
+    ("sana_1600m", "text_encoder"): 2_614_341_888,  # gemma-2-2b-it's decoder: 2.61B
 }
 
 
@@ -145,10 +147,11 @@ def test_plan_builds_the_class_the_model_index_names(monkeypatch):
 @pytest.mark.parametrize("name,factor,width", [("sd15", 8, 128), ("flux2_dev", 8, 128), ("qwen_image", 8, 96),
                                                ("qwen_image_21", 16, 144), ("sd35_large", 8, 128),
                                                ("wan21_t2v_14b", 8, 96), ("wan22_ti2v_5b", 16, 256),
-                                               ("ltx_video", 32, 128)])
+                                               ("ltx_video", 32, 128), ("sana_1600m", 32, 128)])
 def test_activation_workload_reads_every_vae_layout(name, factor, width):
     """The plan's activation workload reads the VAE's scale and width from AutoencoderKL-style
-    configs (block_out_channels) and from the Wan-style ones Qwen-Image ships, as its pipelines do."""
+    configs (block_out_channels), from the Wan-style ones Qwen-Image ships and from Sana's DC-AE, as
+    its pipelines do."""
     from hotlora.engine.plan.activations import vae_scale_factor, vae_width
 
     vae = importlib.import_module(f"hotlora.fullsize.{name}").COMPONENTS["vae"]
@@ -259,3 +262,21 @@ def test_ltx_plan_workload_at_its_sizes(size, tokens):
 
     work = workload(family_named("ltx"), ltx_video.COMPONENTS, *size, images=1, cfg=True)
     assert (work.tokens, work.width, work.batch, work.frames) == (tokens, 2048, 2, 161)
+
+
+def test_sana_plan_leaves_the_dc_ae_decode_unmodelled():
+    """Sana's DC-AE is no AutoencoderKL: the plan counts its weights (312M) and reports its decode's
+    activations unknown instead of predicting them with another architecture's fit."""
+    from hotlora.engine.plan import models
+    from hotlora.engine.plan.activations import Workload, predict, vae_part
+    from hotlora.families import family_named
+
+    spec = models._built_in("sana-1600m")
+    assert spec.family is family_named("sana") and spec.classes["text_encoder"] == ("transformers", "Gemma2Model")
+    parts = build_parts(spec, torch.bfloat16)
+    assert count(parts.vae) == 312_250_275
+    assert vae_part(spec.configs["vae"]) == "dc_ae_decode"
+    work = Workload(batch=2, tokens=32 * 32, width=2240, images=1, pixels=1024 * 1024, vae_channels=128,
+                    vae_part="dc_ae_decode")
+    table = {"vae": {"decode": {"bfloat16": {"one": (1.0, 0)}}}}  # an AutoencoderKL fit, which must not apply
+    assert predict(table, "sana", work, torch.bfloat16, "slots")["vae_decode"] is None

@@ -108,6 +108,8 @@ class Claim:
     why_fixed: str = ""
     # Prompts of different token lengths where the prompt's length reaches the denoiser.
     warmup_prompts: tuple[str, ...] = ("warm-up",)
+    # Plan name -> its published configuration's module in hotlora.fullsize (ModelFamily.full_size_models).
+    full_size_models: Mapping[str, str] = field(default_factory=dict)
 
 
 class GenericFamily(ModelFamily):
@@ -121,6 +123,7 @@ class GenericFamily(ModelFamily):
         self.name, self.pipeline_class, self.cfg = claim.name, claim.pipeline_class, claim.cfg
         self.latent_multiple, self.tiny_size = claim.latent_multiple, claim.tiny_size
         self.embedding_keys, self.tokenizer_of, self.prompt_argument_of = (), {}, {}
+        self.full_size_models = claim.full_size_models
 
     @property
     def _call_defaults(self) -> Mapping[str, Any]:
@@ -281,7 +284,7 @@ GENERIC: tuple[Claim, ...] = (
     Claim(name="auraflow", pipeline_class="AuraFlowPipeline", cfg="batch", latent_multiple=2,
           build_tiny=tiny_auraflow),
     Claim(name="sana", pipeline_class="SanaPipeline", cfg="batch", latent_multiple=1, build_tiny=tiny_sana,
-          fixed={"use_resolution_binning": False},
+          fixed={"use_resolution_binning": False}, full_size_models={"sana-1600m": "sana_1600m"},
           why_fixed="Sana snaps every size to its resolution bins by default; hotlora runs the size asked "
                     "(a served size is one warmed up), so binning is off on every call"),
     # CogView4 pads its prompt to a multiple of 16 tokens, not to a fixed length: the text length

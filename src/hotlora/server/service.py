@@ -255,15 +255,16 @@ class Service:
         on a worker thread, under ``client``'s share of decoders (429 beyond) and the request's
         deadline (504; the thread keeps its place in the share until it ends). ``fetch`` False: the
         images in the body alone (uploads, base64), URLs left for the run to fetch."""
-        if not job.images and job.mask is None:
-            return job
-        if not fetch and not any(isinstance(value, ImageInput) and value.url is None for value in (*job.images, job.mask)):
+        def decodes_now(value) -> bool:  # a route's image (not the Python API's PIL), a URL only when fetching
+            return isinstance(value, ImageInput) and (fetch or value.url is None)
+
+        if not any(decodes_now(value) for value in (*job.images, job.mask)):
             return job
         budget, policy, timeout_s = engine.image_budget, self.image_policy, self.config.input_image_fetch_deadline_s
         hold = self._decoding.hold(client)
 
         def decoded(value, label: str, mode: str):
-            if not fetch and isinstance(value, ImageInput) and value.url is not None:
+            if not decodes_now(value):
                 return value
             return load_image(value, label=label, mode=mode, budget=budget, policy=policy, fetch_timeout_s=timeout_s)
 

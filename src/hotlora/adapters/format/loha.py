@@ -19,8 +19,13 @@ A LoHa on a conv layer (LyCORIS with ``conv_dim``, PEFT's LoHa ``Conv2d`` withou
 ``use_effective_conv2d``) stores its factors flattened over the kernel (``W1b`` is
 ``[r, in * kh * kw]``); its exact form stays flattened, which fused mode merges into the conv
 weight as it is (``validate._shape_problem``). Slots and auto mode hold Linear layers only: such a
-file is refused there with the mode that serves it. Not served: Tucker-decomposed conv LoHa
-(``hada_t1`` / ``hada_t2``).
+file is refused there with the mode that serves it.
+
+A Tucker-decomposed conv LoHa (LyCORIS ``use_tucker``, PEFT's ``use_effective_conv2d``) stores a
+core ``hada_t1`` ``[r, r, kh, kw]`` with ``hada_w1_a`` ``[r, out]`` and ``hada_w1_b`` ``[r, in]``, and
+``W1[p, q, k, l] = sum_ij t1[i,j,k,l] w1b[j,q] w1a[i,p]`` (PEFT's ``make_weight_cp``). Flattened over
+``(in, kh, kw)`` as the conv weight is, that is ``w1a.T @ D1`` with ``D1[i, (q,k,l)] = sum_j
+t1[i,j,k,l] w1b[j,q]``: rank ``r`` again, so it takes the flattened form above exactly.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from hotlora.errors import AdapterFormatError
 
 LAYOUT = "lycoris-loha"
 PARTS = ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")
+TUCKER_CORES = ("hada_t1", "hada_t2")
 # The exact low-rank form multiplies ranks (LyCORIS' LoHa dims are 4-32: up to 1024): its factors,
 # all modules together, are bounded before any is made, as a LoKr's (float32 elements, 4 GiB).
 MAX_LOHA_ELEMENTS = 2**30
@@ -53,10 +59,7 @@ def loha_as_lora(state_dict: Mapping[str, torch.Tensor], label: str,
         module, _, part = key.rpartition(".")
         if not module:
             raise AdapterFormatError(f"{label}: a LoHa file with a key that names no module: {key}")
-        if part in ("hada_t1", "hada_t2"):
-            raise AdapterFormatError(f"{label}: {module}: Tucker-decomposed (conv) LoHa factors are not served "
-                                     "(Linear layers only)")
-        if part not in (*PARTS, "alpha"):
+        if part not in (*PARTS, *TUCKER_CORES, "alpha"):
             raise AdapterFormatError(f"{label}: a LoHa file with keys that are not LoHa factors: {key}")
         if not value.is_floating_point():
             raise AdapterFormatError(f"{label}: {key} is {value.dtype}, not a floating-point tensor")
@@ -67,7 +70,7 @@ def loha_as_lora(state_dict: Mapping[str, torch.Tensor], label: str,
         missing = [p for p in PARTS if p not in parts]
         if missing:
             raise AdapterFormatError(f"{label}: {module}: LoHa factors missing: {', '.join(missing)}")
-        w1a, w1b, w2a, w2b = (parts[p] for p in PARTS)
+        w1a, w1b, w2a, w2b = _flattened(parts, module, label)
         if not all(t.ndim == 2 for t in (w1a, w1b, w2a, w2b)) or w1a.shape[1] != w1b.shape[0] \
                 or w2a.shape[1] != w2b.shape[0] or w1a.shape[0] != w2a.shape[0] or w1b.shape[1] != w2b.shape[1]:
             raise AdapterFormatError(f"{label}: {module}: LoHa factors of shapes "
@@ -78,7 +81,7 @@ def loha_as_lora(state_dict: Mapping[str, torch.Tensor], label: str,
                                  f"(over {MAX_LOHA_ELEMENTS:,}); refused before expanding them")
     out: dict[str, torch.Tensor] = {}
     for module, parts in modules.items():
-        w1a, w1b, w2a, w2b = (parts[p].float() for p in PARTS)
+        w1a, w1b, w2a, w2b = (t.float() for t in _flattened(parts, module, label))
         rank = w1b.shape[0]
         alpha = parts.get("alpha")
         if alpha is not None and alpha.numel() != 1:
@@ -94,6 +97,24 @@ def loha_as_lora(state_dict: Mapping[str, torch.Tensor], label: str,
         else:
             out[f"{module}.lora_A.weight"], out[f"{module}.lora_B.weight"] = down, up
     return out
+
+
+def _flattened(parts: Mapping[str, torch.Tensor], module: str, label: str) -> tuple[torch.Tensor, ...]:
+    """The module's ``(w1a, w1b, w2a, w2b)`` in the flattened form ``W = (w1a @ w1b) * (w2a @ w2b)``,
+    a Tucker pair rewritten into it (the module docstring)."""
+    cores = [parts.get(core) for core in TUCKER_CORES]
+    if all(core is None for core in cores):
+        return tuple(parts[p] for p in PARTS)
+    if any(core is None for core in cores):
+        raise AdapterFormatError(f"{label}: {module}: a Tucker LoHa needs both hada_t1 and hada_t2")
+    out = []
+    for core, a, b in zip(cores, (parts["hada_w1_a"], parts["hada_w2_a"]), (parts["hada_w1_b"], parts["hada_w2_b"])):
+        if core.ndim != 4 or a.ndim != 2 or b.ndim != 2 or core.shape[0] != a.shape[0] or core.shape[1] != b.shape[0]:
+            raise AdapterFormatError(f"{label}: {module}: Tucker LoHa factors of shapes "
+                                     f"{[tuple(t.shape) for t in (core, a, b)]} do not make one kernel")
+        # Only the core's contraction with w1b is materialised: [r, in * kh * kw], the factor's own size.
+        out += [a.T, torch.einsum("ijkl,jq->iqkl", core.float(), b.float()).reshape(core.shape[0], -1)]
+    return out[0], out[1], out[2], out[3]
 
 
 def _config_scale(peft_config: Mapping | None, label: str) -> float:

@@ -83,7 +83,10 @@ def vae_scale_factor(vae_config: dict) -> int:
     """Pixels per latent pixel, each way: AutoencoderKL-style VAEs halve at every block but the
     last; the Wan-style ones (Qwen-Image's) at every ``temperal_downsample`` stage, or say it
     (``scale_factor_spatial``, Qwen-Image-2.1's); LTX-Video's patchify, then halve at every
-    ``spatio_temporal_scaling`` stage (32), as their pipelines compute it."""
+    ``spatio_temporal_scaling`` stage (32); Sana's DC-AE at every encoder stage but the first (32),
+    as their pipelines compute it."""
+    if "encoder_block_out_channels" in vae_config:  # AutoencoderDC
+        return 2 ** (len(vae_config["encoder_block_out_channels"]) - 1)
     if "spatio_temporal_scaling" in vae_config:  # LTX-Video's: a patch, then the scaling stages
         return vae_config.get("patch_size", 1) * 2 ** sum(vae_config["spatio_temporal_scaling"])
     if "block_out_channels" in vae_config:
@@ -97,12 +100,18 @@ def vae_width(vae_config: dict) -> int:
     """The channels of the VAE's first (widest-resolution) stage, what its decode peak scales with."""
     if "block_out_channels" in vae_config:
         return vae_config["block_out_channels"][0]
+    if "decoder_block_out_channels" in vae_config:  # AutoencoderDC
+        return vae_config["decoder_block_out_channels"][0]
     return vae_config.get("decoder_base_dim") or vae_config["base_dim"]
 
 
 def vae_part(vae_config: dict) -> str:
     """Which of a family's own video-VAE fits a VAE's decode uses: Wan 2.2's residual VAE
-    (``is_residual``: residual up blocks over a 2 x 2 patch) has its own, the others ``vae_decode``."""
+    (``is_residual``: residual up blocks over a 2 x 2 patch) has its own, the others ``vae_decode``.
+    Sana's DC-AE (``dc_ae_decode``) is another architecture (EfficientViT blocks, linear attention),
+    not calibrated: its decode is reported unknown rather than predicted with the AutoencoderKL fit."""
+    if "decoder_block_types" in vae_config:
+        return "dc_ae_decode"
     return "residual_vae_decode" if vae_config.get("is_residual") else "vae_decode"
 
 
