@@ -60,6 +60,14 @@ def test_the_declared_cfg_style_is_what_the_tiny_pipeline_does(family, tmp_path)
         passes = 2 if family.cfg == "true" and guidance > 1 else 1
         assert batches == [images * (2 if doubled else 1)] * (steps * passes), (guidance, batches)
         assert family.batch_factor(guidance) == (2 if doubled else 1)
+    # Regional compilation: the declared block classes are the transformer's repeated blocks (the
+    # transformer declares none itself), and compile_denoiser compiles them, not the whole model.
+    from hotlora.engine.pipeline import compile_denoiser
+
+    assert not getattr(type(denoiser), "_repeated_blocks", None) and family.repeated_blocks
+    lists = [m for m in denoiser.children() if isinstance(m, torch.nn.ModuleList)]
+    assert {type(block).__name__ for blocks in lists for block in blocks} == set(family.repeated_blocks)
+    assert compile_denoiser(denoiser, family) == f"regional ({', '.join(family.repeated_blocks)})"
 
 
 @pytest.mark.parametrize("pipeline, missing", [

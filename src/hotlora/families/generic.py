@@ -110,6 +110,9 @@ class Claim:
     warmup_prompts: tuple[str, ...] = ("warm-up",)
     # Plan name -> its published configuration's module in hotlora.fullsize (ModelFamily.full_size_models).
     full_size_models: Mapping[str, str] = field(default_factory=dict)
+    # The transformer's block classes, for regional compilation: these transformers declare no
+    # ``_repeated_blocks``, and compiled whole a full-size one traces every layer for every graph.
+    repeated_blocks: tuple[str, ...] = ()
 
 
 class GenericFamily(ModelFamily):
@@ -123,7 +126,7 @@ class GenericFamily(ModelFamily):
         self.name, self.pipeline_class, self.cfg = claim.name, claim.pipeline_class, claim.cfg
         self.latent_multiple, self.tiny_size = claim.latent_multiple, claim.tiny_size
         self.embedding_keys, self.tokenizer_of, self.prompt_argument_of = (), {}, {}
-        self.full_size_models = claim.full_size_models
+        self.full_size_models, self.repeated_blocks = claim.full_size_models, claim.repeated_blocks
 
     @property
     def _call_defaults(self) -> Mapping[str, Any]:
@@ -282,16 +285,17 @@ def tiny_cogview4(seed: int = 0):
 
 GENERIC: tuple[Claim, ...] = (
     Claim(name="auraflow", pipeline_class="AuraFlowPipeline", cfg="batch", latent_multiple=2,
-          build_tiny=tiny_auraflow),
+          build_tiny=tiny_auraflow, repeated_blocks=("AuraFlowJointTransformerBlock", "AuraFlowSingleTransformerBlock")),
     Claim(name="sana", pipeline_class="SanaPipeline", cfg="batch", latent_multiple=1, build_tiny=tiny_sana,
           fixed={"use_resolution_binning": False}, full_size_models={"sana-1600m": "sana_1600m"},
+          repeated_blocks=("SanaTransformerBlock",),
           why_fixed="Sana snaps every size to its resolution bins by default; hotlora runs the size asked "
                     "(a served size is one warmed up), so binning is off on every call"),
     # CogView4 pads its prompt to a multiple of 16 tokens, not to a fixed length: the text length
     # reaches the transformer. Warm-up runs prompts of two lengths, so dynamo turns that dimension
     # dynamic and any later length reuses the graphs (tests/unit/test_generic_families.py).
     Claim(name="cogview4", pipeline_class="CogView4Pipeline", cfg="true", latent_multiple=2,
-          build_tiny=tiny_cogview4,
+          build_tiny=tiny_cogview4, repeated_blocks=("CogView4TransformerBlock",),
           warmup_prompts=("warm-up", "a warm-up prompt of more than sixteen tokens, so a second text length")),
 )
 
