@@ -15,7 +15,9 @@ this CPU takes minutes a point); ``--only wan-vae`` measures just that (~2 minut
 keeps the other parts' results from bench/results/plan_calibrate.json. LTX-Video's VAE (real
 widths, a non-causal decoder: every frame decoded at once) is measured the same way, in the same
 ``(k, c, f)`` form, where ``f`` then carries the whole decoder's activations per decoded frame;
-``--only video-vae`` measures every video VAE. Wan 2.2's residual VAE (TI2V-5B's: decoder_base_dim
+``--only video-vae`` measures every video VAE. Sana's DC-AE (an image decoder of another architecture:
+EfficientViT blocks, a 32x spatial factor) gets its own fit (``dc_ae_decode``, ``f`` = 0) over sizes
+at one image, in float32 and bfloat16; ``--only dc-ae`` measures just that. Wan 2.2's residual VAE (TI2V-5B's: decoder_base_dim
 256, a 2 x 2 patch, 16x spatial) is another architecture: it gets its own fit (``residual_vae_decode``)
 at the same points, with ``--only wan-vae`` too.
 """
@@ -38,6 +40,7 @@ from hotlora.engine.plan.activations import (
 )
 from hotlora.fullsize._encoders import WAN21_VAE
 from hotlora.fullsize.ltx_video import VAE as LTX_VIDEO_VAE
+from hotlora.fullsize.sana_1600m import VAE as SANA_VAE
 from hotlora.fullsize.wan22_ti2v_5b import VAE as WAN22_VAE
 from hotlora.engine.writers.slots import SlotsWriter
 from hotlora.fullsize.flux import TRANSFORMER, VAE
@@ -161,9 +164,29 @@ def calibrate_video_vae(cls, config: dict, temporal: int, sizes, frame_counts, d
         for (n, h, w), p in measured.items()]}
 
 
+# Sana's DC-AE, (height, width) of one image: latents 8x8 to 16x16 (32x); below 256 x 256 the fixed
+# buffers bend the line (128 x 128 peaked at half of 256 x 256's, not a quarter).
+DC_AE_SIZES = [(256, 256), (384, 384), (512, 512)]
+
+
+def calibrate_dc_ae(dtype: torch.dtype) -> dict:
+    """Sana's DC-AE (real widths) decoding one image at ``DC_AE_SIZES``: ``(k, c)`` in a family VAE's
+    form, ``f`` = 0 (an image decoder: nothing grows with frames)."""
+    from diffusers import AutoencoderDC
+
+    vae = empty_model(lambda: AutoencoderDC.from_config({k: v for k, v in SANA_VAE.items() if not k.startswith("_")}),
+                      dtype)
+    element = torch.empty((), dtype=dtype).element_size()
+    channels = vae_width(SANA_VAE)
+    measured = {(h, w): vae_decode_peak(vae, 1, h, w) for h, w in DC_AE_SIZES}
+    k, c = fit([(h * w * channels * element, peak) for (h, w), peak in measured.items()])
+    return {"k": round(k, 4), "c": round(c), "f": 0.0, "points": [
+        {"frames": 1, "height": h, "width": w, "peak_bytes": peak} for (h, w), peak in measured.items()]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=("wan-vae", "video-vae"), default=None,
+    parser.add_argument("--only", choices=("wan-vae", "video-vae", "dc-ae"), default=None,
                         help="measure one part; the others' results are kept from bench/results/plan_calibrate.json")
     args = parser.parse_args()
     began = time.perf_counter()
@@ -188,11 +211,17 @@ def main() -> int:
     for family, part, calibrate in (("wan", "vae_decode", calibrate_wan_vae),
                                     ("wan", "residual_vae_decode", calibrate_wan22_vae),
                                     ("ltx", "vae_decode", calibrate_ltx_vae)):
-        if args.only == "wan-vae" and family != "wan":
+        if (args.only == "wan-vae" and family != "wan") or args.only == "dc-ae":
             continue
         video = calibrate(torch.float32)
         results[family][part] = {"float32": video, "bfloat16": {**video, "measured_in": "float32"}}
         print(family, part, "float32", json.dumps(video), file=sys.stderr)
+
+    if args.only in (None, "dc-ae"):
+        for dtype in (torch.float32, torch.bfloat16):
+            name = str(dtype).removeprefix("torch.")
+            results.setdefault("sana", {}).setdefault("dc_ae_decode", {})[name] = calibrate_dc_ae(dtype)
+            print("sana dc_ae_decode", name, json.dumps(results["sana"]["dc_ae_decode"][name]), file=sys.stderr)
 
     def fitted(by: dict):  # by writer or regime ((k, c)); a family's own VAE has no writer ((k, c, f))
         return (by["k"], by["c"], by["f"]) if "f" in by else {k: (v["k"], v["c"]) for k, v in by.items()}
@@ -230,8 +259,8 @@ def main() -> int:
             rows.append(f"| Flux VAE decode ({regime} image{'s' if regime == 'batch' else ''}) | {dtype} | - | "
                         f"{v['k']} | {v['c'] / 2**20:.1f} | {pts} |")
     for family, part, label in (("wan", "vae_decode", "Wan 2.1"), ("wan", "residual_vae_decode", "Wan 2.2 (TI2V-5B)"),
-                                ("ltx", "vae_decode", "LTX-Video")):
-        for dtype, v in results[family].get(part, {}).items():
+                                ("ltx", "vae_decode", "LTX-Video"), ("sana", "dc_ae_decode", "Sana DC-AE f32c32")):
+        for dtype, v in results.get(family, {}).get(part, {}).items():
             pts = ", ".join(f"{p['frames']}f {p['width']}x{p['height']}: {p['peak_bytes'] / 2**20:.1f}" for p in v["points"])
             measured_in = f" (the {v['measured_in']} fit)" if "measured_in" in v else ""
             rows.append(f"| {label} VAE decode (k; f = {v['f']} per decoded frame's pixels x 3) | {dtype}{measured_in} | - | "

@@ -1,6 +1,6 @@
 """The activation model against new measurements: Flux.1-dev's transformer at its real width
-(3072; 1 double + 1 single block, zero weights), its real VAE and the Wan 2.1, Wan 2.2 and LTX-Video
-video VAEs, in float32 on the CPU, at sizes
+(3072; 1 double + 1 single block, zero weights), its real VAE, the Wan 2.1, Wan 2.2 and LTX-Video
+video VAEs and Sana's DC-AE, in float32 on the CPU, at sizes
 and batches the calibration (bench/plan_calibrate.py) did not use: predicted within 10%.
 ~40 s and ~2.6 GB of memory (the two real-width blocks)."""
 
@@ -107,3 +107,21 @@ def test_ltx_vae_decode_peak_is_predicted_within_10_percent(table):
                         vae_channels=LTX_VAE["block_out_channels"][0], frames=8 * (latent_frames - 1) + 1)
         predicted = predict(table, "ltx", work, torch.float32, "slots")["vae_decode"]
         assert abs(predicted - measured) / measured < 0.10, (latent_frames, height, width, predicted, measured)
+
+
+def test_sana_dc_ae_decode_peak_is_predicted_within_10_percent(table):
+    """Sana's DC-AE (real widths, 32x) through its own fit (``dc_ae_decode``), float32, at a size the
+    calibration did not use (it used 256, 384 and 512 square): 320 x 448."""
+    from diffusers import AutoencoderDC
+
+    from hotlora.engine.plan.activations import vae_part, vae_width
+    from hotlora.fullsize.sana_1600m import VAE as SANA_VAE
+
+    vae = empty_model(lambda: AutoencoderDC.from_config({k: v for k, v in SANA_VAE.items() if not k.startswith("_")}),
+                      torch.float32)
+    height, width = 320, 448
+    measured = vae_decode_peak(vae, 1, height, width)
+    work = Workload(batch=1, tokens=0, width=0, images=1, pixels=height * width, vae_channels=vae_width(SANA_VAE),
+                    vae_part=vae_part(SANA_VAE))
+    predicted = predict(table, "sana", work, torch.float32, "slots")["vae_decode"]
+    assert abs(predicted - measured) / measured < 0.10, (predicted, measured)

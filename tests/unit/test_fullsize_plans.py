@@ -264,19 +264,22 @@ def test_ltx_plan_workload_at_its_sizes(size, tokens):
     assert (work.tokens, work.width, work.batch, work.frames) == (tokens, 2048, 2, 161)
 
 
-def test_sana_plan_leaves_the_dc_ae_decode_unmodelled():
-    """Sana's DC-AE is no AutoencoderKL: the plan counts its weights (312M) and reports its decode's
-    activations unknown instead of predicting them with another architecture's fit."""
+def test_sana_plan_models_the_dc_ae_decode_with_its_own_fit():
+    """Sana's DC-AE is no AutoencoderKL: the plan counts its weights (312M) and predicts its decode
+    with its own fit (``dc_ae_decode``), never the AutoencoderKL one; the denoiser is not modelled."""
     from hotlora.engine.plan import models
-    from hotlora.engine.plan.activations import Workload, predict, vae_part
+    from hotlora.engine.plan.activations import predict, vae_part, workload
+    from hotlora.engine.plan.planner import _coefficients
     from hotlora.families import family_named
 
     spec = models._built_in("sana-1600m")
     assert spec.family is family_named("sana") and spec.classes["text_encoder"] == ("transformers", "Gemma2Model")
     parts = build_parts(spec, torch.bfloat16)
     assert count(parts.vae) == 312_250_275
+    work = workload(spec.family, spec.configs, 1024, 1024, 1, cfg=True)
+    assert (work.tokens, work.width, work.vae_channels, work.vae_part) == (32 * 32, 2240, 128, "dc_ae_decode")
     assert vae_part(spec.configs["vae"]) == "dc_ae_decode"
-    work = Workload(batch=2, tokens=32 * 32, width=2240, images=1, pixels=1024 * 1024, vae_channels=128,
-                    vae_part="dc_ae_decode")
-    table = {"vae": {"decode": {"bfloat16": {"one": (1.0, 0)}}}}  # an AutoencoderKL fit, which must not apply
-    assert predict(table, "sana", work, torch.bfloat16, "slots")["vae_decode"] is None
+    only_kl = {"vae": {"decode": {"bfloat16": {"one": (1.0, 0)}}}}  # an AutoencoderKL fit, which must not apply
+    assert predict(only_kl, "sana", work, torch.bfloat16, "slots")["vae_decode"] is None
+    predicted = predict(_coefficients(), "sana", work, torch.bfloat16, "slots")
+    assert predicted["denoiser"] is None and 1 * 2**30 < predicted["vae_decode"] < 3 * 2**30  # ~1.67 GiB

@@ -171,6 +171,14 @@ class GenericFamily(ModelFamily):
         too (their ``__call__`` is another's: an img2img, a distilled sampler)."""
         return 2 if self.pipeline_class in {cls.__name__ for cls in pipeline_type.__mro__} else 0
 
+    def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
+        """The image tokens (the published patch size, ``latent_multiple``) and the blocks' width
+        (heads x head dim). No denoiser fit is calibrated for a generic family: the plan says its
+        activations are not modelled and models what it can (Sana's DC-AE decode)."""
+        denoiser = configs[self.denoiser]
+        return (latent_pixels // self.latent_multiple ** 2,
+                denoiser["num_attention_heads"] * denoiser["attention_head_dim"])
+
     def call_arguments(self, guidance_scale: float) -> dict[str, Any]:
         return {"guidance_scale": guidance_scale, **self.claim.fixed}
 

@@ -108,8 +108,8 @@ def vae_width(vae_config: dict) -> int:
 def vae_part(vae_config: dict) -> str:
     """Which of a family's own video-VAE fits a VAE's decode uses: Wan 2.2's residual VAE
     (``is_residual``: residual up blocks over a 2 x 2 patch) has its own, the others ``vae_decode``.
-    Sana's DC-AE (``dc_ae_decode``) is another architecture (EfficientViT blocks, linear attention),
-    not calibrated: its decode is reported unknown rather than predicted with the AutoencoderKL fit."""
+    Sana's DC-AE (``dc_ae_decode``) is another architecture (EfficientViT blocks, linear attention,
+    32x) with a fit of its own, ``f`` = 0 (measured at its real widths; never the AutoencoderKL fit)."""
     if "decoder_block_types" in vae_config:
         return "dc_ae_decode"
     return "residual_vae_decode" if vae_config.get("is_residual") else "vae_decode"

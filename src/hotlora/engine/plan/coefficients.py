@@ -7,6 +7,7 @@ COEFFICIENTS = {   'flux': {   'denoiser': {   'bfloat16': {'none': (17.0826, 81
                                 'float32': {'none': (15.0554, 87288), 'slots': (16.0554, 87300)}}},
     'ltx': {   'vae_decode': {   'bfloat16': (0.2755, 5996544, 12.9375),
                                  'float32': (0.2755, 5996544, 12.9375)}},
+    'sana': {'dc_ae_decode': {'bfloat16': (6.5391, 0, 0.0), 'float32': (4.5156, 0, 0.0)}},
     'sdxl': {   'denoiser': {   'bfloat16': {   'none': (7.9315, 59778459),
                                                 'slots': (7.9315, 59778459)},
                                 'float32': {   'none': (6.885, 117974400),

@@ -138,8 +138,11 @@ class MemoryPlan:
                 lines.append(f"  {s.size}: activations not modelled for this family")
                 continue
             if s.denoiser_bytes is None:
-                lines.append(f"  {s.size} chunk {s.chunk}: VAE decode {format_bytes(s.vae_decode_bytes)} (the family's "
-                             "default frame count); denoiser activations not modelled for this family")
+                from hotlora.families import family_named
+
+                frames = " (the family's default frame count)" if family_named(self.family).default_frames else ""
+                lines.append(f"  {s.size} chunk {s.chunk}: VAE decode {format_bytes(s.vae_decode_bytes)}{frames}; "
+                             "denoiser activations not modelled for this family")
                 continue
             largest = "-" if s.largest_chunk is None else f"{s.largest_chunk}" + (
                 " or more" if s.largest_chunk == MAX_CHUNK_SEARCHED else "")
