@@ -17,7 +17,8 @@ widths, a non-causal decoder: every frame decoded at once) is measured the same 
 ``(k, c, f)`` form, where ``f`` then carries the whole decoder's activations per decoded frame;
 ``--only video-vae`` measures every video VAE. Sana's DC-AE (an image decoder of another architecture:
 EfficientViT blocks, a 32x spatial factor) gets its own fit (``dc_ae_decode``, ``f`` = 0) over sizes
-at one image, in float32 and bfloat16; ``--only dc-ae`` measures just that. Wan 2.2's residual VAE (TI2V-5B's: decoder_base_dim
+at one image, in float32 and bfloat16, and Sana's transformer (real width 2240, one block) as Flux's
+is; ``--only sana`` measures just those. Wan 2.2's residual VAE (TI2V-5B's: decoder_base_dim
 256, a 2 x 2 patch, 16x spatial) is another architecture: it gets its own fit (``residual_vae_decode``)
 at the same points, with ``--only wan-vae`` too.
 """
@@ -35,12 +36,12 @@ from pathlib import Path
 import torch
 
 from hotlora.engine.plan.activations import (
-    empty_model, fit, flux_blocks, flux_forward_peak, unet_forward_peak, vae_decode_peak, vae_width,
-    video_vae_decode_peak,
+    empty_model, fit, flux_blocks, flux_forward_peak, sana_blocks, sana_forward_peak, unet_forward_peak,
+    vae_decode_peak, vae_width, video_vae_decode_peak,
 )
 from hotlora.fullsize._encoders import WAN21_VAE
 from hotlora.fullsize.ltx_video import VAE as LTX_VIDEO_VAE
-from hotlora.fullsize.sana_1600m import VAE as SANA_VAE
+from hotlora.fullsize.sana_1600m import TRANSFORMER as SANA_TRANSFORMER, VAE as SANA_VAE
 from hotlora.fullsize.wan22_ti2v_5b import VAE as WAN22_VAE
 from hotlora.engine.writers.slots import SlotsWriter
 from hotlora.fullsize.flux import TRANSFORMER, VAE
@@ -184,9 +185,37 @@ def calibrate_dc_ae(dtype: torch.dtype) -> dict:
         {"frames": 1, "height": h, "width": w, "peak_bytes": peak} for (h, w), peak in measured.items()]}
 
 
+# Sana's transformer, (batch, latent side): image tokens 256 to 1024 (1024 x 1024 is 32 x 32) against
+# its 300 caption tokens; the last is held out (predicted from the others' fit, and reported).
+SANA_POINTS = [(1, 16), (2, 16), (1, 24)]
+SANA_HELD_OUT = (1, 32)
+
+
+def calibrate_sana(dtype: torch.dtype) -> dict:
+    """Sana's transformer at its real width, one block (only one block's activations are alive at a
+    time), with and without the slots: ``k`` per image token x width (the plan's tokens exclude the
+    caption's 300, which ``c`` and ``k`` absorb)."""
+    width = SANA_TRANSFORMER["num_attention_heads"] * SANA_TRANSFORMER["attention_head_dim"]
+    element = torch.empty((), dtype=dtype).element_size()
+    model = sana_blocks(SANA_TRANSFORMER, 1, dtype)
+    out = {}
+    for writer in ("none", "slots"):
+        if writer == "slots":
+            SlotsWriter(model, "sana", ("identity", "style"), SLOT_RANK)
+        points = [(b * side * side * width * element, sana_forward_peak(model, b, side)) for b, side in SANA_POINTS]
+        k, c = fit(points)
+        b, side = SANA_HELD_OUT
+        held_out = sana_forward_peak(model, b, side)
+        out[writer] = {"k": round(k, 4), "c": round(c), "points": [
+            {"batch": b, "latent_side": side, "peak_bytes": p} for (b, side), (_, p) in zip(SANA_POINTS, points)],
+            "held_out": {"batch": b, "latent_side": side, "peak_bytes": held_out,
+                         "predicted_bytes": round(k * b * side * side * width * element + c)}}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=("wan-vae", "video-vae", "dc-ae"), default=None,
+    parser.add_argument("--only", choices=("wan-vae", "video-vae", "sana"), default=None,
                         help="measure one part; the others' results are kept from bench/results/plan_calibrate.json")
     args = parser.parse_args()
     began = time.perf_counter()
@@ -211,17 +240,19 @@ def main() -> int:
     for family, part, calibrate in (("wan", "vae_decode", calibrate_wan_vae),
                                     ("wan", "residual_vae_decode", calibrate_wan22_vae),
                                     ("ltx", "vae_decode", calibrate_ltx_vae)):
-        if (args.only == "wan-vae" and family != "wan") or args.only == "dc-ae":
+        if (args.only == "wan-vae" and family != "wan") or args.only == "sana":
             continue
         video = calibrate(torch.float32)
         results[family][part] = {"float32": video, "bfloat16": {**video, "measured_in": "float32"}}
         print(family, part, "float32", json.dumps(video), file=sys.stderr)
 
-    if args.only in (None, "dc-ae"):
+    if args.only in (None, "sana"):
         for dtype in (torch.float32, torch.bfloat16):
             name = str(dtype).removeprefix("torch.")
             results.setdefault("sana", {}).setdefault("dc_ae_decode", {})[name] = calibrate_dc_ae(dtype)
-            print("sana dc_ae_decode", name, json.dumps(results["sana"]["dc_ae_decode"][name]), file=sys.stderr)
+            results["sana"].setdefault("denoiser", {})[name] = calibrate_sana(dtype)
+            print("sana", name, json.dumps(results["sana"]["dc_ae_decode"][name]),
+                  json.dumps(results["sana"]["denoiser"][name]), file=sys.stderr)
 
     def fitted(by: dict):  # by writer or regime ((k, c)); a family's own VAE has no writer ((k, c, f))
         return (by["k"], by["c"], by["f"]) if "f" in by else {k: (v["k"], v["c"]) for k, v in by.items()}
@@ -252,6 +283,14 @@ def main() -> int:
                     f"{held['predicted_bytes'] / 2**20:.1f}, measured {held['peak_bytes'] / 2**20:.1f}")
             rows.append(f"| SDXL U-Net (real widths, 1 transformer layer per level) | {dtype} | {writer} | "
                         f"{v['k']} | {v['c'] / 2**20:.1f} | {pts} |")
+    for dtype, by in results.get("sana", {}).get("denoiser", {}).items():
+        for writer, v in by.items():
+            pts = ", ".join(f"b{p['batch']} T{p['latent_side'] ** 2}: {p['peak_bytes'] / 2**20:.1f}" for p in v["points"])
+            held = v["held_out"]
+            pts += (f"; held out b{held['batch']} T{held['latent_side'] ** 2}: predicted "
+                    f"{held['predicted_bytes'] / 2**20:.1f}, measured {held['peak_bytes'] / 2**20:.1f}")
+            rows.append(f"| Sana transformer (1 block, width 2240, 300 caption tokens) | {dtype} | {writer} | {v['k']} | "
+                        f"{v['c'] / 2**20:.1f} | {pts} |")
     for dtype, by in results["vae"]["decode"].items():
         for regime, v in by.items():
             pts = ", ".join(f"{p['images']}x{p['width']}x{p['height']}: {p['peak_bytes'] / 2**20:.1f}"

@@ -125,3 +125,20 @@ def test_sana_dc_ae_decode_peak_is_predicted_within_10_percent(table):
                     vae_part=vae_part(SANA_VAE))
     predicted = predict(table, "sana", work, torch.float32, "slots")["vae_decode"]
     assert abs(predicted - measured) / measured < 0.10, (predicted, measured)
+
+
+def test_sana_transformer_peak_is_predicted_within_10_percent(table):
+    """Sana's transformer block at its real width (2240), float32, with the slots, at a batch and
+    token count the calibration did not use (it used b1/b2 at 256 tokens and b1 at 576, held out b1
+    at 1024): a CFG batch of 2 at 1,024 tokens (one 1024 x 1024 image)."""
+    from hotlora.engine.plan.activations import sana_blocks, sana_forward_peak
+    from hotlora.engine.writers.slots import SlotsWriter
+    from hotlora.fullsize.sana_1600m import TRANSFORMER as SANA
+
+    model = sana_blocks(SANA, 1, torch.float32)
+    SlotsWriter(model, "sana", ("identity", "style"), 16)
+    measured = sana_forward_peak(model, 2, 32)
+    work = Workload(batch=2, tokens=32 * 32, width=SANA["num_attention_heads"] * SANA["attention_head_dim"], images=1,
+                    pixels=0, vae_channels=0)
+    predicted = predict(table, "sana", work, torch.float32, "slots")["denoiser"]
+    assert abs(predicted - measured) / measured < 0.10, (predicted, measured)

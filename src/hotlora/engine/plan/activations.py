@@ -219,6 +219,30 @@ def flux_forward_peak(model, batch: int, image_tokens_side: int, text_tokens: in
         return peak_allocated(lambda: model(**inputs))
 
 
+def sana_blocks(config: dict, layers: int = 1, dtype: torch.dtype = torch.float32):
+    """Sana's transformer of ``config`` at its real width with ``layers`` blocks, zero weights."""
+    from diffusers import SanaTransformer2DModel
+
+    reduced = {k: v for k, v in config.items() if not k.startswith("_")}
+    reduced.update(num_layers=layers)
+    return empty_model(lambda: SanaTransformer2DModel.from_config(reduced), dtype)
+
+
+def sana_forward_peak(model, batch: int, latent_side: int, text_tokens: int = 300) -> int:
+    """Peak of one Sana transformer forward over ``batch`` samples (CFG-doubled) of a square latent
+    (patch 1: side^2 image tokens) against ``text_tokens`` caption tokens (SanaPipeline's 300)."""
+    config = model.config
+    dtype = next(model.parameters()).dtype
+    inputs = dict(
+        hidden_states=torch.zeros(batch, config.in_channels, latent_side, latent_side, dtype=dtype),
+        encoder_hidden_states=torch.zeros(batch, text_tokens, config.caption_channels, dtype=dtype),
+        encoder_attention_mask=torch.ones(batch, text_tokens, dtype=dtype),
+        timestep=torch.ones(batch, dtype=dtype), return_dict=False,
+    )
+    with torch.no_grad():
+        return peak_allocated(lambda: model(**inputs))
+
+
 def _flux_image_ids(side: int) -> torch.Tensor:
     rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
     return torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(-1, 3).float()
@@ -279,5 +303,5 @@ def fit(points: list[tuple[float, int]]) -> tuple[float, float]:
 
 
 __all__ = ["Workload", "coefficient", "empty_model", "fit", "flux_blocks", "flux_forward_peak",
-           "peak_allocated", "predict", "unet_forward_peak", "vae_decode_peak", "vae_part", "video_vae_decode_peak",
+           "peak_allocated", "predict", "sana_blocks", "sana_forward_peak", "unet_forward_peak", "vae_decode_peak", "vae_part", "video_vae_decode_peak",
            "workload"]
