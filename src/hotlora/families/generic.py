@@ -173,8 +173,8 @@ class GenericFamily(ModelFamily):
 
     def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
         """The image tokens (the published patch size, ``latent_multiple``) and the blocks' width
-        (heads x head dim). No denoiser fit is calibrated for a generic family: the plan says its
-        activations are not modelled and models what it can (Sana's DC-AE decode)."""
+        (heads x head dim): what a calibrated fit scales (Sana's, ``bench/plan_calibrate.py``); a
+        family without one (AuraFlow, CogView4) is planned by its weights and says so."""
         denoiser = configs[self.denoiser]
         return (latent_pixels // self.latent_multiple ** 2,
                 denoiser["num_attention_heads"] * denoiser["attention_head_dim"])

@@ -32,7 +32,6 @@ widens it to, and SimpleTuner's ``all`` target writes in the same layout).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
@@ -195,20 +194,9 @@ def write_adapters(out: str | Path) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hotlora.fullsize.sana_1600m",
-                                     description="the full-size Sana 1600M, random")
-    sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="save the full-size Sana pipeline (and its adapters) under DIR")
-    build.add_argument("directory", type=Path)
-    build.add_argument("--seed", type=int, default=0)
-    build.add_argument("--dtype", default="bfloat16")
-    build.add_argument("--adapters", type=Path, default=None, help="where the adapters go (default: DIR/adapters)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if not (args.directory / "model_index.json").is_file():
-        save_sana(args.directory, args.seed, getattr(torch, args.dtype))
-    paths = write_adapters(args.adapters or args.directory / "adapters")
-    print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
+    from hotlora.fullsize._build import build_command
+
+    build_command(argv, module="sana_1600m", what="Sana 1600M", save=save_sana, write_adapters=write_adapters)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ real 49,408-row embedding tables; prompts just use the first 514 rows.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
@@ -210,21 +209,9 @@ def write_adapters(out: str | Path) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hotlora.fullsize.sdxl", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="save the full-size SDXL pipeline (and its adapters) under DIR")
-    build.add_argument("directory", type=Path)
-    build.add_argument("--seed", type=int, default=0)
-    build.add_argument("--dtype", default="bfloat16", help="the saved weights' dtype (bfloat16: 7 GB on disk)")
-    build.add_argument("--adapters", type=Path, default=None, help="where the adapters go (default: DIR/adapters)")
-    build.add_argument("--no-adapters", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if not (args.directory / "model_index.json").is_file():
-        save_sdxl(args.directory, args.seed, getattr(torch, args.dtype))
-    if not args.no_adapters:
-        paths = write_adapters(args.adapters or args.directory / "adapters")
-        print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
+    from hotlora.fullsize._build import build_command
+
+    build_command(argv, module="sdxl", what="SDXL", save=save_sdxl, write_adapters=write_adapters)
 
 
 if __name__ == "__main__":

@@ -303,5 +303,6 @@ def fit(points: list[tuple[float, int]]) -> tuple[float, float]:
 
 
 __all__ = ["Workload", "coefficient", "empty_model", "fit", "flux_blocks", "flux_forward_peak",
-           "peak_allocated", "predict", "sana_blocks", "sana_forward_peak", "unet_forward_peak", "vae_decode_peak", "vae_part", "video_vae_decode_peak",
+           "peak_allocated", "predict", "sana_blocks", "sana_forward_peak", "unet_forward_peak", "vae_decode_peak",
+           "vae_part", "video_vae_decode_peak",
            "workload"]

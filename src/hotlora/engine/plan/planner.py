@@ -14,6 +14,7 @@ from hotlora.engine.plan import activations
 from hotlora.engine.plan.budget import CPU_RUNTIME_BYTES, CUDA_ACTIVATION_FACTOR, CUDA_RUNTIME_BYTES, format_bytes
 from hotlora.engine.plan.memory import Part, static_parts
 from hotlora.engine.plan.models import find_model
+from hotlora.families import family_named
 
 MAX_CHUNK_SEARCHED = 64
 
@@ -138,8 +139,6 @@ class MemoryPlan:
                 lines.append(f"  {s.size}: activations not modelled for this family")
                 continue
             if s.denoiser_bytes is None:
-                from hotlora.families import family_named
-
                 frames = " (the family's default frame count)" if family_named(self.family).default_frames else ""
                 lines.append(f"  {s.size} chunk {s.chunk}: VAE decode {format_bytes(s.vae_decode_bytes)}{frames}; "
                              "denoiser activations not modelled for this family")
