@@ -12,7 +12,7 @@ denoiser rebuilt from the published configuration of the family's first full-siz
 kind (``LAYER_KEYS``), and the keys that face the tiny text encoders and VAE kept tiny (``INTERFACE_KEYS``),
 random bf16 weights. Per block the slots' cost is the published model's; the share of a step outside the
 blocks is not (bench/rank_buckets.py's ``wide-flux`` is this for Flux with two text layers of real width).
-Families without a published configuration (the generic ones) have tiny rows only.
+Families without a published configuration (AuraFlow, CogView4) have tiny rows only.
 
 Per model, each compiled (regional, fullgraph), median of --runs, interleaved:
   no slots      the engine with ``slots=()``: the base model's cost
