@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 PROMPT = "a lighthouse on a cliff at dawn, oil painting"
 SEED = 7
 SCALES = {"identity": 0.9, "style": 0.8}
+GUIDANCE = 5.0
 
 # --family -> its name in the tables and the hotlora.fullsize module that builds it
 FAMILIES = {"sdxl": "SDXL", "sd15": "SD1.5", "sana": "Sana 1600M"}
@@ -168,7 +169,7 @@ class Server:
         import httpx
 
         body = {"prompt": PROMPT, "adapters": {slot: {"ref": ref, "scale": SCALES[slot]} for slot, ref in adapters.items()},
-                "num_images": num_images, "seed": SEED, "num_inference_steps": steps, "guidance_scale": 5.0,
+                "num_images": num_images, "seed": SEED, "num_inference_steps": steps, "guidance_scale": GUIDANCE,
                 "output_format": "png"}
         response = httpx.post(f"{self.url}/v1/generate", json=body, timeout=3600)
         response.raise_for_status()

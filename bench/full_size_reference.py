@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from full_size import PROMPT, SEED  # one definition of the requests
+from full_size import GUIDANCE, PROMPT, SEED  # one definition of the requests
 
 # What each pipeline's encode_prompt returns, as the keyword arguments its __call__ takes them by;
 # the text encoders it loads LoRA into (Sana: none); its denoiser.
@@ -43,11 +43,18 @@ EMBEDDINGS = {"StableDiffusionXLPipeline": ("prompt_embeds", "negative_prompt_em
 TEXT_ENCODERS = {"StableDiffusionXLPipeline": ("text_encoder", "text_encoder_2"),
                  "StableDiffusionPipeline": ("text_encoder",), "SanaPipeline": ("text_encoder",)}
 TEXT_LORA = ("StableDiffusionXLPipeline", "StableDiffusionPipeline")
-DENOISER = {"StableDiffusionXLPipeline": "unet", "StableDiffusionPipeline": "unet", "SanaPipeline": "transformer"}
-# What hotlora passes on every Sana call (its generic family's fixed arguments: the size asked is
-# the size run), so plain diffusers runs the same request; its default negative prompt "" is in the
-# embeddings already (phase 1), and __call__ refuses both.
-CALL_ARGUMENTS = {"SanaPipeline": {"use_resolution_binning": False, "negative_prompt": None}}
+# Beside the embeddings: Sana's default negative prompt "" is in them already (phase 1), and its
+# __call__ refuses both.
+CALL_ARGUMENTS = {"SanaPipeline": {"negative_prompt": None}}
+
+
+def family_of(model: Path):
+    """hotlora's family of the model: its denoiser's name and the arguments every call passes
+    (``call_arguments``: the guidance, and what the family fixes, e.g. Sana's resolution binning off),
+    so plain diffusers runs the very request the server runs."""
+    from hotlora.families import family_of_model_index
+
+    return family_of_model_index(json.loads((model / "model_index.json").read_text()))
 
 
 def encode_arguments(cls) -> dict:
@@ -90,7 +97,7 @@ def prompt_embeddings(model: Path, kohya_te: Path | None, scale: float,
     from diffusers.configuration_utils import FrozenDict
 
     cls = pipeline_class(model)
-    pipe = cls.from_pretrained(str(model), **{DENOISER[cls.__name__]: None}, vae=None, torch_dtype=dtype,
+    pipe = cls.from_pretrained(str(model), **{family_of(model).denoiser: None}, vae=None, torch_dtype=dtype,
                                local_files_only=True)
     seconds = {}
 
@@ -152,8 +159,8 @@ def main() -> None:
         with torch.no_grad():
             images = pipe(**dict(zip(EMBEDDINGS[cls.__name__], embeds, strict=True)),
                           num_images_per_prompt=int(num_images), generator=generators,
-                          num_inference_steps=int(steps), guidance_scale=5.0, height=height, width=width,
-                          **CALL_ARGUMENTS.get(cls.__name__, {})).images
+                          num_inference_steps=int(steps), height=height, width=width,
+                          **family_of(model).call_arguments(GUIDANCE), **CALL_ARGUMENTS.get(cls.__name__, {})).images
         pack_s = time.perf_counter() - began
         pngs = []
         for image in images:

@@ -199,3 +199,17 @@ def test_auto_mode_refuses_a_loha_above_the_slots_that_a_bf16_merge_would_cut(ti
     result = engine.generate("a lighthouse", adapters={"identity": (str(strong), 1.0)}, num_images=1,
                              num_inference_steps=STEPS, seed=1, output_type="latent")
     assert result.adapters["identity"]["mode"] == "fused"
+
+
+def test_a_tucker_loha_is_bounded_before_its_kernel_is_expanded():
+    """A Tucker core's kernel size multiplies the contraction ``[r, in * kh * kw]`` beyond the file's own
+    size: a file of a few MB that would expand to 2^31 elements is refused by name, nothing allocated."""
+    from hotlora.adapters.format.convert import load_adapter
+    from hotlora.families import family_named
+
+    name = "transformer.transformer_blocks.0.attn.to_q"
+    wide = torch.ones(2, 2**19)  # in = 2^19; a 64 x 64 kernel: 2 x 2^19 x 2^12 = 2^32 elements each
+    huge = {f"{name}.hada_w1_a": torch.ones(2, 8), f"{name}.hada_w1_b": wide, f"{name}.hada_t1": torch.ones(2, 2, 64, 64),
+            f"{name}.hada_w2_a": torch.ones(2, 8), f"{name}.hada_w2_b": wide, f"{name}.hada_t2": torch.ones(2, 2, 64, 64)}
+    with pytest.raises(AdapterFormatError, match="refused before expanding"):
+        load_adapter(huge, family_named("flux"))

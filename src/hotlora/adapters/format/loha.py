@@ -70,18 +70,18 @@ def loha_as_lora(state_dict: Mapping[str, torch.Tensor], label: str,
         missing = [p for p in PARTS if p not in parts]
         if missing:
             raise AdapterFormatError(f"{label}: {module}: LoHa factors missing: {', '.join(missing)}")
-        w1a, w1b, w2a, w2b = _flattened(parts, module, label)
-        if not all(t.ndim == 2 for t in (w1a, w1b, w2a, w2b)) or w1a.shape[1] != w1b.shape[0] \
-                or w2a.shape[1] != w2b.shape[0] or w1a.shape[0] != w2a.shape[0] or w1b.shape[1] != w2b.shape[1]:
+        w1a, w1b, w2a, w2b = _flattened_shapes(parts, module, label)  # shapes only: nothing expanded yet
+        if not all(len(t) == 2 for t in (w1a, w1b, w2a, w2b)) or w1a[1] != w1b[0] or w2a[1] != w2b[0] \
+                or w1a[0] != w2a[0] or w1b[1] != w2b[1]:
             raise AdapterFormatError(f"{label}: {module}: LoHa factors of shapes "
-                                     f"{[tuple(t.shape) for t in (w1a, w1b, w2a, w2b)]} do not make one matrix")
-        elements += w1a.shape[1] * w2a.shape[1] * (w1a.shape[0] + w1b.shape[1])
+                                     f"{[tuple(t) for t in (w1a, w1b, w2a, w2b)]} do not make one matrix")
+        elements += w1a[1] * w2a[1] * (w1a[0] + w1b[1])
     if elements > MAX_LOHA_ELEMENTS:
         raise AdapterFormatError(f"{label}: the LoHa factors expand to {elements:,} elements "
                                  f"(over {MAX_LOHA_ELEMENTS:,}); refused before expanding them")
     out: dict[str, torch.Tensor] = {}
     for module, parts in modules.items():
-        w1a, w1b, w2a, w2b = (t.float() for t in _flattened(parts, module, label))
+        w1a, w1b, w2a, w2b = (t.float() for t in _flattened(parts))
         rank = w1b.shape[0]
         alpha = parts.get("alpha")
         if alpha is not None and alpha.numel() != 1:
@@ -99,22 +99,34 @@ def loha_as_lora(state_dict: Mapping[str, torch.Tensor], label: str,
     return out
 
 
-def _flattened(parts: Mapping[str, torch.Tensor], module: str, label: str) -> tuple[torch.Tensor, ...]:
-    """The module's ``(w1a, w1b, w2a, w2b)`` in the flattened form ``W = (w1a @ w1b) * (w2a @ w2b)``,
-    a Tucker pair rewritten into it (the module docstring)."""
+def _flattened_shapes(parts: Mapping[str, torch.Tensor], module: str, label: str) -> tuple[tuple[int, ...], ...]:
+    """The shapes ``_flattened`` gives, checked without computing anything: the Tucker contraction's
+    ``[r, in * kh * kw]`` is bounded with the rest (``MAX_LOHA_ELEMENTS``) before it is made, since a
+    file's kernel sizes multiply it beyond the file's own size."""
     cores = [parts.get(core) for core in TUCKER_CORES]
     if all(core is None for core in cores):
-        return tuple(parts[p] for p in PARTS)
+        return tuple(tuple(parts[p].shape) for p in PARTS)
     if any(core is None for core in cores):
         raise AdapterFormatError(f"{label}: {module}: a Tucker LoHa needs both hada_t1 and hada_t2")
-    out = []
+    shapes = []
     for core, a, b in zip(cores, (parts["hada_w1_a"], parts["hada_w2_a"]), (parts["hada_w1_b"], parts["hada_w2_b"])):
         if core.ndim != 4 or a.ndim != 2 or b.ndim != 2 or core.shape[0] != a.shape[0] or core.shape[1] != b.shape[0]:
             raise AdapterFormatError(f"{label}: {module}: Tucker LoHa factors of shapes "
                                      f"{[tuple(t.shape) for t in (core, a, b)]} do not make one kernel")
-        # Only the core's contraction with w1b is materialised: [r, in * kh * kw], the factor's own size.
+        shapes += [(a.shape[1], a.shape[0]), (core.shape[0], b.shape[1] * core.shape[2] * core.shape[3])]
+    return tuple(shapes)
+
+
+def _flattened(parts: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The module's ``(w1a, w1b, w2a, w2b)`` in the flattened form ``W = (w1a @ w1b) * (w2a @ w2b)``,
+    a Tucker pair rewritten into it (the module docstring); ``_flattened_shapes`` checked it first."""
+    if parts.get("hada_t1") is None:
+        return tuple(parts[p] for p in PARTS)
+    out = []
+    for core, a, b in zip((parts["hada_t1"], parts["hada_t2"]), (parts["hada_w1_a"], parts["hada_w2_a"]),
+                          (parts["hada_w1_b"], parts["hada_w2_b"])):
         out += [a.T, torch.einsum("ijkl,jq->iqkl", core.float(), b.float()).reshape(core.shape[0], -1)]
-    return out[0], out[1], out[2], out[3]
+    return tuple(out)
 
 
 def _config_scale(peft_config: Mapping | None, label: str) -> float:
