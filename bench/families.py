@@ -53,8 +53,8 @@ LAYER_KEYS = ("num_layers", "num_single_layers", "n_layers", "n_refiner_layers",
 # tables): kept from the tiny denoiser. A UNet's cross_attention_dim is its text encoder's width; a
 # transformer's is its own inner width (kept published).
 INTERFACE_KEYS = ("in_channels", "out_channels", "joint_attention_dim", "pooled_projection_dim", "cap_feat_dim",
-                  "text_dim", "caption_channels", "sample_size", "pos_embed_max_size", "addition_time_embed_dim",
-                  "projection_class_embeddings_input_dim")
+                  "text_dim", "caption_channels", "context_in_dim", "sample_size", "pos_embed_max_size",
+                  "addition_time_embed_dim", "projection_class_embeddings_input_dim")
 UNET_INTERFACE_KEYS = ("cross_attention_dim",)
 IMAGE_FAMILIES_SKIPPED = ("wan", "ltx")  # video: bench/video.py
 

@@ -273,10 +273,16 @@ def test_zimage_and_qwenimage_variants_resolve(variant, expected):
 
 
 def test_qwenimage_21_shares_the_mixin_but_not_the_denoiser():
-    """Qwen-Image 2.1 is a modular pipeline over QwenImage21Transformer2DModel: not Qwen-Image."""
+    """Qwen-Image 2.1 runs QwenImage21Transformer2DModel under Qwen-Image's mixin: its own family,
+    found by its pipeline or its model_index.json; Qwen-Image's variants stay Qwen-Image's."""
     import diffusers
 
     assert family_named("qwenimage").matches(diffusers.QwenImage21ModularPipeline, "QwenImage21Transformer2DModel") == 0
+    assert family_named("qwenimage").matches(diffusers.QwenImage21Pipeline) == 0
+    assert family_of_class(diffusers.QwenImage21Pipeline).name == "qwenimage21"
+    assert family_of_model_index({"_class_name": "QwenImage21Pipeline",
+                                  "transformer": ["diffusers", "QwenImage21Transformer2DModel"]}).name == "qwenimage21"
+    assert family_of_class(diffusers.QwenImageImg2ImgPipeline).name == "qwenimage"
     with pytest.raises(ValueError, match="not a pipeline hotlora serves"):
         family_of_model_index({"_class_name": "QwenImageEditPipeline",
                                "transformer": ["diffusers", "QwenImage21Transformer2DModel"]})

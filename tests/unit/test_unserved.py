@@ -15,7 +15,7 @@ from hotlora.families.recognize import families_of_keys, families_of_metadata, f
     ("CogVideoXPipeline", "video pipeline (CogVideoXLoraLoaderMixin) of no served video family (served: wan"),
     ("LTXImageToVideoPipeline", "video pipeline"),  # LTX image-to-video: an image-conditioned checkpoint
     ("DDPMPipeline", "no diffusers LoRA loader mixin"),
-    ("QwenImage21Pipeline", "key/value-cache 'extract' mode"),  # the Qwen-Image family's own words
+    ("QwenImage21ModularPipeline", "QwenImage21Pipeline, which hotlora serves"),  # the family's own words
 ])
 def test_an_unserved_pipeline_names_what_it_lacks(pipeline, reason):
     import diffusers

@@ -64,9 +64,27 @@ def compile_denoiser(denoiser: torch.nn.Module, family: ModelFamily, fullgraph: 
             block.register_forward_hook(_contiguous_outputs)
     if getattr(denoiser, "_repeated_blocks", None):
         denoiser.compile_repeated_blocks(fullgraph=fullgraph, dynamic=dynamic)
+        if family.eager_block_paths:
+            _eager_where_declared(denoiser, family)
         return f"regional ({', '.join(denoiser._repeated_blocks)})"
     denoiser.compile(fullgraph=fullgraph, dynamic=dynamic)
     return "whole model"
+
+
+def _eager_where_declared(denoiser: torch.nn.Module, family: ModelFamily) -> None:
+    """Each compiled repeated block runs its eager forward for the calls ``family.eager_block_call``
+    names. By hand: torch has no per-call opt-out of a module's compile but ``torch.compiler.disable``,
+    which is per function; ``nn.Module.compile`` keeps the compiled callable in ``_compiled_call_impl``
+    (torch 2.2 on), and the eager one stays ``_call_impl``."""
+    for block in denoiser.modules():
+        compiled = block._compiled_call_impl
+        if type(block).__name__ in denoiser._repeated_blocks and compiled is not None \
+                and not getattr(compiled, "eager_where_declared", False):
+            def call(*args, _compiled=compiled, _eager=block._call_impl, **kwargs):
+                return (_eager if family.eager_block_call(kwargs) else _compiled)(*args, **kwargs)
+
+            call.eager_where_declared = True
+            block._compiled_call_impl = call
 
 
 def fold_linear_inputs(denoiser: torch.nn.Module, family: ModelFamily) -> None:

@@ -20,6 +20,7 @@ from hotlora.families.flux2 import Flux2, Flux2Klein, Flux2KleinBase
 from hotlora.families.generic import GENERIC_FAMILIES, convention_problems
 from hotlora.families.ltx import LTXVideo
 from hotlora.families.qwenimage import QwenImage
+from hotlora.families.qwenimage21 import QwenImage21
 from hotlora.families.sd3 import StableDiffusion3
 from hotlora.families.sd15 import StableDiffusion15
 from hotlora.families.sdxl import StableDiffusionXL
@@ -27,7 +28,7 @@ from hotlora.families.wan import Wan
 from hotlora.families.zimage import ZImage
 
 REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL(), StableDiffusion15(), StableDiffusion3(), ZImage(),
-                                       QwenImage(), Flux2(), Flux2Klein(), Flux2KleinBase(), Chroma(), Wan(),
+                                       QwenImage(), QwenImage21(), Flux2(), Flux2Klein(), Flux2KleinBase(), Chroma(), Wan(),
                                        LTXVideo())
 # The generic families (families.generic: pipelines served from diffusers' facts) come last, and
 # family_of_class only looks at them when no explicit family matches.

@@ -53,6 +53,10 @@ class ModelFamily:
     # receive other strides than the first and compile graphs of its own. Compiled, their outputs are
     # made contiguous inside their graph.
     contiguous_block_outputs: ClassVar[tuple[str, ...]] = ()
+    # Whether some calls of the compiled repeated blocks run eagerly (``eager_block_call`` says which):
+    # a code path whose Python ints change with every request (Qwen-Image 2.1's cache-filling first
+    # step passes the prompt's length in a slice and a list) would otherwise compile per request.
+    eager_block_paths: ClassVar[bool] = False
     # Height and width in latent pixels are multiples of this (the pixel multiple is this times
     # the VAE's factor).
     latent_multiple: ClassVar[int] = 1
@@ -389,6 +393,11 @@ class ModelFamily:
         family fixes): Qwen-Image takes it as ``true_cfg_scale``, most as ``guidance_scale``. The
         warm-up, every request and the tests' plain-diffusers reference call the pipeline with these."""
         return {"guidance_scale": guidance_scale}
+
+    def eager_block_call(self, kwargs: Mapping[str, Any]) -> bool:
+        """Whether a repeated block called with these keyword arguments runs eagerly (only
+        where ``eager_block_paths``)."""
+        return False
 
     def default_negative_prompt(self, guidance_scale: float) -> str | None:
         """The negative prompt a request without one runs with (None: the pipeline's own default).

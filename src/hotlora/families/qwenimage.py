@@ -9,10 +9,9 @@ goes to a guidance embedding the published models do not have (ignored, with a w
 hotlora's one guidance value is the pipeline's ``true_cfg_scale``, and a request without a
 negative prompt runs with " " when it guides (``default_negative_prompt``).
 
-Qwen-Image 2.1 (``QwenImage21Pipeline``, and its modular pipelines) is not served yet: it shares only
-the LoRA mixin (another denoiser class, ``QwenImage21Transformer2DModel``, a Qwen3-VL encoder behind a
-processor, another VAE), so ``matches`` tells it apart by the denoiser class and start-up refuses it
-with what is missing (``unserved_pipelines``).
+Qwen-Image 2.1 (``QwenImage21Pipeline``) shares only the LoRA mixin (another denoiser class, a
+Qwen3-VL encoder behind a processor, another VAE): its own family, ``families.qwenimage21``;
+``matches`` tells the two apart by the denoiser class.
 
 Text lengths: the pipeline pads a batch of prompts to its longest with zeros and a mask (None
 when all are as long: one prompt per pack, and the negative pass on its own), so every prompt
@@ -60,11 +59,6 @@ class QwenImage(ModelFamily):
                       "edit": "QwenImageEditPlusPipeline"}
     max_edit_references = 3  # Qwen-Image-Edit-2509's model card: one to three input images
     denoiser_class = "QwenImageTransformer2DModel"
-    unserved_pipelines = {"QwenImage21Pipeline": (
-        "Qwen-Image 2.1 is not served yet: its transformer (QwenImage21Transformer2DModel, causal_condition) "
-        "runs the first denoising step in a key/value-cache 'extract' mode and every later one in 'cached' mode "
-        "(use_kv_cache), two code paths per guidance pass that hotlora's compile and warm-up do not cover, and "
-        "its Qwen3-VL text encoder and processor have no tiny offline model here to test against")}
     # Qwen-Image's model card: 50 steps, true_cfg_scale 4.0, 1328 x 1328 for 1:1.
     default_steps, default_guidance = 50, 4.0
     default_size = (1328, 1328)

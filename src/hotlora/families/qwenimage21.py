@@ -1,0 +1,175 @@
+"""Qwen-Image 2.1 (QwenImage21Pipeline): one single-stream, block-causal transformer
+(``QwenImage21Transformer2DModel``) over the prompt's Qwen3-VL hidden states and the target image's
+latents, unpatched (the VAE compresses 16x; one vision-language slot stands for 2x2 latent tokens, so
+sides are multiples of 32 pixels). diffusers loads LoRA into the transformer only, through
+Qwen-Image's mixin (``QwenImageLoraLoaderMixin``).
+
+Guidance, read from ``QwenImage21Pipeline.__call__``: true CFG as in Qwen-Image (a second forward
+pass on the negative prompt, only when ``true_cfg_scale > 1`` AND a negative prompt is given), but
+"meant to be sampled without guidance": its default ``true_cfg_scale`` is 1.0, hotlora's default too.
+
+The prefix key/value cache (``use_kv_cache``, the pipeline's default, kept): under
+``causal_condition`` the prompt's tokens are modulated from t = 0, so the first step runs the whole
+sequence and stores the prompt's keys and values per block ("extract"), every later step runs the
+image's tokens only against them ("cached"): two code paths through each compiled block, both
+warmed up (``warmup_steps``: at least two steps); a guided run keeps a second cache for the negative
+prompt. Each request's cache is new (the pipeline makes it per call), so nothing of one request's
+adapters outlives it.
+
+Text lengths: the prompt's tokens come first in the joint sequence and its rotary positions run
+on into the image's (``QwenImage21Rope``: the image block starts where the text ends, padding
+included), so a prompt padded to a longer one's length gives another image than alone. A mixed
+batch (several requests' prompts in one call) would pad them: refused (``mixed_batches``). One
+request's pack repeats one prompt (``num_images_per_prompt``): no padding. Every prompt length is
+a new shape: every dimension dynamic from the first compile (``compile_dynamic``).
+
+Image-conditioned generation (the pipeline's ``image``: references the Qwen3-VL encoder sees in the
+prompt and the VAE prepends to the noise) is not served yet; text-to-image only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from hotlora.families.base import ModelFamily
+
+# Qwen3-VL's chat template reduced to what the pipeline renders (its system message, a list of text
+# parts, gives ``_drop_idx``); the tiny processor carries it.
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}"
+    "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+PLAN_TEXT_TOKENS = 512  # a long prompt's tokens in the joint sequence, for the memory plan (no cap)
+
+
+class QwenImage21(ModelFamily):
+    name = "qwenimage21"
+    pipeline_class = "QwenImage21Pipeline"
+    denoiser_class = "QwenImage21Transformer2DModel"
+    # Its pipeline is the only one of its mixin with this denoiser: Qwen-Image's img2img / inpaint /
+    # edit pipelines share the mixin but not the transformer.
+    serves_variants = False
+    lora_key_pattern = r"transformer_blocks[._]\d+[._]img_mlp[._](proj|gate_layer|out)\b"
+    base_model_markers = ("qwen-image-2.1", "qwen-image-2", "qwen_image_2", "qwenimage21", "qwen-image21")
+    full_size_models = {"qwen-image-2.1": "qwen_image_21"}
+    unserved_pipelines = {"QwenImage21ModularPipeline": (
+        "diffusers' modular pipeline of Qwen-Image 2.1 is not served; its checkpoint's model_index.json names "
+        "QwenImage21Pipeline, which hotlora serves (family qwenimage21)")}
+    mixed_batches = False
+    mixed_batches_refused = ("its rotary positions run from the prompt's tokens into the image's, padding included, "
+                             "so a prompt batched with a longer one would give another image than alone; serve it "
+                             "with mixed=False")
+    # QwenImage21Pipeline.__call__'s defaults: 40 steps, true_cfg_scale 1.0, output_resolution 1024.
+    default_steps, default_guidance = 40, 1.0
+    default_size = (1024, 1024)
+    cfg = "true"
+    negative_prompts = True
+    latent_multiple = 2  # one vision-language slot per 2x2 latent tokens (the pipeline's multiple_of = 32 px)
+    tokenizer_of = {"text_encoder": "tokenizer"}
+    prompt_argument_of = {"text_encoder": "prompt"}
+    # 6 x 6 latent tokens: no tiny dimension of the same size (a head's 16 channels, the width's 32), which
+    # dynamo's duck sizing would tie the image's token count to, making that count static.
+    tiny_size = 96
+    compile_dynamic = True  # prompt lengths reach the blocks: one dynamic graph per code path
+    eager_block_paths = True
+
+    def eager_block_call(self, kwargs: Mapping[str, Any]) -> bool:
+        """The first step's blocks (the whole sequence; ``kv_cache_mode`` "extract", or None without
+        the cache) run eagerly: they get the prompt's length as Python ints (the cache's slice, the
+        attention's segments), which a compiled block specialises on, a graph per prompt length.
+        Every later step ("cached": the image's tokens against the stored prefix) runs compiled."""
+        return kwargs.get("kv_cache_mode") != "cached"
+
+    def call_arguments(self, guidance_scale: float) -> dict[str, Any]:
+        return {"true_cfg_scale": guidance_scale}
+
+    def default_negative_prompt(self, guidance_scale: float) -> str | None:
+        return " " if guidance_scale > 1 else None
+
+    def warmup_guidance_scales(self, default: float) -> list[float]:
+        """Unguided (one pass a step) and guided (the negative prompt's pass, its own cache)."""
+        return [default, *([1.0] if default > 1 else [4.0])]
+
+    def warmup_steps(self, pipeline, steps: int) -> int:
+        """Two steps at least: the first fills the prefix cache ("extract"), later ones read it
+        ("cached"); each is another graph of every block."""
+        return max(super().warmup_steps(pipeline, steps), 2)
+
+    def warmup_prompts(self, pipeline=None) -> tuple:
+        return ("warm-up", "a watercolor portrait of an astronaut floating above a quiet city at dusk")
+
+    def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
+        """``encode_prompt`` on one group (its condition-image mask dropped: text-to-image has none)."""
+        def encoded(texts):
+            embeds, mask, _ = pipeline.encode_prompt(prompt=list(texts), device=pipeline.device)
+            return embeds, mask
+
+        out = dict(zip(("prompt_embeds", "prompt_embeds_mask"), encoded(prompts["prompt"])))
+        negative = prompts.get("negative_prompt")
+        if negative and any(negative):
+            out.update(zip(("negative_prompt_embeds", "negative_prompt_embeds_mask"), encoded(negative)))
+        return out
+
+    def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
+        """The joint sequence: one token per latent pixel (unpatched) plus the prompt's."""
+        denoiser = configs["transformer"]
+        patch = denoiser.get("patch_size", 1)
+        return (latent_pixels // (patch * patch) + PLAN_TEXT_TOKENS,
+                denoiser["num_attention_heads"] * denoiser["attention_head_dim"])
+
+    def build_tiny(self, seed: int = 0):
+        """diffusers' classes at small widths: the VAE keeps its five stages (16x, as the pipeline
+        assumes), the text encoder is a Qwen3-VL with a one-layer vision tower, the processor the
+        Qwen tokenizer with the vision tokens (``_tiny.qwen_vl_processor``; Qwen3VLProcessor needs
+        torchvision for its video part). Every transformer weight is drawn (its modulation and
+        zero-centred norms start at values a test could not tell from a bug)."""
+        import torch
+        from diffusers import (
+            AutoencoderKLQwenImage21, FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline,
+            QwenImage21Transformer2DModel,
+        )
+        from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+        from hotlora.families._tiny import qwen_tokenizer, qwen_vl_processor
+
+        torch.manual_seed(seed)
+        transformer = QwenImage21Transformer2DModel(
+            patch_size=1, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+            context_in_dim=16, mlp_ratio=2, axes_dims_rope=(4, 6, 6),
+        )
+        with torch.no_grad():
+            for parameter in transformer.parameters():
+                parameter.copy_(torch.randn_like(parameter) * 0.2)
+        z_dim = 4
+        vae = AutoencoderKLQwenImage21(
+            base_dim=4, decoder_base_dim=4, z_dim=z_dim, dim_mult=[1, 1, 1, 1, 1], num_res_blocks=1, attn_scales=[],
+            temperal_downsample=[False, True, True, True], latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim,
+        )
+        tokenizer = qwen_tokenizer(vision=True)
+        start, end, pad = (tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>",
+                                                                        "<|image_pad|>"))
+        config = Qwen3VLConfig(
+            text_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                         "num_key_value_heads": 1, "head_dim": 8, "vocab_size": len(tokenizer), "rms_norm_eps": 1e-6,
+                         "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                             "mrope_section": [2, 1, 1], "mrope_interleaved": True}},
+            vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2,
+                           "out_hidden_size": 16, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                           "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
+            image_token_id=pad, video_token_id=pad, vision_start_token_id=start, vision_end_token_id=end,
+        )
+        text_encoder = Qwen3VLForConditionalGeneration(config)
+        processor = qwen_vl_processor(tokenizer, max_pixels=64 * 64)
+        processor.chat_template = QWEN3_VL_CHAT_TEMPLATE
+        return QwenImage21Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+                                   processor=processor, transformer=transformer)
+
+    def trainer_lora(self, path: Path, linears, sd, rank: int, seed: int) -> Path:
+        """ComfyUI's ``diffusion_model.`` prefix over diffusers' names (what ai-toolkit writes for
+        the Qwen-Image family; no trainer's own 2.1 layout is read here: see the README's Limits)."""
+        from hotlora.families._tiny import save_prefixed_layout
+
+        return save_prefixed_layout(path, sd)
