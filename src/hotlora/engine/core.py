@@ -56,7 +56,7 @@ class Engine:
                              strengths={task: family.default_strength(task) for task in warm.tasks},
                              frames=warm.frames, input_frames=warm.input_frames, experts=len(warm.experts),
                              shift_key=static_shift_key(warm.pipeline.scheduler),
-                             scheduler=type(warm.pipeline.scheduler).__name__)
+                             scheduler=type(warm.pipeline.scheduler).__name__, schedule_steps=warm.schedule_steps)
         self.runner = Runner(warm)
         self.front = EngineFront(family, rules, self.resolver, warm.text.checks)
 

@@ -268,6 +268,20 @@ class RequestRules:
     # The scheduler's fixed-shift config key (``engine.shift``; None: no shift a request can set) and its class.
     shift_key: str | None = None
     scheduler: str = ""
+    # The steps the model's pipeline always runs (its own sigma schedule, ``ModelFamily.schedule_steps``);
+    # None: a request's steps are run.
+    schedule_steps: int | None = None
+
+    def _steps(self, steps) -> list[str]:
+        fewest, most = self.family.min_steps, self.limits.max_steps
+        if not (isinstance(steps, int) and fewest <= steps <= most):
+            return [f"num_inference_steps must be an integer in {fewest}..{most}"
+                    + (f" ({self.family.min_steps_reason})" if fewest > 1 else "")]
+        if self.schedule_steps is not None and steps != self.schedule_steps:
+            return [f"num_inference_steps must be {self.schedule_steps} on this model: its pipeline runs the "
+                    f"checkpoint's own sigma schedule (model_index.json sample_sigmas) of that many steps whatever "
+                    f"a request asks"]
+        return []
 
     def options(self) -> tuple[str, ...]:
         """What a request may set on this model: its family's options, and the model's own
@@ -388,10 +402,7 @@ class RequestRules:
         if not (isinstance(num_images, int) and 1 <= num_images <= limits.max_images):
             problems.append(f"num_images must be an integer in 1..{limits.max_images}")
         steps = self.defaults["num_inference_steps"] if steps is None else steps
-        fewest = self.family.min_steps
-        if not (isinstance(steps, int) and fewest <= steps <= limits.max_steps):
-            problems.append(f"num_inference_steps must be an integer in {fewest}..{limits.max_steps}"
-                            + (f" ({self.family.min_steps_reason})" if fewest > 1 else ""))
+        problems += self._steps(steps)
         problems += self._untaken(negative_prompt=negative_prompt, guidance_scale=guidance, num_frames=num_frames)
         frames = self._frames(num_frames, problems)
         guidance = self.defaults["guidance_scale"] if guidance is None else guidance

@@ -109,6 +109,9 @@ class WarmModel:
         if len(self.experts) > 1:  # before anything is quantized or installed
             check_expert_config(config, self.experts)
         self.defaults = {**family.defaults, **(defaults or {})}
+        self.schedule_steps = family.schedule_steps(pipeline)
+        if self.schedule_steps is not None:  # what the pipeline runs, whatever a hotlora.json says
+            self.defaults["num_inference_steps"] = self.schedule_steps
         self.size_multiple = family.size_multiple(family.vae_scale_factor(self.pipeline))
         self.sizes = self._served_sizes(config, self.size_multiple)
         self.frames = self._served_frames(config)

@@ -210,6 +210,12 @@ class ModelFamily:
                 "defaults": {**self.defaults, "height": self.default_size[0], "width": self.default_size[1]},
                 "plans": list(self.full_size_models)}
 
+    def schedule_steps(self, pipeline) -> int | None:
+        """The denoising steps a loaded pipeline always runs, whatever ``num_inference_steps`` says (a
+        checkpoint that fixes its own sigma schedule: Qwen-Image-2.1-Turbo's ``sample_sigmas``); None
+        where a request's steps are run. Such a model's default is that count, and another is refused."""
+        return None
+
     def pipeline_default_size(self, pipeline) -> tuple[int, int]:
         """(height, width) a loaded pipeline of this family generates when none is configured."""
         sample = getattr(pipeline, "default_sample_size", None)  # ZImagePipeline has none: its __call__ says 1024

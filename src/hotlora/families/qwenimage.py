@@ -51,7 +51,8 @@ WARMUP_WORDS = "a watercolor portrait of an astronaut floating above a quiet cit
 
 class QwenImage(ModelFamily):
     name = "qwenimage"
-    lora_key_pattern = r"transformer_blocks[._]\d+[._](img_mlp|txt_mlp|img_mod|txt_mod)"
+    # Its MLPs' ``net`` (Qwen-Image 2.1's ``img_mlp`` has ``proj`` / ``gate_layer`` / ``out`` directly).
+    lora_key_pattern = r"transformer_blocks[._]\d+[._]((img|txt)_mlp[._]net|(img|txt)_mod)"
     base_model_markers = ("qwen-image", "qwen_image", "qwenimage")
     full_size_models = {"qwen-image": "qwen_image"}
     pipeline_class = "QwenImagePipeline"

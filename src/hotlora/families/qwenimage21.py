@@ -83,6 +83,16 @@ class QwenImage21(ModelFamily):
         Every later step ("cached": the image's tokens against the stored prefix) runs compiled."""
         return kwargs.get("kv_cache_mode") != "cached"
 
+    tiny_variants = ("turbo",)
+    # A few-step schedule for the tiny Turbo (the published one's eight sigmas are read from its model_index.json).
+    TINY_TURBO_SIGMAS = (1.0, 0.8, 0.45)
+
+    def schedule_steps(self, pipeline) -> int | None:
+        """Qwen-Image-2.1-Turbo's model_index.json sets ``sample_sigmas`` (eight), which the pipeline
+        runs instead of ``num_inference_steps`` (the base model sets none)."""
+        sigmas = getattr(pipeline, "config", {}).get("sample_sigmas")
+        return len(sigmas) if sigmas else None
+
     def call_arguments(self, guidance_scale: float) -> dict[str, Any]:
         return {"true_cfg_scale": guidance_scale}
 
@@ -119,6 +129,15 @@ class QwenImage21(ModelFamily):
         patch = denoiser.get("patch_size", 1)
         return (latent_pixels // (patch * patch) + PLAN_TEXT_TOKENS,
                 denoiser["num_attention_heads"] * denoiser["attention_head_dim"])
+
+    def build_tiny_variant(self, variant: str, seed: int = 0):
+        """"turbo": the tiny model with a sigma schedule of its own in its config, as Qwen-Image-2.1-Turbo's."""
+        if variant != "turbo":
+            return super().build_tiny_variant(variant, seed)
+        from diffusers import QwenImage21Pipeline
+
+        base = self.build_tiny(seed)
+        return QwenImage21Pipeline(**base.components, sample_sigmas=list(self.TINY_TURBO_SIGMAS))
 
     def build_tiny(self, seed: int = 0):
         """diffusers' classes at small widths: the VAE keeps its five stages (16x, as the pipeline

@@ -49,12 +49,18 @@ def families_of_keys(keys: Iterable[str]) -> list[ModelFamily]:
 
 
 def families_of_metadata(metadata: Mapping | None, declared: str | None = None) -> list[ModelFamily]:
-    """The registered families a file's base-model metadata (or its declared base model) names."""
+    """The registered families a file's base-model metadata (or its declared base model) names. Where
+    one family's marker is part of another's found in the same text ("qwen-image" in "qwen-image-2.1"),
+    the longer one names it."""
     texts = [str(value).lower() for key, value in (metadata or {}).items() if key.endswith(BASE_MODEL_KEYS)]
     if declared:
         texts.append(declared.lower())
-    return [family for family in REGISTERED
-            if any(marker in text for marker in family.base_model_markers for text in texts)]
+    named = set()
+    for text in texts:
+        found = [(family, marker) for family in REGISTERED for marker in family.base_model_markers if marker in text]
+        named |= {family for family, marker in found
+                  if not any(marker != longer and marker in longer for _, longer in found)}
+    return [family for family in REGISTERED if family in named]
 
 
 def _model_names(name: str) -> set[str]:
