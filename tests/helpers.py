@@ -300,16 +300,20 @@ def recompiles_are_errors():
 def small_edit_references(area: int = 32 * 32):
     """Qwen-Image-Edit-Plus resizes every reference to 1024 x 1024 pixels' area for its VAE whatever
     the output size (``VAE_IMAGE_SIZE``, read at each call): 16,384 tokens a reference on the tiny
-    model, minutes a step on these CPUs. For the block, ``area`` instead, for the engine and plain
-    diffusers alike (both call the same pipeline code)."""
+    model, minutes a step on these CPUs; Qwen-Image 2.1 likewise (its ``output_resolution``, which
+    its family passes as ``reference_side``). For the block, ``area`` instead, for the engine and
+    plain diffusers alike (both call the same pipeline code with the family's task arguments)."""
     from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
 
-    previous = plus.VAE_IMAGE_SIZE
-    plus.VAE_IMAGE_SIZE = area
+    from hotlora.families import family_named
+
+    qwen21 = type(family_named("qwenimage21"))
+    previous = plus.VAE_IMAGE_SIZE, qwen21.reference_side
+    plus.VAE_IMAGE_SIZE, qwen21.reference_side = area, int(area**0.5)
     try:
         yield
     finally:
-        plus.VAE_IMAGE_SIZE = previous
+        plus.VAE_IMAGE_SIZE, qwen21.reference_side = previous
 
 
 def engine_reference(engine, model_dir, adapters, *, prompt, steps, num_images, seed=0, embeddings=(), prepare=None):

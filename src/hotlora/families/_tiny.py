@@ -95,11 +95,12 @@ def qwen_tokenizer(vision: bool = False):
     return tokenizer
 
 
-def qwen_vl_processor(tokenizer, max_pixels: int):
+def qwen_vl_processor(tokenizer, max_pixels: int, patch_size: int = 14):
     """An image processor and ``tokenizer`` (``qwen_tokenizer(vision=True)``) as one processor, as
     the Qwen-Image-Edit pipelines call it: ``processor(text=..., images=..., padding=True)``, each
     ``<|image_pad|>`` expanded to the image's merged patches. ``max_pixels`` bounds what the vision
-    tower sees (the pipelines hand it 384 x 384 or more).
+    tower sees (the pipelines hand it 384 x 384 or more); ``patch_size``: the vision tower's (Qwen2.5-VL's
+    14, Qwen3-VL's 16).
 
     Qwen-Image-Edit checkpoints ship a ``Qwen2VLProcessor``, whose constructor and loader require
     transformers' video processor and so torchvision, which does not import beside this torch build.
@@ -109,8 +110,8 @@ def qwen_vl_processor(tokenizer, max_pixels: int):
     from transformers import PaddleOCRVLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=max_pixels, patch_size=14, merge_size=2,
-                                               temporal_patch_size=2)
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=max_pixels, patch_size=patch_size,
+                                               merge_size=2, temporal_patch_size=2)
     return PaddleOCRVLProcessor(image_processor=image_processor, tokenizer=tokenizer)
 
 

@@ -23,8 +23,12 @@ batch (several requests' prompts in one call) would pad them: refused (``mixed_b
 request's pack repeats one prompt (``num_images_per_prompt``): no padding. Every prompt length is
 a new shape: every dimension dynamic from the first compile (``compile_dynamic``).
 
-Image-conditioned generation (the pipeline's ``image``: references the Qwen3-VL encoder sees in the
-prompt and the VAE prepends to the noise) is not served yet; text-to-image only.
+Edit: the pipeline's ``image``, one to ``max_edit_references`` references that the Qwen3-VL encoder
+sees in the prompt (one vision slot per 2x2 latent tokens) and whose latents are prepended to the
+noise, each its own block of the sequence; the same references for every image of a call (an edit's
+batch is one request). The pipeline resizes each to ``output_resolution`` squared pixels' area at its
+own aspect ratio whatever the output size: fixed at its default, 1024 (``reference_side``). The
+references are the first step's prefix, so they are computed once a request and never compiled.
 """
 
 from __future__ import annotations
@@ -58,6 +62,11 @@ class QwenImage21(ModelFamily):
     unserved_pipelines = {"QwenImage21ModularPipeline": (
         "diffusers' modular pipeline of Qwen-Image 2.1 is not served; its checkpoint's model_index.json names "
         "QwenImage21Pipeline, which hotlora serves (family qwenimage21)")}
+    task_pipelines = {"edit": "QwenImage21Pipeline"}  # the same pipeline, given references
+    # hotlora's bound, as for Qwen-Image-Edit (the pipeline takes any number; each reference at
+    # 1024 x 1024 adds 4,096 tokens to the first step's sequence and the cache).
+    max_edit_references = 3
+    reference_side = 1024  # QwenImage21Pipeline's output_resolution default: references' area, squared
     mixed_batches = False
     mixed_batches_refused = ("its rotary positions run from the prompt's tokens into the image's, padding included, "
                              "so a prompt batched with a longer one would give another image than alone; serve it "
@@ -103,6 +112,11 @@ class QwenImage21(ModelFamily):
         """Unguided (one pass a step) and guided (the negative prompt's pass, its own cache)."""
         return [default, *([1.0] if default > 1 else [4.0])]
 
+    def task_arguments(self, task: str, images: list, masks: list | None, strength: float | None,
+                       references: int) -> dict[str, Any]:
+        arguments = super().task_arguments(task, images, masks, strength, references)
+        return {**arguments, "output_resolution": self.reference_side} if task == "edit" else arguments
+
     def warmup_steps(self, pipeline, steps: int) -> int:
         """Two steps at least: the first fills the prefix cache ("extract"), later ones read it
         ("cached"); each is another graph of every block."""
@@ -110,18 +124,6 @@ class QwenImage21(ModelFamily):
 
     def warmup_prompts(self, pipeline=None) -> tuple:
         return ("warm-up", "a watercolor portrait of an astronaut floating above a quiet city at dusk")
-
-    def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
-        """``encode_prompt`` on one group (its condition-image mask dropped: text-to-image has none)."""
-        def encoded(texts):
-            embeds, mask, _ = pipeline.encode_prompt(prompt=list(texts), device=pipeline.device)
-            return embeds, mask
-
-        out = dict(zip(("prompt_embeds", "prompt_embeds_mask"), encoded(prompts["prompt"])))
-        negative = prompts.get("negative_prompt")
-        if negative and any(negative):
-            out.update(zip(("negative_prompt_embeds", "negative_prompt_embeds_mask"), encoded(negative)))
-        return out
 
     def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
         """The joint sequence: one token per latent pixel (unpatched) plus the prompt's."""
@@ -181,7 +183,9 @@ class QwenImage21(ModelFamily):
             image_token_id=pad, video_token_id=pad, vision_start_token_id=start, vision_end_token_id=end,
         )
         text_encoder = Qwen3VLForConditionalGeneration(config)
-        processor = qwen_vl_processor(tokenizer, max_pixels=64 * 64)
+        # Qwen3-VL's 16-pixel patches, and its processor's bound (16,777,216 pixels): every reference the
+        # pipeline hands it is seen whole, so its vision slots match the reference's latents.
+        processor = qwen_vl_processor(tokenizer, max_pixels=16_777_216, patch_size=16)
         processor.chat_template = QWEN3_VL_CHAT_TEMPLATE
         return QwenImage21Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
                                    processor=processor, transformer=transformer)
