@@ -96,3 +96,15 @@ def test_each_familys_own_lora_keys_are_recognised_as_its_own(name):
             if isinstance(layer, torch.nn.Linear)]
     found = families_of_keys(keys)
     assert family in found and len(found) <= 3, [f.name for f in found]  # Flux.2 dev and klein: one denoiser class
+
+
+@pytest.mark.parametrize("declared, expected", [
+    ("Qwen/Qwen-Image-2.1", ["qwenimage21"]),  # not Qwen-Image too: its marker is part of 2.1's
+    ("Qwen/Qwen-Image-2.1-Turbo", ["qwenimage21"]),
+    ("Qwen/Qwen-Image-2512", ["qwenimage"]),  # a Qwen-Image 1.x checkpoint despite the "2"
+    ("Qwen/Qwen-Image-Edit-2509", ["qwenimage"]),
+    ("black-forest-labs/FLUX.2-dev", ["flux2"]),
+    ("black-forest-labs/FLUX.1-dev", ["flux"]),
+])
+def test_a_declared_base_model_names_its_most_specific_family(declared, expected):
+    assert [family.name for family in families_of_metadata(None, declared)] == expected

@@ -57,7 +57,9 @@ class QwenImage21(ModelFamily):
     # edit pipelines share the mixin but not the transformer.
     serves_variants = False
     lora_key_pattern = r"transformer_blocks[._]\d+[._]img_mlp[._](proj|gate_layer|out)\b"
-    base_model_markers = ("qwen-image-2.1", "qwen-image-2", "qwen_image_2", "qwenimage21", "qwen-image21")
+    # Not "qwen-image-2": Qwen-Image-2512 is a Qwen-Image (1.x) checkpoint.
+    base_model_markers = ("qwen-image-2.1", "qwen_image_2.1", "qwen_image_2_1", "qwenimage21", "qwenimage2.1",
+                          "qwen-image21")
     full_size_models = {"qwen-image-2.1": "qwen_image_21"}
     unserved_pipelines = {"QwenImage21ModularPipeline": (
         "diffusers' modular pipeline of Qwen-Image 2.1 is not served; its checkpoint's model_index.json names "
