@@ -358,10 +358,11 @@ def test_a_qwen_image_edit_checkpoint_is_the_qwenimage_family():
     assert family_of_model_index(index).name == "qwenimage"
 
 
-def test_linears_in_the_compiled_blocks_read_contiguous_inputs_and_nothing_outside_them():
+def test_linears_in_the_compiled_blocks_and_lora_layers_read_contiguous_inputs():
     """fold_linear_inputs hooks each Linear (or LoRA layer as a whole) inside the repeated blocks
-    once, and nothing the blocks do not hold: an embedder's Linear would pay a Python call per
-    step for nothing; a LoRA layer's base layer and factors share their wrapper's input."""
+    once, and outside them the LoRA layers over a Linear only (their base weight is frozen): an
+    embedder's plain Linear would pay a Python call per step for nothing; a LoRA layer's base layer
+    and factors share their wrapper's input."""
     import torch
     from peft import LoraConfig
 
@@ -379,8 +380,11 @@ def test_linears_in_the_compiled_blocks_read_contiguous_inputs_and_nothing_outsi
         in_block = any(name.startswith(block + ".") for block in inside)
         wrapped = any(name.startswith(w + ".") for w, m in denoiser.named_modules() if hasattr(m, "base_layer"))
         layer = isinstance(module, torch.nn.Linear) or hasattr(module, "base_layer")
-        assert hooks == int(layer and in_block and not wrapped), name
-    assert hasattr(denoiser.proj_out, "base_layer") and not denoiser.proj_out._forward_pre_hooks
+        lora_outside = hasattr(module, "base_layer") and not in_block
+        assert hooks == int(layer and (in_block or lora_outside) and not wrapped), name
+    assert hasattr(denoiser.proj_out, "base_layer") and list(denoiser.proj_out._forward_pre_hooks.values()) == [
+        _contiguous_input]
+    assert not denoiser.x_embedder._forward_pre_hooks  # a plain Linear outside the blocks
     sliced = torch.randn(2, 7, 4)[:, 3:]
     folded = _contiguous_input(None, (sliced,))[0]
     assert folded.is_contiguous() and torch.equal(folded, sliced)

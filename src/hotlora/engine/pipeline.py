@@ -96,13 +96,20 @@ def fold_linear_inputs(denoiser: torch.nn.Module, family: ModelFamily) -> None:
     PEFT's LoRA layers freeze the base weights, so a model with slots paid 1.34-1.51x the model
     without them in rank bucket 0 (docs/benchmarks.md "Per family"). A contiguous input makes it one
     GEMM again, whatever ``requires_grad`` says; an input already contiguous is returned as it is.
-    Only the repeated blocks where the model is compiled regionally: outside them a hook would be a
-    Python call per Linear on every step, for embedders that run on whole tensors anyway. Compiled
-    engines only: eager ones keep plain diffusers' arithmetic bit for bit."""
+    Where the model is compiled regionally: every Linear inside the repeated blocks, and outside them
+    the LoRA layers over a Linear only (their base weight is the frozen one; a plain Linear there keeps
+    its trainable weight and needs no Python call a step). Outside the blocks such inputs occur too:
+    SDXL's ``Transformer2DModel.proj_in`` (outside its BasicTransformerBlocks) reads the normalised
+    feature map permuted to (batch, pixels, channels), a view, and with slots paid a weight-copying
+    ``bmm`` (the wide SDXL row: 1.04x the model without slots). Compiled engines only: eager ones keep plain diffusers' arithmetic bit for bit."""
     blocks = set(getattr(denoiser, "_repeated_blocks", None) or family.repeated_blocks)
     roots = [m for m in denoiser.modules() if type(m).__name__ in blocks] if blocks else [denoiser]
     for root in roots:
         _hook_layers(root)
+    for layer in denoiser.modules():
+        if isinstance(getattr(layer, "base_layer", None), torch.nn.Linear) \
+                and _contiguous_input not in layer._forward_pre_hooks.values():
+            layer.register_forward_pre_hook(_contiguous_input)
 
 
 def _hook_layers(module: torch.nn.Module) -> None:
