@@ -44,3 +44,19 @@ def test_a_fixed_schedule_sets_the_steps_and_refuses_others(turbo, monkeypatch):
     blocks = len(engine.denoiser.transformer_blocks)
     assert calls.count(("extract", True)) == 3 * blocks
     assert calls.count(("cached", False)) == 3 * blocks * (steps - 1) and len(calls) == 3 * blocks * steps
+
+
+def test_a_published_scheduler_refuses_one_step(tmp_path):
+    """Qwen-Image 2.1's published scheduler (shift_terminal 0.02, as Qwen-Image's) gives plain diffusers a
+    NaN image on one step: the engine refuses one step, saying why, and serves two."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from hotlora.fullsize.qwen_image_21 import SCHEDULER
+
+    model = save_tiny_model(tmp_path / "published-scheduler", "qwenimage21")
+    published = {key: value for key, value in SCHEDULER.items() if not key.startswith("_")}
+    FlowMatchEulerDiscreteScheduler.from_config(published).save_pretrained(model / "scheduler")
+    engine = Engine.from_pretrained(model, target_rank=TARGET_RANK, compile=False, rank_buckets=())
+    with pytest.raises(InvalidRequest, match=r"num_inference_steps must be an integer in 2\.\..*shift_terminal \(0\.02\)"):
+        engine.generate(PROMPT, num_inference_steps=1)
+    assert torch.isfinite(engine.generate(PROMPT, num_inference_steps=2, output_type="latent").images).all()

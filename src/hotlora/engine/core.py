@@ -56,7 +56,8 @@ class Engine:
                              strengths={task: family.default_strength(task) for task in warm.tasks},
                              frames=warm.frames, input_frames=warm.input_frames, experts=len(warm.experts),
                              shift_key=static_shift_key(warm.pipeline.scheduler),
-                             scheduler=type(warm.pipeline.scheduler).__name__, schedule_steps=warm.schedule_steps)
+                             scheduler=type(warm.pipeline.scheduler).__name__, schedule_steps=warm.schedule_steps,
+                             fewest_steps=family.fewest_steps(warm.pipeline))
         self.runner = Runner(warm)
         self.front = EngineFront(family, rules, self.resolver, warm.text.checks)
 

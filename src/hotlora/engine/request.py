@@ -271,12 +271,15 @@ class RequestRules:
     # The steps the model's pipeline always runs (its own sigma schedule, ``ModelFamily.schedule_steps``);
     # None: a request's steps are run.
     schedule_steps: int | None = None
+    # The fewest steps the model's pipeline runs right, and why (``ModelFamily.fewest_steps``: its
+    # scheduler's); the family's own ``min_steps`` holds in any case.
+    fewest_steps: tuple[int, str] = (1, "")
 
     def _steps(self, steps) -> list[str]:
-        fewest, most = self.family.min_steps, self.limits.max_steps
+        fewest, why = max((self.family.min_steps, self.family.min_steps_reason), self.fewest_steps)
+        most = self.limits.max_steps
         if not (isinstance(steps, int) and fewest <= steps <= most):
-            return [f"num_inference_steps must be an integer in {fewest}..{most}"
-                    + (f" ({self.family.min_steps_reason})" if fewest > 1 else "")]
+            return [f"num_inference_steps must be an integer in {fewest}..{most}" + (f" ({why})" if fewest > 1 else "")]
         if self.schedule_steps is not None and steps != self.schedule_steps:
             return [f"num_inference_steps must be {self.schedule_steps} on this model: its pipeline runs the "
                     f"checkpoint's own sigma schedule (model_index.json sample_sigmas) of that many steps whatever "

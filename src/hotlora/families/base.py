@@ -166,8 +166,19 @@ class ModelFamily:
 
     def warmup_steps(self, pipeline, steps: int) -> int:
         """Denoising steps a warm-up pass runs, at least ``steps``: more where so few would leave a
-        model of ``experts`` uncalled (and uncompiled), or than ``min_steps``."""
-        return max(steps, self.min_steps)
+        model of ``experts`` uncalled (and uncompiled), or than ``fewest_steps``."""
+        return max(steps, self.fewest_steps(pipeline)[0])
+
+    def fewest_steps(self, pipeline) -> tuple[int, str]:
+        """The fewest denoising steps a loaded pipeline runs right, and why where more than one: the
+        family's ``min_steps``, and two wherever the scheduler's config sets ``shift_terminal``
+        (FlowMatchEulerDiscreteScheduler stretches the schedule by its last sigma, a division by zero on
+        one step: Qwen-Image's and Qwen-Image 2.1's published schedulers, 0.02, gave a NaN image)."""
+        config = getattr(getattr(pipeline, "scheduler", None), "config", None) or {}
+        if self.min_steps < 2 and config.get("shift_terminal"):
+            return 2, (f"its scheduler's shift_terminal ({config['shift_terminal']}) stretches the schedule by its "
+                       f"last step's sigma, which divides by zero on a one-step schedule and makes an image of NaN")
+        return self.min_steps, self.min_steps_reason
 
     @property
     def text_encoders(self) -> tuple[str, ...]:
