@@ -108,3 +108,23 @@ def test_each_familys_own_lora_keys_are_recognised_as_its_own(name):
 ])
 def test_a_declared_base_model_names_its_most_specific_family(declared, expected):
     assert [family.name for family in families_of_metadata(None, declared)] == expected
+
+
+@pytest.mark.parametrize("family, checkpoint", [
+    ("flux2-klein", "Flux2KleinKVPipeline"),  # no guidance_scale: a TypeError at warm-up before
+    ("flux", "FluxFillPipeline"),
+])
+def test_a_variant_checkpoint_of_a_family_is_refused_at_start_up(family, checkpoint, tmp_path):
+    """A model directory whose model_index.json names another pipeline sharing the family's LoRA mixin
+    and denoiser class is refused before anything is installed or compiled, naming both pipelines."""
+    from hotlora import Engine
+    from hotlora.testing import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "m", family)
+    index = json.loads((model / "model_index.json").read_text())
+    (model / "model_index.json").write_text(json.dumps({**index, "_class_name": checkpoint}))
+    assert family_of_model_index(model).name == family  # identified as the family's ...
+    # (the loaded KV pipeline's config drops klein's is_distilled: the engine takes it for klein base)
+    with pytest.raises(UnservedModel, match=f"{checkpoint} checkpoints are not served: the {family}\\S* family serves "
+                                            f"{family_named(family).pipeline_class} checkpoints"):
+        Engine.from_pretrained(model, compile=False)  # ... and refused as a checkpoint

@@ -277,8 +277,22 @@ class ModelFamily:
     def text_to_image_pipeline(self, loaded):
         """The pipeline text-to-image runs on, from the one a model directory loads as (its
         model_index.json's class): itself, unless that pipeline cannot make an image from text
-        alone (a Qwen-Image-Edit checkpoint's edit pipeline needs a reference image)."""
-        return loaded
+        alone (a Qwen-Image-Edit checkpoint's edit pipeline needs a reference image). A checkpoint
+        of another pipeline that only shares the family's LoRA mixin and denoiser class (a Fill,
+        ControlNet, PAG, refiner or KV-cache checkpoint: ``family_of_class`` names its family) is
+        refused here, at start-up: its weights or its ``__call__`` are another's, and called as the
+        family's pipeline it failed at warm-up with a TypeError (Flux.2 klein's KV pipeline) or
+        would serve what it was not made for."""
+        if isinstance(loaded, self.pipeline_type):
+            return loaded
+        from hotlora.families import UnservedModel
+
+        kind = type(loaded).__name__
+        tasks = ", ".join(self.task_pipelines)
+        raise UnservedModel(f"{kind} checkpoints are not served: the {self.name} family serves {self.pipeline_class} "
+                            f"checkpoints (text-to-image{', and ' + tasks + ' made from them' if tasks else ''}); "
+                            f"{kind} shares its LoRA mixin and denoiser class, but its weights or its __call__ are "
+                            f"another pipeline's (the model's model_index.json names {kind})")
 
     def task_pipeline(self, task: str, loaded, share):
         """``task``'s pipeline on the loaded pipeline's components: ``share(cls, loaded)``, the
