@@ -45,6 +45,8 @@ from typing import Any, Mapping, Sequence
 
 from hotlora.families.base import ModelFamily
 
+# The edit checkpoints whose weights also serve text-to-image (through QwenImagePipeline.from_pipe).
+EDIT_CHECKPOINTS = ("QwenImageEditPlusPipeline", "QwenImageEditPipeline")
 TEXT_TOKENS = 1024  # QwenImagePipeline's tokenizer_max_length (beyond the dropped template)
 WARMUP_WORDS = "a watercolor portrait of an astronaut floating above a quiet city at dusk, soft light, "
 
@@ -76,6 +78,8 @@ class QwenImage(ModelFamily):
 
         if isinstance(loaded, QwenImagePipeline):
             return loaded
+        if type(loaded).__name__ not in EDIT_CHECKPOINTS:
+            return super().text_to_image_pipeline(loaded)  # refused: another pipeline's checkpoint
         return QwenImagePipeline.from_pipe(loaded, dtype=loaded.dtype)
 
     def task_pipeline(self, task: str, loaded, share):
