@@ -133,11 +133,9 @@ def test_a_variant_checkpoint_of_a_family_is_refused_at_start_up(family, checkpo
 def test_qwenimage_serves_text_to_image_from_its_edit_checkpoints_only():
     import diffusers
 
-    from hotlora.families import UnservedModel as Refused
-
     family = family_named("qwenimage")
     edit = family.build_tiny_edit()
     assert type(family.text_to_image_pipeline(edit)).__name__ == "QwenImagePipeline"
     layered = diffusers.QwenImageLayeredPipeline.__new__(diffusers.QwenImageLayeredPipeline)
-    with pytest.raises(Refused, match="QwenImageLayeredPipeline checkpoints are not served: the qwenimage family"):
+    with pytest.raises(UnservedModel, match="QwenImageLayeredPipeline checkpoints are not served: the qwenimage family"):
         family.text_to_image_pipeline(layered)
