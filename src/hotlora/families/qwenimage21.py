@@ -185,8 +185,10 @@ class QwenImage21(ModelFamily):
             image_token_id=pad, video_token_id=pad, vision_start_token_id=start, vision_end_token_id=end,
         )
         text_encoder = Qwen3VLForConditionalGeneration(config)
-        # Qwen3-VL's 16-pixel patches, and its processor's bound (16,777,216 pixels): every reference the
-        # pipeline hands it is seen whole, so its vision slots match the reference's latents.
+        # Qwen3-VL's 16-pixel patches, and a pixel bound no reference reaches (16,777,216: the published
+        # processor's longest_edge as recalled, not read here): every reference the pipeline hands it is seen
+        # whole, so its vision slots match the reference's latents (a 1024 x 1024 bound cut a non-square
+        # reference the pipeline had sized to 1312 x 800, and the two counts differed).
         processor = qwen_vl_processor(tokenizer, max_pixels=16_777_216, patch_size=16)
         processor.chat_template = QWEN3_VL_CHAT_TEMPLATE
         return QwenImage21Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
