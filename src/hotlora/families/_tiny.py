@@ -59,11 +59,14 @@ def random_lora(linears: Mapping[str, tuple[int, int]], rank: int, seed: int, mo
     return sd
 
 
-# A Qwen chat template reduced to what the pipelines render: messages in ChatML, the assistant's
-# turn opened by ``add_generation_prompt``, and Qwen3's empty thinking block when
-# ``enable_thinking`` is false (Z-Image passes it true).
+# A Qwen chat template reduced to what the pipelines render: messages in ChatML (a content string, or
+# Qwen-VL's list of parts, whose text parts are kept: Qwen-Image 2.1's system message), the assistant's
+# turn opened by ``add_generation_prompt``, and Qwen3's empty thinking block when ``enable_thinking`` is
+# false (Z-Image passes it true).
 QWEN_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}"
+    "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
@@ -112,7 +115,8 @@ def qwen_vl_processor(tokenizer, max_pixels: int, patch_size: int = 14):
 
     image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=max_pixels, patch_size=patch_size,
                                                merge_size=2, temporal_patch_size=2)
-    return PaddleOCRVLProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    return PaddleOCRVLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                chat_template=tokenizer.chat_template)
 
 
 def save_kohya_layout(path, sd: Mapping, alpha: float, keep=lambda module: True):

@@ -38,14 +38,6 @@ from typing import Any, Mapping
 
 from hotlora.families.base import ModelFamily
 
-# Qwen3-VL's chat template reduced to what the pipeline renders (its system message, a list of text
-# parts, gives ``_drop_idx``); the tiny processor carries it.
-QWEN3_VL_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
-    "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}"
-    "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 PLAN_TEXT_TOKENS = 512  # a long prompt's tokens in the joint sequence, for the memory plan (no cap)
 
 
@@ -190,7 +182,6 @@ class QwenImage21(ModelFamily):
         # whole, so its vision slots match the reference's latents (a 1024 x 1024 bound cut a non-square
         # reference the pipeline had sized to 1312 x 800, and the two counts differed).
         processor = qwen_vl_processor(tokenizer, max_pixels=16_777_216, patch_size=16)
-        processor.chat_template = QWEN3_VL_CHAT_TEMPLATE
         return QwenImage21Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
                                    processor=processor, transformer=transformer)
 
