@@ -271,12 +271,12 @@ class RequestRules:
     # The steps the model's pipeline always runs (its own sigma schedule, ``ModelFamily.schedule_steps``);
     # None: a request's steps are run.
     schedule_steps: int | None = None
-    # The fewest steps the model's pipeline runs right, and why (``ModelFamily.fewest_steps``: its
-    # scheduler's); the family's own ``min_steps`` holds in any case.
-    fewest_steps: tuple[int, str] = (1, "")
+    # The fewest steps the model's pipeline runs right, and why (``ModelFamily.fewest_steps``, which reads
+    # its scheduler); None: the family's own ``min_steps``.
+    fewest_steps: tuple[int, str] | None = None
 
     def _steps(self, steps) -> list[str]:
-        fewest, why = max((self.family.min_steps, self.family.min_steps_reason), self.fewest_steps)
+        fewest, why = self.fewest_steps or (self.family.min_steps, self.family.min_steps_reason)
         most = self.limits.max_steps
         if not (isinstance(steps, int) and fewest <= steps <= most):
             return [f"num_inference_steps must be an integer in {fewest}..{most}" + (f" ({why})" if fewest > 1 else "")]
