@@ -6,6 +6,7 @@ and the tests (through ``hotlora.testing``) write their adapters with them."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Mapping
 
@@ -221,4 +222,45 @@ def lightx2v_wan_lora(sd: Mapping[str, torch.Tensor],
             out[f"diffusion_model.{wan_original_name(module)}.lora_{kind}.weight"] = value.contiguous()
     for key, value in (patches or {}).items():
         out[f"diffusion_model.{key}"] = value.contiguous()
+    return out
+
+
+# ------------------------------------------------------------------------------------------ Krea 2
+# Krea 2's trainers name its modules as the original model does (``blocks.0.attn.wq``,
+# ``txtfusion.refiner_blocks.0.mlp.up``, ``first``); diffusers' converter
+# (``_convert_non_diffusers_krea2_lora_to_diffusers``) maps them to Krea2Transformer2DModel's names.
+# These are its maps read backwards: diffusers' name -> the original one.
+KREA2_ATTENTION = {"to_q": "wq", "to_k": "wk", "to_v": "wv", "to_out.0": "wo", "to_gate": "gate"}
+KREA2_FEED_FORWARD = {"ff.gate": "mlp.gate", "ff.up": "mlp.up", "ff.down": "mlp.down"}
+KREA2_OUTSIDE_BLOCKS = {"img_in": "first", "final_layer.linear": "last.linear", "time_embed.linear_1": "tmlp.0",
+                        "time_embed.linear_2": "tmlp.2", "time_mod_proj": "tproj.1", "txt_in.linear_1": "txtmlp.1",
+                        "txt_in.linear_2": "txtmlp.3", "text_fusion.projector": "txtfusion.projector"}
+_KREA2_BLOCK = re.compile(r"(transformer_blocks|text_fusion\.layerwise_blocks|text_fusion\.refiner_blocks)\.(\d+)\.(.+)")
+
+
+def krea2_original_name(module: str) -> str:
+    """A Krea2Transformer2DModel Linear (``transformer_blocks.0.attn.to_out.0``) by the original
+    model's name (``blocks.0.attn.wo``)."""
+    if module in KREA2_OUTSIDE_BLOCKS:
+        return KREA2_OUTSIDE_BLOCKS[module]
+    match = _KREA2_BLOCK.fullmatch(module)
+    if match:
+        blocks, index, rest = match.groups()
+        blocks = "blocks" if blocks == "transformer_blocks" else blocks.replace("text_fusion.", "txtfusion.")
+        if rest.startswith("attn.") and rest.removeprefix("attn.") in KREA2_ATTENTION:
+            return f"{blocks}.{index}.attn.{KREA2_ATTENTION[rest.removeprefix('attn.')]}"
+        if rest in KREA2_FEED_FORWARD:
+            return f"{blocks}.{index}.{KREA2_FEED_FORWARD[rest]}"
+    raise ValueError(f"{module}: no original Krea 2 name")
+
+
+def krea2_trainer_lora(sd: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """A Krea 2 LoRA as its trainers write it (what diffusers' converter reads): the original names
+    under ``prefix``, ``base_model.model.`` for ostris ai-toolkit, ``diffusion_model.`` for Krea's
+    reference trainer and ComfyUI; ``lora_A`` / ``lora_B`` and no alpha (the converter refuses any
+    other key). ``sd`` in PEFT key form over diffusers' names."""
+    out = {}
+    for key, value in sd.items():
+        module, part = key.split(".lora_")
+        out[f"{prefix}{krea2_original_name(module)}.lora_{part}"] = value.contiguous()
     return out

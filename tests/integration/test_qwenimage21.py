@@ -60,3 +60,36 @@ def test_a_published_scheduler_refuses_one_step(tmp_path):
     with pytest.raises(InvalidRequest, match=r"num_inference_steps must be an integer in 2\.\..*shift_terminal \(0\.02\)"):
         engine.generate(PROMPT, num_inference_steps=1)
     assert torch.isfinite(engine.generate(PROMPT, num_inference_steps=2, output_type="latent").images).all()
+
+
+def test_a_kohya_named_file_reads_as_its_diffusers_twin(turbo, tmp_path):
+    """kohya names (``lora_unet_`` + the module flattened) over every 2.1 Linear, alpha != rank: the
+    same per-module updates plain diffusers loads from the diffusers-layout file of the same weights
+    (diffusers' own converter made ``img_mlp.gate.layer`` of ``gate_layer``); a name of no 2.1 module
+    is refused, named."""
+    from safetensors.torch import load_file
+
+    from hotlora.adapters.format.convert import load_adapter
+    from hotlora.errors import AdapterFormatError
+    from hotlora.families._tiny import random_lora, save_kohya_layout
+    from hotlora.tiny import denoiser_linears, save_diffusers_lora
+
+    from ..helpers import assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas
+
+    family = family_named("qwenimage21")
+    pipeline = fresh_pipeline(turbo)
+    linears = denoiser_linears(pipeline)
+    assert {"txt_in.in_layer", "modulation.1", "transformer_blocks.0.img_mlp.gate_layer"} <= set(linears)
+    sd = random_lora(linears, 4, seed=7)
+    kohya = save_kohya_layout(tmp_path / "kohya.safetensors", sd, alpha=6.0)
+    adapter = load_adapter(kohya, family)
+    assert adapter.layout == "kohya" and set(adapter.modules) == set(linears)
+    pipeline.load_lora_weights(str(save_diffusers_lora(tmp_path / "twin", "qwenimage21", sd, rank=4, alpha=6.0)),
+                               adapter_name="ref")
+    assert_same_deltas(canonical_deltas(adapter), loaded_deltas(pipeline.transformer, "ref"))
+    unknown = "lora_unet_transformer_blocks_0_img_mlp_gate_proj"
+    raw = load_file(str(kohya))
+    raw.update({f"{unknown}.lora_down.weight": torch.zeros(4, 32), f"{unknown}.lora_up.weight": torch.zeros(32, 4),
+                f"{unknown}.alpha": torch.tensor(4.0)})
+    with pytest.raises(AdapterFormatError, match=f"3 kohya-named keys name no Qwen-Image 2.1 module .*{unknown}"):
+        load_adapter(raw, family, name="bad.safetensors")

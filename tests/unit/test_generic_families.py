@@ -49,7 +49,7 @@ def test_the_declared_cfg_style_is_what_the_tiny_pipeline_does(family, tmp_path)
         lambda m, args, kwargs: batches.append((args[0] if args else kwargs["hidden_states"]).shape[0]),
         with_kwargs=True)
     steps, images = 2, 2
-    for guidance in (family.default_guidance, 1.0):
+    for guidance in sorted({family.default_guidance, 1.0, family.claim.guides_above}):
         batches.clear()
         out = pipeline(prompt="a cat", num_images_per_prompt=images, num_inference_steps=steps,
                        height=family.tiny_size, width=family.tiny_size, output_type="latent",
@@ -57,17 +57,19 @@ def test_the_declared_cfg_style_is_what_the_tiny_pipeline_does(family, tmp_path)
                        **family.call_arguments(guidance)).images
         assert out.shape[0] == images
         doubled = family.doubles_batch(guidance)
-        passes = 2 if family.cfg == "true" and guidance > 1 else 1
+        passes = 2 if family.cfg == "true" and guidance > family.claim.guides_above else 1
         assert batches == [images * (2 if doubled else 1)] * (steps * passes), (guidance, batches)
         assert family.batch_factor(guidance) == (2 if doubled else 1)
-    # Regional compilation: the declared block classes are the transformer's repeated blocks (the
-    # transformer declares none itself), and compile_denoiser compiles them, not the whole model.
+    # Regional compilation: the block classes (the claim's where the transformer declares none) are
+    # the transformer's repeated blocks, and compile_denoiser compiles them, not the whole model.
     from hotlora.engine.pipeline import compile_denoiser
 
-    assert not getattr(type(denoiser), "_repeated_blocks", None) and family.repeated_blocks
+    declared = getattr(type(denoiser), "_repeated_blocks", None)
+    assert bool(declared) != bool(family.repeated_blocks)  # a claim names them only where diffusers does not
+    classes = family.repeated_blocks or tuple(declared)
     lists = [m for m in denoiser.children() if isinstance(m, torch.nn.ModuleList)]
-    assert {type(block).__name__ for blocks in lists for block in blocks} == set(family.repeated_blocks)
-    assert compile_denoiser(denoiser, family) == f"regional ({', '.join(family.repeated_blocks)})"
+    assert {type(block).__name__ for blocks in lists for block in blocks} == set(classes)
+    assert compile_denoiser(denoiser, family) == f"regional ({', '.join(classes)})"
 
 
 @pytest.mark.parametrize("pipeline, missing", [
@@ -77,7 +79,7 @@ def test_the_declared_cfg_style_is_what_the_tiny_pipeline_does(family, tmp_path)
     ("PRXPipeline", "loads into unet, text_encoder"),
     ("BriaFiboPipeline", "no text-encoder LoRA: text_encoder"),
     ("SanaSprintPipeline", "no tiny model of it is tested"),
-    ("Krea2Pipeline", "no tiny model of it is tested"),
+    ("ErnieImagePipeline", "no tiny model of it is tested"),
     ("CogVideoXPipeline", "of no served video family"),
 ])
 def test_an_unclaimed_pipeline_is_refused_naming_what_it_misses(pipeline, missing):
@@ -144,3 +146,27 @@ def test_a_generic_familys_model_is_planned_by_its_weights(tmp_path):
     assert plan.family == "auraflow" and plan.peak_bytes > 0
     assert all(size.activation_bytes is None for size in plan.sizes)
     assert "not modelled" in plan.text()
+
+
+def test_a_distilled_krea2_checkpoint_defaults_to_its_few_steps_without_guidance(tmp_path):
+    """Krea 2's pipeline config says which checkpoint it is (``is_distilled``): the TDM one runs 8
+    steps without guidance by default (its pipeline's docstring), the base one its __call__'s 28 at
+    4.5; a model's hotlora.json still wins."""
+    import json
+
+    from hotlora import Engine
+    from hotlora.families.krea2 import tiny_krea2
+
+    tiny_krea2(0, distilled=True).save_pretrained(str(tmp_path / "turbo"))
+    tiny_krea2(0).save_pretrained(str(tmp_path / "base"))
+    assert json.loads((tmp_path / "turbo" / "model_index.json").read_text())["is_distilled"] is True
+    def served_defaults(name):
+        engine = Engine.from_pretrained(tmp_path / name, compile=False, target_rank=4, height=48, width=48,
+                                        batch_size=1, rank_buckets=())
+        return engine.describe()["defaults"]
+
+    defaults = {name: served_defaults(name) for name in ("turbo", "base")}
+    assert defaults == {"turbo": {"num_inference_steps": 8, "guidance_scale": 0.0},
+                        "base": {"num_inference_steps": 28, "guidance_scale": 4.5}}
+    (tmp_path / "turbo" / "hotlora.json").write_text(json.dumps({"num_inference_steps": 6}))
+    assert served_defaults("turbo") == {"num_inference_steps": 6, "guidance_scale": 0.0}

@@ -108,7 +108,7 @@ class WarmModel:
         self.experts = family.experts(pipeline)
         if len(self.experts) > 1:  # before anything is quantized or installed
             check_expert_config(config, self.experts)
-        self.defaults = {**family.defaults, **(defaults or {})}
+        self.defaults = {**family.defaults, **family.checkpoint_defaults(pipeline), **(defaults or {})}
         self.schedule_steps = family.schedule_steps(pipeline)
         if self.schedule_steps is not None:  # what the pipeline runs, whatever a hotlora.json says
             self.defaults["num_inference_steps"] = self.schedule_steps

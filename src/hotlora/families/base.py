@@ -221,6 +221,11 @@ class ModelFamily:
                 "defaults": {**self.defaults, "height": self.default_size[0], "width": self.default_size[1]},
                 "plans": list(self.full_size_models)}
 
+    def checkpoint_defaults(self, pipeline) -> dict[str, Any]:
+        """Request defaults a loaded checkpoint's own config implies over the family's (Krea 2's
+        distilled checkpoint: 8 steps without guidance); a model's hotlora.json still wins."""
+        return {}
+
     def schedule_steps(self, pipeline) -> int | None:
         """The denoising steps a loaded pipeline always runs, whatever ``num_inference_steps`` says (a
         checkpoint that fixes its own sigma schedule: Qwen-Image-2.1-Turbo's ``sample_sigmas``); None
@@ -478,6 +483,13 @@ class ModelFamily:
         where serving it would silently differ from the file. Runs after ``check_raw_lora``;
         by default ``raw`` unchanged."""
         return dict(raw)
+
+    def converter_reads_peft_prefix(self, raw: Mapping[str, Any]) -> bool:
+        """Whether ``raw``'s keys under PEFT's ``base_model.model.`` prefix are a trainer's own
+        layout that diffusers' converter for this family reads as they are (ai-toolkit's Krea 2
+        files: the original model's names); False (the default): a PEFT save over the denoiser's
+        own module names, which hotlora reads with its adapter_config.json."""
+        return False
 
     def check_raw_lora(self, raw: Mapping[str, Any], label: str) -> None:
         """Refuse, with AdapterFormatError, a file diffusers' converter for this family would hang

@@ -35,6 +35,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from hotlora.families import krea2
 from hotlora.families.base import CfgStyle, ModelFamily
 
 REQUIRED_CALL_ARGUMENTS = ("prompt", "num_inference_steps", "guidance_scale", "height", "width", "generator",
@@ -110,9 +111,22 @@ class Claim:
     warmup_prompts: tuple[str, ...] = ("warm-up",)
     # Plan name -> its published configuration's module in hotlora.fullsize (ModelFamily.full_size_models).
     full_size_models: Mapping[str, str] = field(default_factory=dict)
-    # The transformer's block classes, for regional compilation: these transformers declare no
-    # ``_repeated_blocks``, and compiled whole a full-size one traces every layer for every graph.
+    # The transformer's block classes, for regional compilation, where it declares no
+    # ``_repeated_blocks``: compiled whole, a full-size one traces every layer for every graph.
     repeated_blocks: tuple[str, ...] = ()
+    # "true" CFG: the guidance above which the pipeline runs its second pass (read from its
+    # ``do_classifier_free_guidance``; Krea 2 guides above 0).
+    guides_above: float = 1.0
+    # Recognising its adapters and base model ids (ModelFamily.lora_key_pattern, base_model_markers).
+    lora_key_pattern: str = ""
+    base_model_markers: tuple[str, ...] = ()
+    # Its trainers' own layouts that diffusers' converter reads: sample name -> a writer of PEFT-form
+    # layers in that layout (the tiny model's samples; the first is the contract test's).
+    trainer_layouts: Mapping[str, Callable[[Mapping], dict]] = field(default_factory=dict)
+    # ModelFamily.converter_reads_peft_prefix: a trainer's layout under PEFT's key prefix.
+    converter_reads_peft_prefix: Callable[[Mapping], bool] | None = None
+    # ModelFamily.checkpoint_defaults: defaults a loaded checkpoint's config implies.
+    checkpoint_defaults: Callable[[Any], dict] | None = None
 
 
 class GenericFamily(ModelFamily):
@@ -127,6 +141,7 @@ class GenericFamily(ModelFamily):
         self.latent_multiple, self.tiny_size = claim.latent_multiple, claim.tiny_size
         self.embedding_keys, self.tokenizer_of, self.prompt_argument_of = (), {}, {}
         self.full_size_models, self.repeated_blocks = claim.full_size_models, claim.repeated_blocks
+        self.lora_key_pattern, self.base_model_markers = claim.lora_key_pattern, claim.base_model_markers
 
     @property
     def _call_defaults(self) -> Mapping[str, Any]:
@@ -184,6 +199,32 @@ class GenericFamily(ModelFamily):
 
     def warmup_prompts(self, pipeline=None) -> tuple[str, ...]:
         return self.claim.warmup_prompts
+
+    def converter_reads_peft_prefix(self, raw: Mapping[str, Any]) -> bool:
+        return bool(self.claim.converter_reads_peft_prefix and self.claim.converter_reads_peft_prefix(raw))
+
+    def checkpoint_defaults(self, pipeline) -> dict[str, Any]:
+        return self.claim.checkpoint_defaults(pipeline) if self.claim.checkpoint_defaults else {}
+
+    def trainer_lora(self, path, linears, sd, rank: int, seed: int):
+        from safetensors.torch import save_file
+
+        writers = list(self.claim.trainer_layouts.values())
+        if not writers:
+            return None
+        save_file(writers[0](sd), str(path))
+        return path
+
+    def write_trainer_samples(self, pipeline, linears, out, rank: int, attention_only) -> dict:
+        from safetensors.torch import save_file
+
+        from hotlora.families._tiny import random_lora
+
+        samples = {}
+        for seed, (name, write) in enumerate(self.claim.trainer_layouts.items(), start=4):
+            save_file(write(random_lora(linears, rank, seed=seed)), str(out / f"{name}.safetensors"))
+            samples[name] = out / f"{name}.safetensors"
+        return samples
 
     def build_tiny(self, seed: int = 0):
         return self.claim.build_tiny(seed)
@@ -305,6 +346,13 @@ GENERIC: tuple[Claim, ...] = (
     Claim(name="cogview4", pipeline_class="CogView4Pipeline", cfg="true", latent_multiple=2,
           build_tiny=tiny_cogview4, repeated_blocks=("CogView4TransformerBlock",),
           warmup_prompts=("warm-up", "a warm-up prompt of more than sixteen tokens, so a second text length")),
+    # Krea 2 pads every prompt to max_sequence_length (512): one text length. 48 pixels: 36 image
+    # tokens, no tiny width (16 channels, a head's 8) for dynamo's duck sizing to tie them to.
+    Claim(name="krea2", pipeline_class="Krea2Pipeline", cfg="true", guides_above=0.0, latent_multiple=2,
+          build_tiny=krea2.tiny_krea2, tiny_size=48,
+          lora_key_pattern=r"text_fusion[._](layerwise|refiner)_blocks|txtfusion[._]|blocks[._]\d+[._]attn[._](to_gate|wq)\b",
+          base_model_markers=("krea-2", "krea2", "krea_2"), trainer_layouts=krea2.TRAINER_LAYOUTS,
+          converter_reads_peft_prefix=krea2.ai_toolkit_names, checkpoint_defaults=krea2.checkpoint_defaults),
 )
 
 GENERIC_FAMILIES: tuple[GenericFamily, ...] = tuple(GenericFamily(claim) for claim in GENERIC)

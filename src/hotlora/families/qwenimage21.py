@@ -33,12 +33,36 @@ references are the first step's prefix, so they are computed once a request and 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from hotlora.errors import AdapterFormatError
 from hotlora.families.base import ModelFamily
 
 PLAN_TEXT_TOKENS = 512  # a long prompt's tokens in the joint sequence, for the memory plan (no cap)
+
+# Every Linear of QwenImage21Transformer2DModel ({n}: a block's index), for kohya-named files
+# (``lora_unet_transformer_blocks_0_img_mlp_gate_layer``). diffusers' Qwen-Image converter un-flattens
+# those names with Qwen-Image 1's vocabulary, so 2.1's ``img_mlp.gate_layer``, ``txt_in.in_layer`` and
+# ``modulation.1`` came out as modules that do not exist (``img_mlp.gate.layer``). hotlora names them
+# from this list (by hand: no converter knows 2.1's names) and hands the converter the dotted names
+# under ComfyUI's prefix, which it reads as they are (alphas included).
+KOHYA_MODULES = ("img_in", "modulation.1", "norm_out.linear", "proj_out", "txt_in.in_layer", "txt_in.out_layer",
+                 "time_text_embed.timestep_embedder.linear_1", "time_text_embed.timestep_embedder.linear_2",
+                 *(f"transformer_blocks.{{n}}.{name}" for name in ("attn.to_q", "attn.to_k", "attn.to_v",
+                                                                  "attn.to_out.0", "img_mlp.proj",
+                                                                  "img_mlp.gate_layer", "img_mlp.out")))
+_KOHYA_FLAT = {re.compile(re.escape(m.replace(".", "_")).replace(r"\{n\}", r"(\d+)")): m for m in KOHYA_MODULES}
+
+
+def kohya_module(flat: str) -> str | None:
+    """The dotted module of a kohya-flattened 2.1 name (``transformer_blocks_3_attn_to_out_0``), or None."""
+    for pattern, module in _KOHYA_FLAT.items():
+        match = pattern.fullmatch(flat)
+        if match:
+            return module.replace("{n}", match.group(1)) if match.groups() else module
+    return None
 
 
 class QwenImage21(ModelFamily):
@@ -98,6 +122,27 @@ class QwenImage21(ModelFamily):
 
     def call_arguments(self, guidance_scale: float) -> dict[str, Any]:
         return {"true_cfg_scale": guidance_scale}
+
+    def prepare_raw_lora(self, raw: Mapping[str, Any], label: str) -> dict:
+        """kohya-named keys (``lora_unet_...``) renamed to ComfyUI's dotted ones (``KOHYA_MODULES``);
+        a name of no 2.1 module is refused, named."""
+        if not any(key.startswith("lora_unet_") for key in raw):
+            return dict(raw)
+        out, unknown = {}, []
+        for key, value in raw.items():
+            if not key.startswith("lora_unet_"):
+                out[key] = value
+                continue
+            flat, _, suffix = key.removeprefix("lora_unet_").partition(".")
+            module = kohya_module(flat)
+            if module is None:
+                unknown.append(key)
+            else:
+                out[f"diffusion_model.{module}.{suffix}"] = value
+        if unknown:
+            raise AdapterFormatError(f"{label}: {len(unknown)} kohya-named keys name no Qwen-Image 2.1 module "
+                                     f"({', '.join(sorted(unknown)[:5])}); its Linears: {', '.join(KOHYA_MODULES)}")
+        return out
 
     def default_negative_prompt(self, guidance_scale: float) -> str | None:
         return " " if guidance_scale > 1 else None

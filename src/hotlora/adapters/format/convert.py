@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 #    Linears and alpha-less files load), lightx2v's non-zero ``.diff*`` patches refused (``Wan.prepare_raw_lora``)
 # 8: LyCORIS LoHa files read (as their exact low-rank form; they were refused)
 # 9: LoRA biases kept (``lora_B.bias``, lightx2v's ``.diff_b``; they were refused)
-CONVERTER_VERSION = 9
+# 10: Krea 2's ai-toolkit files (original names under PEFT's prefix) handed to diffusers' converter
+CONVERTER_VERSION = 10
 PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
@@ -166,7 +167,9 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
     layout = detect_layout(raw)
     prefix = family.denoiser
     metadata = file_metadata
-    if layout == "peft":
+    if layout == "peft" and family.converter_reads_peft_prefix(raw):
+        layout = "diffusers"  # read by diffusers' converter, as every trainer layout it reads
+    elif layout == "peft":
         # PEFT saves keys relative to the wrapped model and the LoraConfig beside them.
         raw = {f"{prefix}.{k.removeprefix(PEFT_PREFIX)}": v for k, v in raw.items()}
         if peft_config is not None:
