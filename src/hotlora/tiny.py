@@ -92,7 +92,7 @@ def write_sample_adapters(pipeline, family: str, out: Path, target_rank: int = 8
     samples["style-diffusers"] = save_diffusers_lora(
         out / "style-diffusers", family, random_lora(linears, high, seed=2), rank=high, alpha=high / 2
     )
-    attention_only = [n for n in linears if ".attn" in n or ".attention." in n or "attn1" in n or "attn2" in n]
+    attention_only = [n for n in linears if ".attn" in n or "attention." in n or "attn1" in n or "attn2" in n]
     samples["identity-peft"] = save_peft_lora(
         out / "identity-peft", random_lora(linears, low, seed=3, modules=attention_only), rank=low, alpha=low,
         base_model=f"hotlora/tiny-{family}",

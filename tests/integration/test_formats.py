@@ -25,6 +25,8 @@ SAMPLES = {
     "ltx": ["identity-diffusers", "style-diffusers", "style-comfy"],
     # ai-toolkit and Krea's reference trainer: the original model's names under base_model.model. / diffusion_model.
     "krea2": ["identity-diffusers", "style-ai-toolkit", "style-comfy"],
+    # ai-toolkit: diffusers' names under ComfyUI's prefix.
+    "ernie-image": ["identity-diffusers", "style-comfy"],
 }
 # A sample's name -> the layout hotlora detects: ai-toolkit saves SD3 files in diffusers' key names,
 # and ComfyUI's prefix over diffusers' names is still diffusers' layout.

@@ -77,6 +77,35 @@ QWEN_CHAT_TEMPLATE = (
 QWEN_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
 
 
+def draw_zero_parameters(model, scale: float = 0.2) -> None:
+    """Every all-zero parameter of ``model`` drawn from N(0, scale^2): diffusers zero-initialises output
+    layers, modulation tables and zero-centred norms, behind which a tiny model's output ignores
+    the blocks (ERNIE-Image's ``final_linear``: every output zero, every adapter without effect)."""
+    import torch
+
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if not parameter.any():
+                parameter.copy_(torch.randn_like(parameter) * scale)
+
+
+def mistral3_config(vocab_size: int, layers: int, max_positions: int):
+    """A small Mistral3 (Mistral text model with a one-layer Pixtral vision tower), ids as Flux.2's
+    byte tokenizer numbers its specials: Flux.2's and ERNIE-Image's text encoders."""
+    from transformers import Mistral3Config
+
+    ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    return Mistral3Config(
+        text_config={"model_type": "mistral", "vocab_size": vocab_size, "hidden_size": 8, "intermediate_size": 8,
+                     "max_position_embeddings": max_positions, "num_attention_heads": 2,
+                     "num_hidden_layers": layers, "num_key_value_heads": 1, "head_dim": 4, "rms_norm_eps": 1e-05,
+                     "rope_theta": 1000000000.0, "sliding_window": None, **ids},
+        vision_config={"model_type": "pixtral", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "intermediate_size": 8, "image_size": 30, "patch_size": 6, "num_channels": 3},
+        image_seq_length=4, vision_feature_layer=-1, image_token_index=3, **ids,
+    )
+
+
 def qwen_tokenizer(vision: bool = False):
     """A byte-level BPE tokenizer of the Qwen kind (Qwen2Tokenizer) with no merges: every byte is one
     token, so Qwen-Image's prompt template is far more than the 34 tokens its pipeline drops.

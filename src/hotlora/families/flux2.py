@@ -173,22 +173,14 @@ class Flux2(_Flux2Base):
     def build_tiny(self, seed: int = 0):
         import torch
         from diffusers import FlowMatchEulerDiscreteScheduler, Flux2Pipeline
-        from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+        from transformers import Mistral3ForConditionalGeneration
+
+        from hotlora.families._tiny import mistral3_config
 
         torch.manual_seed(seed)
-        hidden = 8
-        transformer = self._tiny_transformer(guidance_embeds=True, joint_attention_dim=3 * hidden)
+        transformer = self._tiny_transformer(guidance_embeds=True, joint_attention_dim=3 * 8)  # 3 taps of width 8
         tokenizer = mistral_tokenizer()
-        ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
-        config = Mistral3Config(
-            text_config={"model_type": "mistral", "vocab_size": len(tokenizer), "hidden_size": hidden,
-                         "intermediate_size": 8, "max_position_embeddings": TEXT_TOKENS, "num_attention_heads": 2,
-                         "num_hidden_layers": self.text_encoder_layers, "num_key_value_heads": 1, "head_dim": 4,
-                         "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0, "sliding_window": None, **ids},
-            vision_config={"model_type": "pixtral", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
-                           "intermediate_size": 8, "image_size": 30, "patch_size": 6, "num_channels": 3},
-            image_seq_length=4, vision_feature_layer=-1, image_token_index=3, **ids,
-        )
+        config = mistral3_config(len(tokenizer), layers=self.text_encoder_layers, max_positions=TEXT_TOKENS)
         text_encoder = Mistral3ForConditionalGeneration(config).eval()
         return Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=self._tiny_vae(),
                              text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)

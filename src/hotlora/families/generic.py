@@ -191,8 +191,8 @@ class GenericFamily(ModelFamily):
         (heads x head dim): what a calibrated fit scales (Sana's, ``bench/plan_calibrate.py``); a
         family without one (AuraFlow, CogView4) is planned by its weights and says so."""
         denoiser = configs[self.denoiser]
-        return (latent_pixels // self.latent_multiple ** 2,
-                denoiser["num_attention_heads"] * denoiser["attention_head_dim"])
+        width = denoiser.get("hidden_size") or denoiser["num_attention_heads"] * denoiser["attention_head_dim"]
+        return latent_pixels // self.latent_multiple ** 2, width
 
     def call_arguments(self, guidance_scale: float) -> dict[str, Any]:
         return {"guidance_scale": guidance_scale, **self.claim.fixed}
@@ -332,6 +332,39 @@ def tiny_cogview4(seed: int = 0):
                             scheduler=scheduler)
 
 
+def comfy_prefixed(sd: Mapping[str, Any]) -> dict:
+    """diffusers' names under ComfyUI's ``diffusion_model.`` prefix, lora_A / lora_B, no alpha: what
+    ai-toolkit writes for ERNIE-Image (diffusers' mixin says so and reads it)."""
+    return {f"diffusion_model.{key}": value.contiguous() for key, value in sd.items()}
+
+
+def tiny_ernie_image(seed: int = 0):
+    """diffusers' classes at small widths: a two-stage Flux.2 VAE (its latents patchified 2x2 by the
+    pipeline: a factor of 4), a two-layer Mistral3 text model and Flux.2's byte tokenizer."""
+    import torch
+    from diffusers import (
+        AutoencoderKLFlux2, ErnieImagePipeline, ErnieImageTransformer2DModel, FlowMatchEulerDiscreteScheduler,
+    )
+    from transformers import Mistral3Model
+
+    from hotlora.families._tiny import draw_zero_parameters, mistral3_config
+    from hotlora.families.flux2 import mistral_tokenizer
+
+    torch.manual_seed(seed)
+    transformer = ErnieImageTransformer2DModel(
+        hidden_size=16, num_attention_heads=2, num_layers=2, ffn_hidden_size=32, in_channels=16, out_channels=16,
+        patch_size=1, text_in_dim=8, rope_theta=256, rope_axes_dim=(4, 2, 2), eps=1e-6, qk_layernorm=True)
+    draw_zero_parameters(transformer)  # its final_linear and modulation start at zero: all outputs would too
+    vae = AutoencoderKLFlux2(
+        sample_size=32, in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(4, 8), layers_per_block=1, latent_channels=4,
+        norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False)
+    tokenizer = mistral_tokenizer()
+    text_encoder = Mistral3Model(mistral3_config(len(tokenizer), layers=2, max_positions=512)).eval()
+    return ErnieImagePipeline(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                              scheduler=FlowMatchEulerDiscreteScheduler())
+
+
 GENERIC: tuple[Claim, ...] = (
     Claim(name="auraflow", pipeline_class="AuraFlowPipeline", cfg="batch", latent_multiple=2,
           build_tiny=tiny_auraflow, repeated_blocks=("AuraFlowJointTransformerBlock", "AuraFlowSingleTransformerBlock")),
@@ -353,6 +386,16 @@ GENERIC: tuple[Claim, ...] = (
           lora_key_pattern=r"text_fusion[._](layerwise|refiner)_blocks|txtfusion[._]|blocks[._]\d+[._]attn[._](to_gate|wq)\b",
           base_model_markers=("krea-2", "krea2", "krea_2"), trainer_layouts=krea2.TRAINER_LAYOUTS,
           converter_reads_peft_prefix=krea2.ai_toolkit_names, checkpoint_defaults=krea2.checkpoint_defaults),
+    # ERNIE-Image encodes each prompt unpadded and pads a batch to its longest (with the lengths as a
+    # mask): the text length reaches the transformer, so warm-up runs two lengths (as CogView4's).
+    Claim(name="ernie-image", pipeline_class="ErnieImagePipeline", cfg="batch", latent_multiple=1,
+          build_tiny=tiny_ernie_image, fixed={"use_pe": False},
+          why_fixed="its prompt enhancer (a checkpoint's optional `pe` language model) rewrites every prompt by "
+                    "sampling (temperature 0.6), so a seed would not fix the image; hotlora runs prompts as sent",
+          warmup_prompts=("warm-up", "a warm-up prompt of more than sixteen tokens, so a second text length"),
+          lora_key_pattern=r"layers[._]\d+[._]self_attention[._]to_[qkv]|layers[._]\d+[._]mlp[._]linear_fc2",
+          base_model_markers=("ernie-image", "ernie_image"),
+          trainer_layouts={"style-comfy": comfy_prefixed}),
 )
 
 GENERIC_FAMILIES: tuple[GenericFamily, ...] = tuple(GenericFamily(claim) for claim in GENERIC)

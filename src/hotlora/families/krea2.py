@@ -61,12 +61,12 @@ def checkpoint_defaults(pipeline) -> dict[str, Any]:
 def tiny_krea2(seed: int = 0, distilled: bool = False):
     """diffusers' classes at small widths (its own tests' shapes), the Qwen byte-level tokenizer
     built in memory, the text encoder's three hidden states (embeddings and both layers) tapped.
-    The zero-started norms and modulation tables drawn (a LoRA's effect must not hide behind them)."""
+    The zero-started norms and modulation tables drawn (``_tiny.draw_zero_parameters``)."""
     import torch
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, Krea2Pipeline, Krea2Transformer2DModel
     from transformers import Qwen3VLConfig, Qwen3VLModel
 
-    from hotlora.families._tiny import qwen_tokenizer
+    from hotlora.families._tiny import draw_zero_parameters, qwen_tokenizer
 
     torch.manual_seed(seed)
     transformer = Krea2Transformer2DModel(
@@ -74,10 +74,7 @@ def tiny_krea2(seed: int = 0, distilled: bool = False):
         intermediate_size=32, timestep_embed_dim=8, text_hidden_dim=16, num_text_layers=3, text_num_attention_heads=2,
         text_num_key_value_heads=1, text_intermediate_size=16, num_layerwise_text_blocks=1, num_refiner_text_blocks=1,
         axes_dims_rope=(4, 2, 2), rope_theta=1000.0)
-    with torch.no_grad():
-        for name, parameter in transformer.named_parameters():
-            if name.endswith("scale_shift_table") or (parameter.ndim == 1 and not parameter.any()):
-                parameter.copy_(torch.randn_like(parameter) * 0.2)
+    draw_zero_parameters(transformer)
     z_dim = 4
     vae = AutoencoderKLQwenImage(base_dim=z_dim * 6, z_dim=z_dim, dim_mult=[1, 2, 4], num_res_blocks=1,
                                  temperal_downsample=[False, True], latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim)
