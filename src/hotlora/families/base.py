@@ -484,8 +484,8 @@ class ModelFamily:
         by default ``raw`` unchanged."""
         return dict(raw)
 
-    def converter_reads_peft_prefix(self, raw: Mapping[str, Any]) -> bool:
-        """Whether ``raw``'s keys under PEFT's ``base_model.model.`` prefix are a trainer's own
+    def converter_reads_peft_prefix(self, keys) -> bool:
+        """Whether the LoRA ``keys`` under PEFT's ``base_model.model.`` prefix are a trainer's own
         layout that diffusers' converter for this family reads as they are (ai-toolkit's Krea 2
         files: the original model's names); False (the default): a PEFT save over the denoiser's
         own module names, which hotlora reads with its adapter_config.json."""

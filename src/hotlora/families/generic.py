@@ -33,7 +33,7 @@ from __future__ import annotations
 import inspect
 import string
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from hotlora.families import krea2
 from hotlora.families.base import CfgStyle, ModelFamily
@@ -124,7 +124,7 @@ class Claim:
     # layers in that layout (the tiny model's samples; the first is the contract test's).
     trainer_layouts: Mapping[str, Callable[[Mapping], dict]] = field(default_factory=dict)
     # ModelFamily.converter_reads_peft_prefix: a trainer's layout under PEFT's key prefix.
-    converter_reads_peft_prefix: Callable[[Mapping], bool] | None = None
+    converter_reads_peft_prefix: Callable[[Iterable[str]], bool] | None = None
     # ModelFamily.checkpoint_defaults: defaults a loaded checkpoint's config implies.
     checkpoint_defaults: Callable[[Any], dict] | None = None
 
@@ -200,8 +200,8 @@ class GenericFamily(ModelFamily):
     def warmup_prompts(self, pipeline=None) -> tuple[str, ...]:
         return self.claim.warmup_prompts
 
-    def converter_reads_peft_prefix(self, raw: Mapping[str, Any]) -> bool:
-        return bool(self.claim.converter_reads_peft_prefix and self.claim.converter_reads_peft_prefix(raw))
+    def converter_reads_peft_prefix(self, keys) -> bool:
+        return bool(self.claim.converter_reads_peft_prefix and self.claim.converter_reads_peft_prefix(keys))
 
     def checkpoint_defaults(self, pipeline) -> dict[str, Any]:
         return self.claim.checkpoint_defaults(pipeline) if self.claim.checkpoint_defaults else {}

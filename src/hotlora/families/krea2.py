@@ -19,7 +19,7 @@ layouts, for the tests: ``hotlora.trainer_layouts.krea2_trainer_lora``).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 AI_TOOLKIT_PREFIX = "base_model.model."  # PEFT's prefix, over the original model's names
 # The original model's top-level modules (``hotlora.trainer_layouts.krea2_original_name``): keys
@@ -31,10 +31,10 @@ ORIGINAL_TOP_LEVEL = ("blocks", "txtfusion", "first", "last", "tmlp", "tproj", "
 DISTILLED_DEFAULTS = {"num_inference_steps": 8, "guidance_scale": 0.0}
 
 
-def ai_toolkit_names(raw: Mapping[str, Any]) -> bool:
+def ai_toolkit_names(keys: Iterable[str]) -> bool:
     """Whether the keys under PEFT's prefix name the original model's modules (ai-toolkit's file,
     which diffusers' converter reads), not diffusers' (a PEFT save)."""
-    under = [k.removeprefix(AI_TOOLKIT_PREFIX) for k in raw if k.startswith(AI_TOOLKIT_PREFIX)]
+    under = [k.removeprefix(AI_TOOLKIT_PREFIX) for k in keys if k.startswith(AI_TOOLKIT_PREFIX)]
     return bool(under) and all(k.split(".", 1)[0] in ORIGINAL_TOP_LEVEL for k in under)
 
 

@@ -145,10 +145,11 @@ def load_adapter(
     return adapter
 
 
-def detect_layout(keys) -> str:
+def detect_layout(keys, family: ModelFamily | None = None) -> str:
     keys = list(keys)
     if any(k.startswith(PEFT_PREFIX) for k in keys):
-        return "peft"
+        # A trainer's own names under PEFT's prefix (ai-toolkit's Krea 2 files) are diffusers' converter's to read.
+        return "diffusers" if family is not None and family.converter_reads_peft_prefix(keys) else "peft"
     if any(k.startswith(("lora_unet_", "lora_te")) or ".lora_down." in k for k in keys):
         return "kohya"
     if any(".processor." in k for k in keys):
@@ -164,12 +165,10 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
     loha = is_loha(raw)
     if loha:  # LoHa -> the same modules as exact LoRA factors, scales folded in: read as a LoRA from here on
         raw, declared_config, peft_config = loha_as_lora(raw, label, peft_config), peft_config, None
-    layout = detect_layout(raw)
+    layout = detect_layout(raw, family)
     prefix = family.denoiser
     metadata = file_metadata
-    if layout == "peft" and family.converter_reads_peft_prefix(raw):
-        layout = "diffusers"  # read by diffusers' converter, as every trainer layout it reads
-    elif layout == "peft":
+    if layout == "peft":
         # PEFT saves keys relative to the wrapped model and the LoraConfig beside them.
         raw = {f"{prefix}.{k.removeprefix(PEFT_PREFIX)}": v for k, v in raw.items()}
         if peft_config is not None:
