@@ -83,6 +83,7 @@ def test_the_declared_cfg_style_is_what_the_tiny_pipeline_does(family, tmp_path)
     ("BriaFiboPipeline", "no text-encoder LoRA: text_encoder"),
     ("SanaSprintPipeline", "no tiny model of it is tested"),
     ("BriaFibo2Pipeline", "no tiny model of it is tested"),
+    ("Kandinsky5T2IPipeline", "seven resolutions"),
     ("CogVideoXPipeline", "of no served video family"),
 ])
 def test_an_unclaimed_pipeline_is_refused_naming_what_it_misses(pipeline, missing):

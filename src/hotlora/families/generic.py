@@ -47,6 +47,9 @@ KNOWN_BREAKS = {
     "HiDreamImagePipeline": "fullgraph compile fails on its MoE routing (it calls .cpu().numpy()), and it "
                             "rescales every size to a fixed area, so the size asked is not the size run",
     "Lumina2Pipeline": "fullgraph compile fails on its data-dependent caption lengths",
+    "Kandinsky5T2IPipeline": "it runs any size but its seven resolutions (1024x1024, 640x1408, 1408x640, 768x1280, "
+                             "1280x768, 896x1152, 1152x896) as the one nearest in aspect ratio, so the size asked is "
+                             "not the size run",
 }
 
 
