@@ -13,7 +13,11 @@ from hotlora.families.recognize import families_of_keys, families_of_metadata, f
 
 @pytest.mark.parametrize("pipeline, reason", [
     ("CogVideoXPipeline", "video pipeline (CogVideoXLoraLoaderMixin) of no served video family (served: wan"),
-    ("LTXImageToVideoPipeline", "video pipeline"),  # LTX image-to-video: an image-conditioned checkpoint
+    # LTX image-to-video: a task of the ltx family, not a checkpoint it serves.
+    ("LTXImageToVideoPipeline", "runs it as its image-to-video task on a LTXPipeline checkpoint"),
+    # Variants sharing a served family's LoRA mixin: named as such, with their denoiser.
+    ("WanVACEPipeline", "shares the LoRA mixin WanLoraLoaderMixin of hotlora's wan family, which serves WanPipeline"),
+    ("LTXConditionPipeline", "a variant with its own __call__ (denoiser: LTXVideoTransformer3DModel)"),
     ("DDPMPipeline", "no diffusers LoRA loader mixin"),
     ("QwenImage21ModularPipeline", "QwenImage21Pipeline, which hotlora serves"),  # the family's own words
 ])

@@ -8,6 +8,7 @@ the tiny models and the contract test (tests/integration/test_contract.py) cover
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Mapping
@@ -52,6 +53,25 @@ def why_unserved(pipeline_type: type) -> str:
              if pipeline_type.__name__ in family.unserved_pipelines]
     if known:
         return known[0]
+    # Kin: a served family's pipelines in the same diffusers package with the same mixin (not another model
+    # borrowing a mixin: PRX's Stable Diffusion one, Bria FIBO's Flux one).
+    package = getattr(pipeline_type, "__module__", "").rpartition(".")[0]
+    kin = [family for family in REGISTERED if not family.generic and family.lora_mixin.__name__ == mixins[0]
+           and family.pipeline_type.__module__.rpartition(".")[0] == package]
+    tasks = [(f, task) for f in kin for task, name in f.task_pipelines.items() if name == pipeline_type.__name__]
+    if tasks:
+        family, task = tasks[0]
+        return (f"hotlora's {family.name} family runs it as its {task} task on a {family.pipeline_class} checkpoint; "
+                f"a checkpoint saved as {pipeline_type.__name__} is not served: serve the {family.pipeline_class} one")
+    if kin:  # a variant of a served pipeline: another denoiser or another __call__ (Wan VACE, LTX condition)
+        served = ", ".join(dict.fromkeys([f.pipeline_class for f in kin] + [c for f in kin for c in f.task_pipelines.values()]))
+        names = ", ".join(dict.fromkeys(f.name for f in kin))
+        init = inspect.signature(pipeline_type.__init__).parameters
+        denoisers = list(dict.fromkeys(getattr(p.annotation, "__name__", str(p.annotation)) for name, p in init.items()
+                                       if name.startswith(("transformer", "unet"))))
+        return (f"it shares the LoRA mixin {mixins[0]} of hotlora's {names} family, which serves {served}, but is none "
+                f"of those: a variant with its own __call__ (denoiser: {', '.join(denoisers) or 'none'}) that no family "
+                "has been tested on")
     module = getattr(pipeline_type, "__module__", "")
     if any(part in module.lower() for part in ("video", "ltx", "hunyuan", "mochi", "cogvideo", "skyreels")):
         served = ", ".join(f"{f.name} ({f.pipeline_class})" for f in REGISTERED if f.video)
