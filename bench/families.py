@@ -48,13 +48,17 @@ use_repo_compile_cache()
 
 # Block counts of the published configurations, set to one block of each kind for the ``wide`` model.
 LAYER_KEYS = ("num_layers", "num_single_layers", "n_layers", "n_refiner_layers", "approximator_layers",
-              "layers_per_block", "transformer_layers_per_block", "num_mmdit_layers", "num_single_dit_layers")
+              "layers_per_block", "transformer_layers_per_block", "num_mmdit_layers", "num_single_dit_layers",
+              "num_layerwise_text_blocks", "num_refiner_text_blocks")
 # Keys that must match the tiny text encoders, VAE and pipeline (their widths, latent channels, position
 # tables): kept from the tiny denoiser. A UNet's cross_attention_dim is its text encoder's width; a
 # transformer's is its own inner width (kept published).
 INTERFACE_KEYS = ("in_channels", "out_channels", "joint_attention_dim", "pooled_projection_dim", "cap_feat_dim",
                   "text_dim", "caption_channels", "context_in_dim", "sample_size", "pos_embed_max_size",
-                  "addition_time_embed_dim", "projection_class_embeddings_input_dim")
+                  "addition_time_embed_dim", "projection_class_embeddings_input_dim",
+                  # Krea 2's text fusion runs at the text encoder's width on its tapped layers
+                  "text_hidden_dim", "num_text_layers", "text_num_attention_heads", "text_num_key_value_heads",
+                  "text_intermediate_size")
 UNET_INTERFACE_KEYS = ("cross_attention_dim",)
 IMAGE_FAMILIES_SKIPPED = ("wan", "ltx")  # video: bench/video.py
 

@@ -37,6 +37,7 @@ PUBLISHED = {
     "wan22_ti2v_5b": ("transformer", 5e9, 0.01),  # "5B" (5.00B)
     "ltx_video": ("transformer", 2e9, 0.04),  # "2B" is a rounded name (1.92B)
     "sana_1600m": ("transformer", 1.6e9, 0.01),  # "1600M" (1.604B)
+    "krea2_turbo": ("transformer", 12.9e9, 0.01),  # "12.9B" (12.82B)
 }
 
 

@@ -385,7 +385,7 @@ GENERIC: tuple[Claim, ...] = (
     # Krea 2 pads every prompt to max_sequence_length (512): one text length. 48 pixels: 36 image
     # tokens, no tiny width (16 channels, a head's 8) for dynamo's duck sizing to tie them to.
     Claim(name="krea2", pipeline_class="Krea2Pipeline", cfg="true", guides_above=0.0, latent_multiple=2,
-          build_tiny=krea2.tiny_krea2, tiny_size=48,
+          build_tiny=krea2.tiny_krea2, tiny_size=48, full_size_models={"krea2-turbo": "krea2_turbo"},
           lora_key_pattern=r"text_fusion[._](layerwise|refiner)_blocks|txtfusion[._]|blocks[._]\d+[._]attn[._](to_gate|wq)\b",
           base_model_markers=("krea-2", "krea2", "krea_2"), trainer_layouts=krea2.TRAINER_LAYOUTS,
           converter_reads_peft_prefix=krea2.ai_toolkit_names, checkpoint_defaults=krea2.checkpoint_defaults),

@@ -25,6 +25,7 @@ listing it in ``full_size_models`` (plan name -> module):
                   "wan2.1-flf2v-14b-720p": "wan21_flf2v_14b_720p"}
     ltx          {"ltx-video": "ltx_video"}
     sana         {"sana-1600m": "sana_1600m"}  (the generic family's Claim)
+    krea2        {"krea2-turbo": "krea2_turbo"}  (the generic family's Claim)
 
 ``_encoders`` holds the text encoders and VAEs several models share.
 """
