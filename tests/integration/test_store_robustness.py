@@ -142,7 +142,9 @@ def test_a_dripping_source_is_cut_at_the_download_deadline(drip_server, root, tm
     began = time.monotonic()
     with pytest.raises(SourceUnavailable, match=r"did not finish within 1 s"):
         store.get(drip_server + path)
-    assert time.monotonic() - began < 3.0  # one deadline, shared by all retries
+    # One deadline shared by all retries: a deadline per try would take 5 x 1 s at least. The slack over 1 s
+    # is the loaded CI machine's (3.35 s was seen once with the full suite beside it).
+    assert time.monotonic() - began < 4.5
     assert list((tmp_path / "cache" / "downloads").iterdir()) == []
 
 
