@@ -75,3 +75,33 @@ def test_bank_limits_are_request_errors(mixed):
     too_many = [{"identity": Binding(adapter, 0.1 * i), "style": Binding(adapter, 0.1 * i + 0.05)} for i in range(1, engine.writer.entries)]
     with pytest.raises(InvalidRequest, match="distinct adapters in one batch"):
         engine.writer.bind(too_many)
+
+
+@pytest.mark.parametrize("mixed", [pytest.param("zimage", marks=pytest.mark.families)], indirect=True)
+def test_packed_layers_keep_each_samples_adapter(mixed, tmp_path):
+    """Z-Image's embedders see the batch's tokens packed into one sequence (``packed_linears``):
+    adapters there only, two of them on prompts of unequal lengths (the captions' runs differ)
+    beside a sample without any, under guidance (the doubled batch), each equal to plain
+    diffusers alone."""
+    from hotlora.families import family_named
+    from hotlora.testing import random_lora, save_diffusers_lora
+
+    family, model_dir, engine, pool = mixed
+    packed = family_named(family).packed_linears
+    linears = dict(engine.ceiling.modules)
+    embedders = sorted(name for name in linears if name.startswith(packed))
+    assert {name.split(".")[0] for name in embedders} == {"all_x_embedder", "cap_embedder"}
+    files = [save_diffusers_lora(tmp_path / f"packed{i}", family, random_lora(linears, 4, seed=70 + i, strength=2.0,
+                                                                              modules=embedders), rank=4, alpha=4)
+             for i in range(2)]
+    requests = [PackRequest("a cat", {"identity": (files[0], 1.0)}, seed=1),
+                PackRequest("a red house on a hill under a violet sky, oil on canvas", {}, seed=2),
+                PackRequest(" ".join(["astronaut"] * 12), {"style": (files[1], 0.7)}, seed=3)]
+    results = generate_batch(engine, requests, num_inference_steps=2, output_type="latent", guidance_scale=1.0)
+    for request, result in zip(requests, results):
+        reference = plain_diffusers_reference(
+            model_dir, {slot: (str(path), scale) for slot, (path, scale) in request.adapters.items()},
+            prompt=request.prompt, num_images=1, num_inference_steps=2, guidance_scale=1.0,
+            height=engine.height, width=engine.width, seed=request.seed)
+        assert (result.images - reference).abs().max().item() <= TOLERANCE, request
+    assert engine.recompiles == 0

@@ -106,7 +106,8 @@ def test_what_the_batch_cannot_mix_is_refused(mixed):
                               output_type="latent").batch_key() == first.batch_key()
 
 
-@pytest.mark.parametrize("mixed", [pytest.param("qwenimage", marks=pytest.mark.families)], indirect=True)
+@pytest.mark.parametrize("mixed", [pytest.param(name, marks=pytest.mark.families) for name in ("qwenimage", "zimage")],
+                         indirect=True)
 def test_prompts_of_unequal_lengths_in_one_batch(mixed):
     """Z-Image and Qwen-Image hand each prompt's own length to the denoiser (masked to the
     longest in a batch): a request merged with longer or shorter ones gets what it gets alone, at
@@ -127,10 +128,11 @@ def test_prompts_of_unequal_lengths_in_one_batch(mixed):
 
 
 def test_a_family_that_cannot_mix_refuses_mixed_batches_at_start_up(tiny_models):
-    """Z-Image packs every image's tokens into one sequence before its Linear layers: per-sample
-    adapters cannot be bound there, so ``mixed=True`` is refused before anything is installed."""
+    """Qwen-Image 2.1's rotary positions run from the prompt's tokens into the image's, padding
+    included, so a prompt padded to a longer one's length would give another image: ``mixed=True``
+    is refused before anything is installed."""
     from hotlora import Engine
     from hotlora.families import UnservedModel
 
-    with pytest.raises(UnservedModel, match="zimage family does not serve mixed batches"):
-        Engine.from_pretrained(tiny_models["zimage"], target_rank=8, compile=False, mixed=True)
+    with pytest.raises(UnservedModel, match="qwenimage21 family does not serve mixed batches"):
+        Engine.from_pretrained(tiny_models["qwenimage21"], target_rank=8, compile=False, mixed=True)

@@ -91,6 +91,10 @@ class ModelFamily:
     # Whether the banks writer (``mixed=True``: several requests' adapters in one forward batch) can
     # serve it: that needs the batch layout of its forward passes and ``encode_prompts``.
     mixed_batches: ClassVar[bool] = True
+    # Linear layers (name prefixes in the denoiser) whose input holds the batch's samples packed
+    # into one token sequence, no batch dimension (Z-Image's embedders): the banks writer binds
+    # their per-sample adapters by the token counts ``packed_segments`` reads off each call.
+    packed_linears: ClassVar[tuple[str, ...]] = ()
     # Whether the slots hold LoRA biases (PEFT's ``lora_B.bias``; lightx2v's ``.diff_b`` on Wan): each
     # LoRA layer then adds a bias every step, zeros for adapters without one, so only where the
     # family's popular adapters carry them. Slots and banks; fused mode merges LoRA biases for every
@@ -369,6 +373,12 @@ class ModelFamily:
 
     # Why mixed batches are not served, where ``mixed_batches`` is False.
     mixed_batches_refused: ClassVar[str] = ""
+
+    def packed_segments(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, list[int]]:
+        """Per ``packed_linears`` prefix, each sample's token count in that layer's packed input,
+        read off one denoiser call's arguments (the banks writer's hook calls it before the
+        denoiser runs). Only families that declare ``packed_linears`` are asked."""
+        raise NotImplementedError(f"the {self.name} family declares no packed Linear layers")
 
     # Pipelines of this family's LoRA mixin that it does not serve, and why (read from their ``__call__``):
     # the start-up refusal says this instead of the generic family's convention check.

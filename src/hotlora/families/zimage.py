@@ -32,11 +32,10 @@ SEQ_MULTI_OF = 32  # diffusers' transformer_z_image pads captions and images to 
 
 class ZImage(ModelFamily):
     name = "zimage"
-    # Its transformer packs every image's tokens into one sequence before its Linear layers, so the
-    # banks writer's per-sample entries (indexed by the batch dimension) cannot be bound.
-    mixed_batches = False
-    mixed_batches_refused = ("its transformer packs the images' tokens into one sequence, so per-sample adapters "
-                             "cannot be told apart in a Linear layer; serve it with mixed=False")
+    # Its embedders see every sample's tokens packed into one sequence (``torch.cat`` of the batch's
+    # patches, and of its captions), each sample padded to a multiple of 32: the banks writer binds
+    # them per sample by the counts ``packed_segments`` reads; every later Linear has a batch axis.
+    packed_linears = ("all_x_embedder.", "cap_embedder.")
     lora_key_pattern = r"(layers|noise_refiner|context_refiner)[._]\d+[._](attention|feed_forward|adaLN)"
     base_model_markers = ("z-image", "z_image", "zimage")
     full_size_models = {"zimage-turbo": "zimage_turbo"}
@@ -79,6 +78,25 @@ class ZImage(ModelFamily):
         exact = caption_of_tokens(pipeline, multiple=SEQ_MULTI_OF, at_least=2 * SEQ_MULTI_OF)
         longer = caption_of_tokens(pipeline, multiple=SEQ_MULTI_OF, at_least=3 * SEQ_MULTI_OF, exact=False)
         return (short, exact, (exact, short), (exact, longer))
+
+    def packed_segments(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, list[int]]:
+        """Each sample's image and caption tokens as ``ZImageTransformer2DModel.patchify_and_embed``
+        pads them (``forward(x, t, cap_feats, ..., patch_size, f_patch_size)``: one latent
+        ``[C, F, H, W]`` and one caption ``[L, D]`` per sample)."""
+        images = kwargs["x"] if "x" in kwargs else args[0]
+        captions = kwargs["cap_feats"] if "cap_feats" in kwargs else args[2]
+        patch, frame_patch = kwargs.get("patch_size", 2), kwargs.get("f_patch_size", 1)
+        if any(not hasattr(item, "shape") for item in (*images, *captions)):
+            from hotlora.errors import EngineError
+
+            raise EngineError("Z-Image's omni inputs (several images per sample) are not served in mixed batches")
+
+        def padded(tokens: int) -> int:
+            return tokens + (-tokens) % SEQ_MULTI_OF
+
+        return {"all_x_embedder.": [padded((i.shape[1] // frame_patch) * (i.shape[2] // patch) * (i.shape[3] // patch))
+                                    for i in images],
+                "cap_embedder.": [padded(len(caption)) for caption in captions]}
 
     def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
         """Lists of per-caption tensors (unpadded), as ``ZImagePipeline.encode_prompt`` returns them."""

@@ -74,9 +74,14 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
     if config.mixed:
         from hotlora.engine.writers.banks import BanksWriter
 
+        from hotlora.families import FAMILIES
+
+        known = FAMILIES.get(family)
+        packed = known.packed_linears if known is not None else ()
         return BanksWriter(denoiser, family, config.slots, config.target_rank, config.target_modules, served_models,
                            entries=config.bank_entries or 2 * config.batch_limit + 1, max_batch=2 * config.batch_limit,
-                           biases=lora_biases(family))
+                           biases=lora_biases(family), packed_linears=packed,
+                           packed_segments=known.packed_segments if packed else None)
     from hotlora.engine.writers.slots import SlotsWriter
 
     return SlotsWriter(denoiser, family, config.slots, config.target_rank, config.target_modules,

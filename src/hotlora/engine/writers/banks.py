@@ -7,6 +7,12 @@ each sample's matrices and adds ``up[i] @ down[i] @ x`` per kind, and with LoRA 
 ``lora_biases``: lightx2v's ``.diff_b`` on Wan) each sample's bias row ``bias[i]`` too. The index is a *tensor* that is
 written in place, so any assignment of adapters to batch positions runs the same graph.
 
+A few denoisers feed some Linears every sample's tokens packed into one sequence with no batch
+axis (Z-Image's embedders: a family's ``packed_linears``). A hook on the denoiser records each
+call's per-sample token counts (the family's ``packed_segments``) in the selector, and those layers
+add each sample's adapters over its own run of tokens. Such layers sit outside the compiled blocks
+(regional compilation), so their per-call Python counts cost no recompile.
+
 Written here by hand because no library offers it: PEFT's per-sample ``adapter_names`` is a list
 guarded by value under torch.compile (every new list recompiles), and it cannot fold a different
 scale per sample. The LoRA math is the same as PEFT's: ``base(x) + scale * B @ A @ x``.
@@ -30,17 +36,21 @@ from hotlora.lru import LRU
 
 
 class BankSelector(nn.Module):
-    """Per kind, per sample: which bank entry applies. Shared by every BankedLinear."""
+    """Per kind, per sample: which bank entry applies. Shared by every BankedLinear. ``segments``:
+    per packed-layer prefix, the current call's token count of each sample (set by the hook)."""
 
     def __init__(self, kinds: int, max_batch: int):
         super().__init__()
         self.register_buffer("index", torch.zeros(kinds, max_batch, dtype=torch.long), persistent=False)
+        self.segments: dict[str, list[int]] = {}
 
 
 class BankedLinear(nn.Module):
-    def __init__(self, base: nn.Linear, entries: int, rank: int, selector: BankSelector, biases: bool = False):
+    def __init__(self, base: nn.Linear, entries: int, rank: int, selector: BankSelector, biases: bool = False,
+                 packed: str | None = None):
         super().__init__()
         self.base = base
+        self.packed = packed  # the packed-layer prefix whose segments split this layer's input, or None
         kwargs = {"dtype": base.weight.dtype, "device": base.weight.device}
         self.register_buffer("down", torch.zeros(entries, rank, base.in_features, **kwargs), persistent=False)
         self.register_buffer("up", torch.zeros(entries, base.out_features, rank, **kwargs), persistent=False)
@@ -68,6 +78,8 @@ class BankedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
+        if self.packed is not None:
+            return y + self._packed_delta(x)
         index = self.selector.index[:, : x.shape[0]]
         for kind in range(index.shape[0]):
             chosen = index[kind]
@@ -76,6 +88,23 @@ class BankedLinear(nn.Module):
             if self.lora_bias is not None:  # [b, out] broadcast over the sample's tokens
                 y = y + self.lora_bias[chosen].view(x.shape[0], *([1] * (y.ndim - 2)), -1)
         return y
+
+    def _packed_delta(self, x: torch.Tensor) -> torch.Tensor:
+        """Every sample's adapters over its own run of the packed tokens (``x``: [tokens, in])."""
+        segments = self.selector.segments.get(self.packed)
+        if segments is None or sum(segments) != x.shape[0]:
+            raise SlotStateCorrupt(f"packed layer {self.packed!r} got {x.shape[0]} tokens; the denoiser call's "
+                                   f"samples hold {segments}")
+        index = self.selector.index[:, : len(segments)]
+        deltas = []
+        for sample, tokens in enumerate(x.split(segments)):
+            chosen = index[:, sample]  # one entry per kind
+            hidden = torch.einsum("ti,kri->ktr", tokens, self.down[chosen])
+            delta = torch.einsum("ktr,kor->to", hidden, self.up[chosen])
+            if self.lora_bias is not None:
+                delta = delta + self.lora_bias[chosen].sum(dim=0)
+            deltas.append(delta)
+        return torch.cat(deltas)
 
 
 class BanksWriter:
@@ -86,7 +115,9 @@ class BanksWriter:
 
     def __init__(self, denoiser: nn.Module, family: str, slot_names: Iterable[str], target_rank: int,
                  target_modules=None, served_models: Iterable[str] = (), *, entries: int, max_batch: int,
-                 biases: bool = False):
+                 biases: bool = False, packed_linears: Sequence[str] = (), packed_segments=None):
+        """``packed_linears`` and ``packed_segments``: the family's (``ModelFamily``), for denoisers
+        that pack samples into one sequence before some Linears."""
         self.slot_names = tuple(slot_names)
         if entries < 2:
             raise ValueError("a bank needs at least 2 entries (entry 0 is the empty adapter)")
@@ -100,8 +131,16 @@ class BanksWriter:
         for name in modules:
             parent_name, _, child = name.rpartition(".")
             parent = denoiser.get_submodule(parent_name) if parent_name else denoiser
-            layers[name] = BankedLinear(getattr(parent, child), entries, target_rank, self.selector, biases)
+            packed = next((prefix for prefix in packed_linears if name.startswith(prefix)), None)
+            layers[name] = BankedLinear(getattr(parent, child), entries, target_rank, self.selector, biases, packed)
             setattr(parent, child, layers[name])
+        if packed_linears:
+            selector = self.selector
+
+            def record_segments(module, args, kwargs):
+                selector.segments = packed_segments(args, kwargs)
+
+            denoiser.register_forward_pre_hook(record_segments, with_kwargs=True)
         self._layers = layers
         self._entries = [
             _Slot(f"entry-{e}", {m: l.down[e] for m, l in layers.items()}, {m: l.up[e] for m, l in layers.items()},
