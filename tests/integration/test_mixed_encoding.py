@@ -95,7 +95,8 @@ def test_what_the_batch_cannot_mix_is_refused(mixed):
     others = [engine.prepare("a cat", num_inference_steps=STEPS + 1, output_type="latent"),
               engine.prepare("a cat", num_inference_steps=STEPS, output_type="pt")]
     if family_named(family).takes_guidance:  # distilled klein takes none (a request that sets it is refused)
-        others.append(engine.prepare("a cat", num_inference_steps=STEPS, output_type="latent", guidance_scale=1.0))
+        others.append(engine.prepare("a cat", num_inference_steps=STEPS, output_type="latent",
+                                     guidance_scale=engine.defaults["guidance_scale"] + 1.0))
     for other in others:
         assert other.batch_key() != first.batch_key()
         with pytest.raises(InvalidRequest, match="must share"):
@@ -106,13 +107,15 @@ def test_what_the_batch_cannot_mix_is_refused(mixed):
                               output_type="latent").batch_key() == first.batch_key()
 
 
-@pytest.mark.parametrize("mixed", [pytest.param(name, marks=pytest.mark.families) for name in ("qwenimage", "zimage")],
-                         indirect=True)
+@pytest.mark.parametrize("mixed", [pytest.param(name, marks=pytest.mark.families)
+                                   for name in ("qwenimage", "zimage", "krea2")], indirect=True)
 def test_prompts_of_unequal_lengths_in_one_batch(mixed):
     """Z-Image and Qwen-Image hand each prompt's own length to the denoiser (masked to the
     longest in a batch): a request merged with longer or shorter ones gets what it gets alone, at
     every guidance whose shapes differ, negative prompts given or not (encoded group by group under
-    batch CFG: ``join_encoded``)."""
+    batch CFG: ``join_encoded``). Krea 2 pads every prompt to one length, but its text fusion sees
+    the samples' tokens packed (``packed_linears``); its batch never mixes a missing and a given
+    negative prompt (``mixed_batch_texts``), so those run as batches of their own here."""
     family, model_dir, engine, pool = mixed
     fam = family_named(family)
     batches = [
@@ -121,18 +124,50 @@ def test_prompts_of_unequal_lengths_in_one_batch(mixed):
          PackRequest("x", {"style": (pool[1], 1.1)}, seed=4, negative_prompt="blurry, dark, low quality"),
          PackRequest(" ".join(["astronaut"] * 12), seed=5)],
     ]
+    shareable: dict = {}  # the requests of each batch that may share one (the family's mixed_batch_texts)
+    for i, requests in enumerate(batches):
+        for request in requests:
+            shareable.setdefault((i, fam.mixed_batch_texts(request.prompt, request.negative_prompt, ())), []).append(
+                request)
     for guidance in fam.warmup_guidance_scales(engine.defaults["guidance_scale"]):
-        diffs = [_differences(engine, requests, guidance_scale=guidance) for requests in batches]
+        diffs = [_differences(engine, requests, guidance_scale=guidance) for requests in shareable.values()]
         assert all(d <= TOLERANCE for batch in diffs for d in batch), (guidance, diffs)
     assert engine.recompiles == 0
 
 
-def test_a_family_that_cannot_mix_refuses_mixed_batches_at_start_up(tiny_models):
+@pytest.mark.parametrize("mixed", [pytest.param("qwenimage21", marks=pytest.mark.families)], indirect=True)
+def test_a_family_that_mixes_the_same_texts_only(mixed, tmp_path):
     """Qwen-Image 2.1's rotary positions run from the prompt's tokens into the image's, padding
-    included, so a prompt padded to a longer one's length would give another image: ``mixed=True``
-    is refused before anything is installed."""
-    from hotlora import Engine
-    from hotlora.families import UnservedModel
+    included: a prompt padded to a longer one's length would give another image. Its requests share
+    a batch only with the same prompt and negative prompt (a templated prompt with each user's
+    adapters), each then what it is alone, under true CFG too; other texts never share one. Its
+    timestep layers compute one t = 0 row every sample's prompt tokens share: an adapter there is
+    refused by the mixed engine, saying which engine serves it."""
+    from hotlora.errors import AdapterRejected
+    from hotlora.testing import save_diffusers_lora
 
-    with pytest.raises(UnservedModel, match="qwenimage21 family does not serve mixed batches"):
-        Engine.from_pretrained(tiny_models["qwenimage21"], target_rank=8, compile=False, mixed=True)
+    family, model_dir, engine, pool = mixed
+    linears = denoiser_linears(fresh_pipeline(model_dir))
+    assert not [name for name in engine.ceiling.modules if name.startswith(("modulation.", "time_text_embed."))]
+    shared = save_diffusers_lora(tmp_path / "shared", family, random_lora(linears, 4, seed=5, modules=[
+        "modulation.1", "transformer_blocks.0.attn.to_q"]), rank=4, alpha=4)
+    with pytest.raises(AdapterRejected, match=r"modulation\.1.* every sample of a mixed batch shares.*mixed=False"):
+        engine.prepare("a cat", adapters={"identity": (shared, 1.0)})
+    first = engine.prepare("a cat", adapters={"identity": (pool[0], 0.8)}, num_inference_steps=STEPS,
+                           output_type="latent")
+    same = engine.prepare("a cat", adapters={"style": (pool[1], 1.2)}, seed=3, num_inference_steps=STEPS,
+                          output_type="latent")
+    assert same.batch_key() == first.batch_key()
+    for other in (engine.prepare("a red house", num_inference_steps=STEPS, output_type="latent"),
+                  engine.prepare("a cat", negative_prompt="dark", num_inference_steps=STEPS, output_type="latent")):
+        assert other.batch_key() != first.batch_key()
+        with pytest.raises(InvalidRequest, match="must share .*prompt, negative prompt and text-encoder state"):
+            engine.run([first, other])
+    for guidance, negative in ((1.0, None), (2.0, "blurry, dark")):
+        requests = [PackRequest("a cat on a hill", {"identity": (pool[0], 0.8)}, seed=1, negative_prompt=negative),
+                    PackRequest("a cat on a hill", {"style": (pool[1], 1.2), "identity": (pool[2], 0.5)}, seed=2,
+                                negative_prompt=negative),
+                    PackRequest("a cat on a hill", seed=3, negative_prompt=negative)]
+        diffs = _differences(engine, requests, guidance_scale=guidance)
+        assert all(d <= TOLERANCE for d in diffs), (guidance, diffs)
+    assert engine.recompiles == 0

@@ -39,7 +39,8 @@ def pivotal(mixed, tmp_path_factory):
     family, model_dir, engine, _ = mixed
     root = tmp_path_factory.mktemp(f"pivotal-{family}")
     reference = fresh_pipeline(model_dir)
-    linears = denoiser_linears(reference)
+    # The banks' layers (Qwen-Image 2.1's leave out its shared timestep rows: ``mixed_batch_shared_rows``).
+    linears = {name: shape for name, shape in denoiser_linears(reference).items() if name in engine.ceiling.modules}
     made = []
     for user in range(2):
         denoiser = random_lora(linears, 4, seed=50 + user, modules=sorted(linears)[user::3])
@@ -170,6 +171,8 @@ def _encoded(pipeline, family):
 
 def test_requests_with_and_without_text_parts_leave_no_trace(mixed, pivotal):
     family, model_dir, engine, pool = mixed
+    if not (family_named(family).lora_text_encoders or family_named(family).embedding_keys):
+        pytest.skip(f"{family} adapters carry no text parts")
     fresh = fresh_pipeline(model_dir)
     base_hash, base_encoded = _weights_hash(fresh, engine.family), _encoded(fresh, family)
     rng = random.Random(f"trace-{family}")
@@ -185,6 +188,8 @@ def test_requests_with_and_without_text_parts_leave_no_trace(mixed, pivotal):
 
 def test_two_users_with_the_same_token_names_share_a_batch_and_keep_their_vectors(mixed, pivotal):
     family, model_dir, engine, pool = mixed
+    if family_named(family).mixed_batch_shares:
+        pytest.skip(f"{family} mixes requests of the same {family_named(family).mixed_batch_shares} only")
     (first, first_vectors), (second, second_vectors) = pivotal
     requests = [PackRequest(PROMPT, {"identity": (first, 1.0)}, num_images=1, seed=11),
                 PackRequest(PROMPT, {"identity": (second, 0.8), "style": (pool[1], 0.5)}, num_images=1, seed=12),

@@ -23,7 +23,7 @@ from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.resolver import AdapterResolver
 from hotlora.engine.inputs import fitted, pixels_of
 from hotlora.engine.request import CallParams, CheckedRequest, GenerationRequest, PreparedRequest, RequestRules, Timings
-from hotlora.engine.writers.text import TextChecks
+from hotlora.engine.writers.text import TextChecks, text_signature
 from hotlora.errors import InvalidRequest
 from hotlora.families import ModelFamily
 from hotlora.families.recognize import base_model_compatible
@@ -84,7 +84,13 @@ class EngineFront:
         return PreparedRequest(prompt=r.prompt, params=params, adapters=bindings, num_images=r.num_images,
                                seed=r.seed, output_type=r.output_type, negative_prompt=negative, images=images,
                                mask=mask, progress=r.progress, timings=timings, trace=r.trace,
-                               adapter_defaults=applied)
+                               adapter_defaults=applied,
+                               shared_texts=self.shared_texts(r.prompt, negative, bindings))
+
+    def shared_texts(self, prompt: str, negative: str | None, bindings) -> tuple:
+        """What of its texts a request's mixed batch must share (``ModelFamily.mixed_batch_texts``;
+        the text encoders' state: embeddings, text-encoder LoRA)."""
+        return self.family.mixed_batch_texts(prompt, negative, text_signature(bindings))
 
     def adapter_defaults(self, checked: CheckedRequest, bindings) -> tuple[CallParams, dict]:
         """The request's parameters once the inference defaults its adapters declare are applied

@@ -204,6 +204,8 @@ class PreparedRequest:
     # Whether the request's caller stopped wanting it (the worker sets it from its job's cancel flag):
     # a run whose every request is cancelled stops at the next step boundary (``runner.DenoiseClock``).
     cancelled: Callable[[], bool] | None = field(default=None, compare=False)
+    # What of its texts every request of its forward batch must share (``ModelFamily.mixed_batch_texts``).
+    shared_texts: tuple = ()
 
     @property
     def seeds(self) -> list[int]:
@@ -224,9 +226,11 @@ class PreparedRequest:
         (``image``: Flux.2's pipelines take a list as several references of EVERY prompt, so two
         edits in one call would each see the other's), so an edit shares its batch with none, unless
         the pipeline takes one reference per batch position (Kontext, ``reference_per_image``); an
-        image-to-video request's first frame likewise (Wan's pipeline takes one image a call)."""
+        image-to-video request's first frame likewise (Wan's pipeline takes one image a call). A
+        family may mix only requests whose texts agree (``shared_texts``: Qwen-Image 2.1's samples
+        depend on the other prompts' lengths)."""
         alone = self.params.task in REFERENCE_TASKS and not self.params.reference_per_image
-        return (self.params, self.output_type, *((id(self),) if alone else ()))
+        return (self.params, self.output_type, self.shared_texts, *((id(self),) if alone else ()))
 
 
 def input_frames_text(counts: tuple[int, ...]) -> str:

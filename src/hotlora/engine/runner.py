@@ -241,6 +241,12 @@ class TaskInputs:
                                           len(images) if self.per_position else self.params.references)
 
 
+def unshareable(family) -> str:
+    """Why requests of unequal ``batch_key`` cannot share a mixed batch of ``family``."""
+    shares = family.mixed_batch_shares
+    return f"requests in one batch must share steps, guidance, size, output type{' and ' + shares if shares else ''}"
+
+
 class Runner:
     """Runs prepared requests on one warm model, one run at a time inside its guards."""
 
@@ -257,7 +263,7 @@ class Runner:
         if mixed and (not requests or total > warm.batch_size):
             raise InvalidRequest(f"a mixed batch holds 1..{warm.batch_size} images, got {total}")
         if mixed and len({r.batch_key() for r in requests}) > 1:
-            raise InvalidRequest("requests in one batch must share steps, guidance, size and output type")
+            raise InvalidRequest(unshareable(warm.family))
         if not mixed and len(requests) != 1:
             raise ValueError(f"a pack is one request, got {len(requests)}")
         began, first = time.perf_counter(), requests[0]

@@ -167,13 +167,18 @@ def save_kohya_layout(path, sd: Mapping, alpha: float, keep=lambda module: True)
     return path
 
 
-def save_prefixed_layout(path, sd: Mapping, prefix: str = "diffusion_model."):
+def comfy_prefixed(sd: Mapping, prefix: str = "diffusion_model.") -> dict:
     """``sd`` (PEFT form) under ComfyUI's ``diffusion_model.`` prefix, ``lora_A`` / ``lora_B`` and no alpha,
-    as ai-toolkit saves Z-Image and Qwen-Image LoRAs (its own Z-Image assistant adapter is read as
-    ``diffusion_model.layers.0.attention.to_k.lora_A.weight``)."""
+    as ai-toolkit saves Z-Image, Qwen-Image and ERNIE-Image LoRAs (its own Z-Image assistant adapter is
+    read as ``diffusion_model.layers.0.attention.to_k.lora_A.weight``)."""
+    return {prefix + key: value.contiguous() for key, value in sd.items()}
+
+
+def save_prefixed_layout(path, sd: Mapping, prefix: str = "diffusion_model."):
+    """``comfy_prefixed`` written to ``path``."""
     from safetensors.torch import save_file
 
-    save_file({prefix + key: value.contiguous() for key, value in sd.items()}, str(path))
+    save_file(comfy_prefixed(sd, prefix), str(path))
     return path
 
 

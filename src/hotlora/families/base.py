@@ -26,6 +26,9 @@ CfgStyle = Literal["none", "batch", "true"]
 # Tasks whose input images are the pipeline's for every prompt of its call, none noised away (no
 # strength): an edit's references, image-to-video's first frame (one image; ``ModelFamily.task_arguments``).
 REFERENCE_TASKS = ("edit", "image-to-video")
+# PEFT's prefix on a saved adapter's keys (``base_model.model.``): the adapters package strips it;
+# a family whose trainers write their own names under it (ai-toolkit's Krea 2) tells them apart.
+PEFT_PREFIX = "base_model.model."
 
 
 class ModelFamily:
@@ -95,6 +98,13 @@ class ModelFamily:
     # into one token sequence, no batch dimension (Z-Image's embedders): the banks writer binds
     # their per-sample adapters by the token counts ``packed_segments`` reads off each call.
     packed_linears: ClassVar[tuple[str, ...]] = ()
+    # What requests must share, beyond their denoising parameters, to share a mixed batch
+    # (``mixed_batch_texts``), in words for the refusal; "" where nothing more.
+    mixed_batch_shares: ClassVar[str] = ""
+    # Linear layers (name prefixes) with a row every sample of a forward batch shares (Qwen-Image
+    # 2.1's t = 0 timestep row, which modulates every sample's prompt tokens): no per-sample
+    # adapter can apply there, so the banks leave them out and refuse adapters that touch them.
+    mixed_batch_shared_rows: ClassVar[tuple[str, ...]] = ()
     # Whether the slots hold LoRA biases (PEFT's ``lora_B.bias``; lightx2v's ``.diff_b`` on Wan): each
     # LoRA layer then adds a bias every step, zeros for adapters without one, so only where the
     # family's popular adapters carry them. Slots and banks; fused mode merges LoRA biases for every
@@ -373,6 +383,13 @@ class ModelFamily:
 
     # Why mixed batches are not served, where ``mixed_batches`` is False.
     mixed_batches_refused: ClassVar[str] = ""
+
+    def mixed_batch_texts(self, prompt: str, negative: str | None, text_state: tuple) -> tuple:
+        """The part of a request's batch key its texts make (``PreparedRequest.shared_texts``):
+        requests share a mixed batch only where these are equal. ``text_state``: what the text
+        encoders hold for its adapters. Nothing by default: prompts are encoded group by group
+        (``encode_prompts``) and padding is masked."""
+        return ()
 
     def packed_segments(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, list[int]]:
         """Per ``packed_linears`` prefix, each sample's token count in that layer's packed input,

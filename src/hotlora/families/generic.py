@@ -23,9 +23,14 @@ the prompt's length reaches the denoiser).
 A pipeline is served only if it is claimed here (a tiny model, covered by the contract test); any
 other is refused at start-up naming the pipeline and the convention it misses, or saying that it
 follows them but no tiny model tests it. Mixed batches (``mixed=True``, the banks writer) are
-refused for every generic family at start-up: per-sample adapter binding needs the batch layout of
-the pipeline's forward passes and the prompt encoding per group, which only an explicit family
-declares.
+served where a claim says so (``Claim.mixed``: measured on its tiny model) and refused at start-up
+elsewhere: per-sample binding needs one row per sample on every Linear (or the runs of packed rows,
+``Claim.packed_linears``) and a batch of prompts that gives each what it gives alone. Measured: Sana
+and Krea 2 (fixed-length prompts; Krea 2's text fusion packs each sample's tokens) yes; AuraFlow's
+batch of two prompts is 2e-4 off each alone, CogView4's pads prompts to the longest (0.3 off), and
+ERNIE-Image's MLPs see the samples' unpadded tokens packed with unequal runs: refused. The pipeline
+encodes a batch's prompts in one call, so under CFG a missing and a given negative prompt do not
+share a batch.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from hotlora.families import krea2
+from hotlora.families._tiny import comfy_prefixed
 from hotlora.families.base import CfgStyle, ModelFamily
 
 REQUIRED_CALL_ARGUMENTS = ("prompt", "num_inference_steps", "guidance_scale", "height", "width", "generator",
@@ -130,13 +136,22 @@ class Claim:
     converter_reads_peft_prefix: Callable[[Iterable[str]], bool] | None = None
     # ModelFamily.checkpoint_defaults: defaults a loaded checkpoint's config implies.
     checkpoint_defaults: Callable[[Any], dict] | None = None
+    # Whether it serves mixed batches: its forward passes keep one row per sample on every Linear
+    # of the denoiser and a batch of prompts gives each what it gives alone (the mixed-batch tests
+    # pass on its tiny model against plain diffusers).
+    mixed: bool = False
+    # ModelFamily.packed_linears / packed_segments: Linears fed every sample's rows packed together.
+    packed_linears: tuple[str, ...] = ()
+    packed_segments: Callable[[tuple, Mapping[str, Any]], dict[str, list[int]]] | None = None
 
 
 class GenericFamily(ModelFamily):
     """A family made from a ``Claim`` and the pipeline's facts in diffusers."""
 
     generic = True
-    mixed_batches = False  # see check_engine_config
+    # Its prompts are encoded by the pipeline, one call a batch (no ``encode_prompts`` per group):
+    # under CFG a missing negative prompt and a given one cannot share that call.
+    mixed_batch_shares = "whether a negative prompt is given"
 
     def __init__(self, claim: Claim):
         self.claim = claim
@@ -145,6 +160,7 @@ class GenericFamily(ModelFamily):
         self.embedding_keys, self.tokenizer_of, self.prompt_argument_of = (), {}, {}
         self.full_size_models, self.repeated_blocks = claim.full_size_models, claim.repeated_blocks
         self.lora_key_pattern, self.base_model_markers = claim.lora_key_pattern, claim.base_model_markers
+        self.mixed_batches, self.packed_linears = claim.mixed, claim.packed_linears
 
     @property
     def _call_defaults(self) -> Mapping[str, Any]:
@@ -232,17 +248,24 @@ class GenericFamily(ModelFamily):
     def build_tiny(self, seed: int = 0):
         return self.claim.build_tiny(seed)
 
+    def mixed_batch_texts(self, prompt: str, negative: str | None, text_state: tuple) -> tuple:
+        return (negative is None,)
+
+    def packed_segments(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, list[int]]:
+        return self.claim.packed_segments(args, kwargs)
+
     def check_engine_config(self, config) -> None:
-        if config.mixed:
+        if config.mixed and not self.mixed_batches:
             from hotlora.families import UnservedModel
 
             raise UnservedModel(
                 f"{self.pipeline_class} is served by hotlora's generic family {self.name!r}, which does not serve "
-                "mixed batches (mixed=True): binding adapters per sample needs the batch layout of its forward passes "
-                "and its prompt encoding per group, which only an explicit family declares; serve it with mixed=False")
+                "mixed batches (mixed=True): no tiny model of it has been tested binding adapters per sample (one row "
+                "per sample on every Linear, a batch of prompts giving each what it gives alone); serve it with "
+                "mixed=False")
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "generic": True, "mixed": False, "fixed_arguments": dict(self.claim.fixed),
+        return {**super().describe(), "generic": True, "mixed": self.mixed_batches, "fixed_arguments": dict(self.claim.fixed),
                 **({"why_fixed": self.claim.why_fixed} if self.claim.fixed else {})}
 
 
@@ -335,12 +358,6 @@ def tiny_cogview4(seed: int = 0):
                             scheduler=scheduler)
 
 
-def comfy_prefixed(sd: Mapping[str, Any]) -> dict:
-    """diffusers' names under ComfyUI's ``diffusion_model.`` prefix, lora_A / lora_B, no alpha: what
-    ai-toolkit writes for ERNIE-Image (diffusers' mixin says so and reads it)."""
-    return {f"diffusion_model.{key}": value.contiguous() for key, value in sd.items()}
-
-
 def tiny_ernie_image(seed: int = 0):
     """diffusers' classes at small widths: a two-stage Flux.2 VAE (its latents patchified 2x2 by the
     pipeline: a factor of 4), a two-layer Mistral3 text model and Flux.2's byte tokenizer."""
@@ -373,7 +390,7 @@ GENERIC: tuple[Claim, ...] = (
           build_tiny=tiny_auraflow, repeated_blocks=("AuraFlowJointTransformerBlock", "AuraFlowSingleTransformerBlock")),
     Claim(name="sana", pipeline_class="SanaPipeline", cfg="batch", latent_multiple=1, build_tiny=tiny_sana,
           fixed={"use_resolution_binning": False}, full_size_models={"sana-1600m": "sana_1600m"},
-          repeated_blocks=("SanaTransformerBlock",),
+          repeated_blocks=("SanaTransformerBlock",), mixed=True,
           why_fixed="Sana snaps every size to its resolution bins by default; hotlora runs the size asked "
                     "(a served size is one warmed up), so binning is off on every call"),
     # CogView4 pads its prompt to a multiple of 16 tokens, not to a fixed length: the text length
@@ -388,7 +405,8 @@ GENERIC: tuple[Claim, ...] = (
           build_tiny=krea2.tiny_krea2, tiny_size=48, full_size_models={"krea2-turbo": "krea2_turbo"},
           lora_key_pattern=r"text_fusion[._](layerwise|refiner)_blocks|txtfusion[._]|blocks[._]\d+[._]attn[._](to_gate|wq)\b",
           base_model_markers=("krea-2", "krea2", "krea_2"), trainer_layouts=krea2.TRAINER_LAYOUTS,
-          converter_reads_peft_prefix=krea2.ai_toolkit_names, checkpoint_defaults=krea2.checkpoint_defaults),
+          converter_reads_peft_prefix=krea2.ai_toolkit_names, checkpoint_defaults=krea2.checkpoint_defaults,
+          mixed=True, packed_linears=krea2.PACKED_LINEARS, packed_segments=krea2.packed_segments),
     # ERNIE-Image encodes each prompt unpadded and pads a batch to its longest (with the lengths as a
     # mask): the text length reaches the transformer, so warm-up runs two lengths (as CogView4's).
     Claim(name="ernie-image", pipeline_class="ErnieImagePipeline", cfg="batch", latent_multiple=1,

@@ -21,10 +21,15 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-AI_TOOLKIT_PREFIX = "base_model.model."  # PEFT's prefix, over the original model's names
+from hotlora.families.base import PEFT_PREFIX
+
 # The original model's top-level modules (``hotlora.trainer_layouts.krea2_original_name``): keys
 # under PEFT's prefix naming these are ai-toolkit's, which diffusers' converter reads.
 ORIGINAL_TOP_LEVEL = ("blocks", "txtfusion", "first", "last", "tmlp", "tproj", "txtmlp")
+
+# The text fusion's layerwise blocks attend across the tapped layers token by token: their Linears
+# see (batch x prompt tokens, layers, width), each sample's tokens one run (mixed batches bind them so).
+PACKED_LINEARS = ("text_fusion.layerwise_blocks.",)
 
 # Krea2Pipeline's docstring: "For the few-step distilled (TDM) checkpoint use num_inference_steps=8,
 # guidance_scale=0.0".
@@ -34,14 +39,14 @@ DISTILLED_DEFAULTS = {"num_inference_steps": 8, "guidance_scale": 0.0}
 def ai_toolkit_names(keys: Iterable[str]) -> bool:
     """Whether the keys under PEFT's prefix name the original model's modules (ai-toolkit's file,
     which diffusers' converter reads), not diffusers' (a PEFT save)."""
-    under = [k.removeprefix(AI_TOOLKIT_PREFIX) for k in keys if k.startswith(AI_TOOLKIT_PREFIX)]
+    under = [k.removeprefix(PEFT_PREFIX) for k in keys if k.startswith(PEFT_PREFIX)]
     return bool(under) and all(k.split(".", 1)[0] in ORIGINAL_TOP_LEVEL for k in under)
 
 
 def ai_toolkit_lora(sd: Mapping[str, Any]) -> dict:
     from hotlora.trainer_layouts import krea2_trainer_lora
 
-    return krea2_trainer_lora(sd, AI_TOOLKIT_PREFIX)
+    return krea2_trainer_lora(sd, PEFT_PREFIX)
 
 
 def comfy_lora(sd: Mapping[str, Any]) -> dict:
@@ -52,6 +57,13 @@ def comfy_lora(sd: Mapping[str, Any]) -> dict:
 
 # The sample adapters of the tiny model in its trainers' layouts (the first is the contract test's).
 TRAINER_LAYOUTS = {"style-ai-toolkit": ai_toolkit_lora, "style-comfy": comfy_lora}
+
+
+def packed_segments(args: tuple, kwargs: Mapping[str, Any]) -> dict[str, list[int]]:
+    """Each sample's prompt tokens, from ``Krea2Transformer2DModel.forward``'s ``encoder_hidden_states``
+    ([batch, tokens, layers, width])."""
+    states = kwargs["encoder_hidden_states"] if "encoder_hidden_states" in kwargs else args[1]
+    return {PACKED_LINEARS[0]: [states.shape[1]] * states.shape[0]}
 
 
 def checkpoint_defaults(pipeline) -> dict[str, Any]:

@@ -18,8 +18,9 @@ adapters outlives it.
 
 Text lengths: the prompt's tokens come first in the joint sequence and its rotary positions run
 on into the image's (``QwenImage21Rope``: the image block starts where the text ends, padding
-included), so a prompt padded to a longer one's length gives another image than alone. A mixed
-batch (several requests' prompts in one call) would pad them: refused (``mixed_batches``). One
+included), so a prompt padded to a longer one's length gives another image than alone. So a mixed
+batch (several requests in one call) holds requests of the same prompt and negative prompt only
+(``mixed_batch_texts``: a templated prompt with each user's adapters), never padded. One
 request's pack repeats one prompt (``num_images_per_prompt``): no padding. Every prompt length is
 a new shape: every dimension dynamic from the first compile (``compile_dynamic``).
 
@@ -85,10 +86,10 @@ class QwenImage21(ModelFamily):
     # 1024 x 1024 adds 4,096 tokens to the first step's sequence and the cache).
     max_edit_references = 3
     reference_side = 1024  # QwenImage21Pipeline's output_resolution default: references' area, squared
-    mixed_batches = False
-    mixed_batches_refused = ("its rotary positions run from the prompt's tokens into the image's, padding included, "
-                             "so a prompt batched with a longer one would give another image than alone; serve it "
-                             "with mixed=False")
+    mixed_batch_shares = "prompt, negative prompt and text-encoder state"  # see "Text lengths" above
+    # Under ``causal_condition`` the timestep batch gets one more row, t = 0, that modulates the prompt's
+    # tokens of every sample: the layers it runs through have no per-sample row to bind adapters to.
+    mixed_batch_shared_rows = ("time_text_embed.", "modulation.", "norm_out.")
     # QwenImage21Pipeline.__call__'s defaults: 40 steps, true_cfg_scale 1.0, output_resolution 1024.
     default_steps, default_guidance = 40, 1.0
     default_size = (1024, 1024)
@@ -122,6 +123,23 @@ class QwenImage21(ModelFamily):
 
     def call_arguments(self, guidance_scale: float) -> dict[str, Any]:
         return {"true_cfg_scale": guidance_scale}
+
+    def mixed_batch_texts(self, prompt: str, negative: str | None, text_state: tuple) -> tuple:
+        return prompt, negative, text_state
+
+    def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
+        """``encode_prompt`` on the group's prompts (and negative prompts when given): embeddings,
+        and the padding mask where the pipeline keeps one (None when nothing is padded). A mixed batch
+        holds one text state (``mixed_batch_texts``), so the pipeline encodes it itself and
+        this serves the tests' look at what the text encoder makes."""
+        out = {}
+        for kind, texts in (("prompt", prompts["prompt"]), ("negative_prompt", prompts.get("negative_prompt"))):
+            if texts and any(texts):
+                embeds, mask, _ = pipeline.encode_prompt(prompt=list(texts), device=pipeline.device)
+                out[f"{kind}_embeds"] = embeds
+                if mask is not None:
+                    out[f"{kind}_embeds_mask"] = mask
+        return out
 
     def prepare_raw_lora(self, raw: Mapping[str, Any], label: str) -> dict:
         """kohya-named keys (``lora_unet_...``) renamed to ComfyUI's dotted ones (``KOHYA_MODULES``);

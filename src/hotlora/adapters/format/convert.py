@@ -36,6 +36,7 @@ import torch
 
 from hotlora.adapters.format.embeddings import Embeddings, parse_embeddings
 from hotlora.families import ModelFamily
+from hotlora.families.base import PEFT_PREFIX
 from hotlora.families.recognize import foreign_note
 from hotlora.adapters.format.loha import LAYOUT as LOHA_LAYOUT, is_loha, loha_as_lora
 from hotlora.adapters.format.lokr import LAYOUT as LOKR_LAYOUT, is_lokr, lokr_modules
@@ -56,7 +57,6 @@ log = logging.getLogger(__name__)
 # 9: LoRA biases kept (``lora_B.bias``, lightx2v's ``.diff_b``; they were refused)
 # 10: Krea 2's ai-toolkit files (original names under PEFT's prefix) handed to diffusers' converter
 CONVERTER_VERSION = 10
-PEFT_PREFIX = "base_model.model."
 
 # Module names as diffusers models spell them; LoRA keys naming anything else are refused.
 # "-" too: Z-Image names its patch embedder and final layer by patch sizes ("all_x_embedder.2-1").

@@ -47,6 +47,9 @@ class SlotCeiling:
     # Why no LoRA bias fits where the family's slots would hold them (a quantized base): said instead
     # of the family's rule.
     no_biases_because: str = ""
+    # Layers a mixed engine's banks leave out because every sample of a batch shares a row of them
+    # (``ModelFamily.mixed_batch_shared_rows``): an adapter touching them is refused, saying so.
+    unbatched: frozenset[str] = frozenset()
 
 
 def is_conv(w) -> bool:
@@ -98,6 +101,10 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
                 if 2 * len(outside) > len(adapter.modules) and ceiling.family in FAMILIES else "")
         if adapter.layout == LOHA_LAYOUT and not ceiling.convs:  # its conv layers' factors look like a Linear's
             note += " (a LyCORIS LoHa's conv layers are served in fused mode, adapter_mode='fused')"
+        shared = [m for m in outside if m in ceiling.unbatched]
+        if shared:
+            note += (f"; {_listed(shared)} compute rows that every sample of a mixed batch shares, so a mixed "
+                     "engine holds no adapter there: serve such adapters with mixed=False")
         problems.append(f"{len(outside)} module(s) outside the slot ceiling: {_listed(outside)}{note}")
     biased = adapter.biased
     if biased and not ceiling.biases:  # slots or banks of a family whose slots hold none

@@ -90,7 +90,7 @@ class BankedLinear(nn.Module):
         return y
 
     def _packed_delta(self, x: torch.Tensor) -> torch.Tensor:
-        """Every sample's adapters over its own run of the packed tokens (``x``: [tokens, in])."""
+        """Every sample's adapters over its own run of the packed tokens (``x``: [tokens, ..., in])."""
         segments = self.selector.segments.get(self.packed)
         if segments is None or sum(segments) != x.shape[0]:
             raise SlotStateCorrupt(f"packed layer {self.packed!r} got {x.shape[0]} tokens; the denoiser call's "
@@ -99,8 +99,8 @@ class BankedLinear(nn.Module):
         deltas = []
         for sample, tokens in enumerate(x.split(segments)):
             chosen = index[:, sample]  # one entry per kind
-            hidden = torch.einsum("ti,kri->ktr", tokens, self.down[chosen])
-            delta = torch.einsum("ktr,kor->to", hidden, self.up[chosen])
+            hidden = torch.einsum("t...i,kri->kt...r", tokens, self.down[chosen])
+            delta = torch.einsum("kt...r,kor->t...o", hidden, self.up[chosen])
             if self.lora_bias is not None:
                 delta = delta + self.lora_bias[chosen].sum(dim=0)
             deltas.append(delta)
@@ -115,15 +115,20 @@ class BanksWriter:
 
     def __init__(self, denoiser: nn.Module, family: str, slot_names: Iterable[str], target_rank: int,
                  target_modules=None, served_models: Iterable[str] = (), *, entries: int, max_batch: int,
-                 biases: bool = False, packed_linears: Sequence[str] = (), packed_segments=None):
+                 biases: bool = False, packed_linears: Sequence[str] = (), packed_segments=None,
+                 shared_rows: Sequence[str] = ()):
         """``packed_linears`` and ``packed_segments``: the family's (``ModelFamily``), for denoisers
-        that pack samples into one sequence before some Linears."""
+        that pack samples into one sequence before some Linears; ``shared_rows``: its layers left
+        out (``ModelFamily.mixed_batch_shared_rows``)."""
         self.slot_names = tuple(slot_names)
         if entries < 2:
             raise ValueError("a bank needs at least 2 entries (entry 0 is the empty adapter)")
         modules = ceiling_modules(denoiser, target_modules)
+        unbatched = frozenset(name for name in modules if name.startswith(tuple(shared_rows)))
+        modules = {name: shape for name, shape in modules.items() if name not in unbatched}
         self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
-                                   served_models=frozenset(n for n in served_models if n), biases=biases)
+                                   served_models=frozenset(n for n in served_models if n), biases=biases,
+                                   unbatched=unbatched)
         self.device = device = next(denoiser.parameters()).device
         self.selector = BankSelector(len(self.slot_names), max_batch).to(device)
         self.max_batch = max_batch

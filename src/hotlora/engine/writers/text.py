@@ -115,6 +115,14 @@ def _text_weights(encoder: str):
     return lambda adapter: adapter.text_modules.get(encoder, {})
 
 
+def text_signature(bindings: Bindings) -> tuple:
+    """What the text encoders hold for ``bindings``: equal signatures encode prompts alike.
+    Each slot's ``Binding.key``, but embeddings ignore the scale: an adapter with embeddings and
+    no text-encoder LoRA is the same state at any scale (its rows are copied unscaled)."""
+    return tuple(sorted((slot, b.key if b.adapter.text_modules else (b.adapter.key, None))
+                        for slot, b in bindings.items() if b.adapter.text_parts))
+
+
 class TextChecks:
     """What a request's text parts must satisfy, as plain data (no encoder, no tokenizer): the
     LoRA ceiling of each text encoder whose LoRA is applied and each encoder's reserved rows. It
@@ -208,11 +216,7 @@ class TextEncodersWriter:
         return {slot: b for slot, b in bindings.items() if b.adapter.text_modules.get(encoder)}
 
     def signature(self, bindings: Bindings) -> tuple:
-        """What the text encoders hold for ``bindings``: equal signatures encode prompts alike.
-        Each slot's ``Binding.key``, but embeddings ignore the scale: an adapter with embeddings and
-        no text-encoder LoRA is the same state at any scale (its rows are copied unscaled)."""
-        return tuple(sorted((slot, b.key if b.adapter.text_modules else (b.adapter.key, None))
-                            for slot, b in bindings.items() if b.adapter.text_parts))
+        return text_signature(bindings)
 
     def apply(self, bindings: Bindings) -> float:
         """Point the text-encoder LoRA at the request's and copy its embeddings into its slots'
