@@ -162,7 +162,9 @@ def cmd_families(args) -> int:
               f"plans: {', '.join(entry['plans']) or 'none'}")
         alone = "".join(f"; a {cls} checkpoint serves {task} alone"
                         for cls, task in entry["single_task_checkpoints"].items())
-        print(f"{'':12} tasks: {', '.join(entry['tasks'])}{alone}")
+        mixed = ("yes" + (f" (requests also share: {entry['mixed_batches_share']})" if "mixed_batches_share" in entry else "")
+                 if entry["mixed"] else "no")
+        print(f"{'':12} tasks: {', '.join(entry['tasks'])}{alone}; mixed batches: {mixed}")
         print(f"{'':12} a request may set: {', '.join(entry['request_options'])}")
     return 0
 

@@ -108,12 +108,13 @@ def test_what_the_batch_cannot_mix_is_refused(mixed):
 
 
 @pytest.mark.parametrize("mixed", [pytest.param(name, marks=pytest.mark.families)
-                                   for name in ("qwenimage", "zimage", "krea2")], indirect=True)
+                                   for name in ("qwenimage", "zimage", "krea2", "ernie-image")], indirect=True)
 def test_prompts_of_unequal_lengths_in_one_batch(mixed):
     """Z-Image and Qwen-Image hand each prompt's own length to the denoiser (masked to the
     longest in a batch): a request merged with longer or shorter ones gets what it gets alone, at
     every guidance whose shapes differ, negative prompts given or not (encoded group by group under
-    batch CFG: ``join_encoded``). Krea 2 pads every prompt to one length, but its text fusion sees
+    batch CFG: ``join_encoded``); so does ERNIE-Image, its MLPs sequence-first
+    (``sequence_first_linears``). Krea 2 pads every prompt to one length, but its text fusion sees
     the samples' tokens packed (``packed_linears``); its batch never mixes a missing and a given
     negative prompt (``mixed_batch_texts``), so those run as batches of their own here."""
     family, model_dir, engine, pool = mixed

@@ -83,3 +83,20 @@ def test_an_adapter_on_a_shared_row_is_refused_saying_which_engine_serves_it():
     assert len(problems) == 1
     assert "outside the slot ceiling: shared" in problems[0]
     assert "every sample of a mixed batch shares" in problems[0] and "mixed=False" in problems[0]
+
+
+def test_a_sequence_first_layer_finds_each_sample_on_its_second_axis():
+    """ERNIE-Image's MLPs see [tokens, batch, width]: the banks index the batch there."""
+    torch.manual_seed(1)
+    model, reference = nn.Sequential(nn.Linear(4, 4)), nn.Linear(4, 4)
+    reference.load_state_dict(model[0].state_dict())
+    writer = BanksWriter(model, "toy", ("identity",), RANK, entries=3, max_batch=2, sequence_first=r"0")
+    first = Adapter(name="f", family="toy", layout="diffusers", sha256="1" * 64, modules={"0": LoraWeights(
+        down=torch.randn(RANK, 4), up=torch.randn(4, RANK), scaling=1.0)})
+    writer.bind([{"identity": None}, {"identity": Binding(first, 0.5)}])
+    x = torch.randn(5, 2, 4)  # five tokens of two samples
+    with torch.no_grad():
+        out = model(x)
+        w = first.modules["0"]
+        assert torch.allclose(out[:, 0], reference(x[:, 0]), atol=1e-6)
+        assert torch.allclose(out[:, 1], reference(x[:, 1]) + 0.5 * x[:, 1] @ (w.up @ w.down).T, atol=1e-5)

@@ -105,6 +105,9 @@ class ModelFamily:
     # 2.1's t = 0 timestep row, which modulates every sample's prompt tokens): no per-sample
     # adapter can apply there, so the banks leave them out and refuse adapters that touch them.
     mixed_batch_shared_rows: ClassVar[tuple[str, ...]] = ()
+    # Linear layers (a regex of their full names) whose input is sequence-first ([tokens, batch, ...]:
+    # ERNIE-Image's MLPs and final layer): the banks find each sample on the second axis.
+    sequence_first_linears: ClassVar[str] = ""
     # Whether the slots hold LoRA biases (PEFT's ``lora_B.bias``; lightx2v's ``.diff_b`` on Wan): each
     # LoRA layer then adds a bias every step, zeros for adapters without one, so only where the
     # family's popular adapters carry them. Slots and banks; fused mode merges LoRA biases for every
@@ -233,7 +236,11 @@ class ModelFamily:
                 # Tasks (``--tasks``) and the checkpoints that serve one task alone (Wan's image-to-video).
                 "tasks": list(self.served_tasks()), "single_task_checkpoints": dict(self.conditioned_checkpoints),
                 "defaults": {**self.defaults, "height": self.default_size[0], "width": self.default_size[1]},
-                "plans": list(self.full_size_models)}
+                "plans": list(self.full_size_models),
+                # Mixed batches (mixed=True): served, and what requests must share to share one.
+                "mixed": self.mixed_batches,
+                **({"mixed_batches_share": self.mixed_batch_shares} if self.mixed_batches and self.mixed_batch_shares
+                   else {})}
 
     def checkpoint_defaults(self, pipeline) -> dict[str, Any]:
         """Request defaults a loaded checkpoint's own config implies over the family's (Krea 2's

@@ -25,10 +25,11 @@ other is refused at start-up naming the pipeline and the convention it misses, o
 follows them but no tiny model tests it. Mixed batches (``mixed=True``, the banks writer) are
 served where a claim says so (``Claim.mixed``: measured on its tiny model) and refused at start-up
 elsewhere: per-sample binding needs one row per sample on every Linear (or the runs of packed rows,
-``Claim.packed_linears``) and a batch of prompts that gives each what it gives alone. Measured: Sana
-and Krea 2 (fixed-length prompts; Krea 2's text fusion packs each sample's tokens) yes; AuraFlow's
-batch of two prompts is 2e-4 off each alone, CogView4's pads prompts to the longest (0.3 off), and
-ERNIE-Image's MLPs see the samples' unpadded tokens packed with unequal runs: refused. The pipeline
+``Claim.packed_linears``; on the second axis, ``Claim.sequence_first_linears``) and a batch of prompts
+that gives each what it gives alone. Measured: Sana, Krea 2 (fixed-length prompts; its text fusion
+packs each sample's tokens) and ERNIE-Image (masked prompts, sequence-first MLPs) yes; AuraFlow's
+batch of two prompts is 2e-4 off each alone and CogView4's pads prompts to the longest (0.3 off):
+refused. The pipeline
 encodes a batch's prompts in one call, so under CFG a missing and a given negative prompt do not
 share a batch.
 """
@@ -143,6 +144,8 @@ class Claim:
     # ModelFamily.packed_linears / packed_segments: Linears fed every sample's rows packed together.
     packed_linears: tuple[str, ...] = ()
     packed_segments: Callable[[tuple, Mapping[str, Any]], dict[str, list[int]]] | None = None
+    # ModelFamily.sequence_first_linears: Linears whose input is [tokens, batch, ...].
+    sequence_first_linears: str = ""
 
 
 class GenericFamily(ModelFamily):
@@ -151,7 +154,7 @@ class GenericFamily(ModelFamily):
     generic = True
     # Its prompts are encoded by the pipeline, one call a batch (no ``encode_prompts`` per group):
     # under CFG a missing negative prompt and a given one cannot share that call.
-    mixed_batch_shares = "whether a negative prompt is given"
+    mixed_batch_shares = "the presence of a negative prompt"
 
     def __init__(self, claim: Claim):
         self.claim = claim
@@ -161,6 +164,7 @@ class GenericFamily(ModelFamily):
         self.full_size_models, self.repeated_blocks = claim.full_size_models, claim.repeated_blocks
         self.lora_key_pattern, self.base_model_markers = claim.lora_key_pattern, claim.base_model_markers
         self.mixed_batches, self.packed_linears = claim.mixed, claim.packed_linears
+        self.sequence_first_linears = claim.sequence_first_linears
 
     @property
     def _call_defaults(self) -> Mapping[str, Any]:
@@ -265,7 +269,7 @@ class GenericFamily(ModelFamily):
                 "mixed=False")
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "generic": True, "mixed": self.mixed_batches, "fixed_arguments": dict(self.claim.fixed),
+        return {**super().describe(), "generic": True, "fixed_arguments": dict(self.claim.fixed),
                 **({"why_fixed": self.claim.why_fixed} if self.claim.fixed else {})}
 
 
@@ -416,7 +420,9 @@ GENERIC: tuple[Claim, ...] = (
           warmup_prompts=("warm-up", "a warm-up prompt of more than sixteen tokens, so a second text length"),
           lora_key_pattern=r"layers[._]\d+[._]self_attention[._]to_[qkv]|layers[._]\d+[._]mlp[._]linear_fc2",
           base_model_markers=("ernie-image", "ernie_image"),
-          trainer_layouts={"style-comfy": comfy_prefixed}),
+          trainer_layouts={"style-comfy": comfy_prefixed},
+          # Its blocks run sequence-first: the MLPs and the final layer see [tokens, batch, width].
+          mixed=True, sequence_first_linears=r"layers\.\d+\.mlp\..*|final_linear"),
 )
 
 GENERIC_FAMILIES: tuple[GenericFamily, ...] = tuple(GenericFamily(claim) for claim in GENERIC)

@@ -86,7 +86,7 @@ class QwenImage21(ModelFamily):
     # 1024 x 1024 adds 4,096 tokens to the first step's sequence and the cache).
     max_edit_references = 3
     reference_side = 1024  # QwenImage21Pipeline's output_resolution default: references' area, squared
-    mixed_batch_shares = "prompt, negative prompt and text-encoder state"  # see "Text lengths" above
+    mixed_batch_shares = "the prompt, negative prompt and text-encoder state"  # see "Text lengths" above
     # Under ``causal_condition`` the timestep batch gets one more row, t = 0, that modulates the prompt's
     # tokens of every sample: the layers it runs through have no per-sample row to bind adapters to.
     mixed_batch_shared_rows = ("time_text_embed.", "modulation.", "norm_out.")

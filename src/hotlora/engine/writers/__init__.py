@@ -82,7 +82,8 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
                            entries=config.bank_entries or 2 * config.batch_limit + 1, max_batch=2 * config.batch_limit,
                            biases=lora_biases(family), packed_linears=packed,
                            packed_segments=known.packed_segments if packed else None,
-                           shared_rows=known.mixed_batch_shared_rows if known is not None else ())
+                           shared_rows=known.mixed_batch_shared_rows if known is not None else (),
+                           sequence_first=known.sequence_first_linears if known is not None else "")
     from hotlora.engine.writers.slots import SlotsWriter
 
     return SlotsWriter(denoiser, family, config.slots, config.target_rank, config.target_modules,

@@ -7,8 +7,9 @@ each sample's matrices and adds ``up[i] @ down[i] @ x`` per kind, and with LoRA 
 ``lora_biases``: lightx2v's ``.diff_b`` on Wan) each sample's bias row ``bias[i]`` too. The index is a *tensor* that is
 written in place, so any assignment of adapters to batch positions runs the same graph.
 
-A few denoisers feed some Linears every sample's tokens packed into one sequence with no batch
-axis (Z-Image's embedders: a family's ``packed_linears``). A hook on the denoiser records each
+Some Linears see the samples on their second axis ([tokens, batch, ...]: ERNIE-Image's MLPs; a
+family's ``sequence_first_linears``): those index it there. A few denoisers feed some Linears every
+sample's tokens packed into one sequence with no batch axis (Z-Image's embedders: a family's ``packed_linears``). A hook on the denoiser records each
 call's per-sample token counts (the family's ``packed_segments``) in the selector, and those layers
 add each sample's adapters over its own run of tokens. Such layers sit outside the compiled blocks
 (regional compilation), so their per-call Python counts cost no recompile.
@@ -20,6 +21,7 @@ scale per sample. The LoRA math is the same as PEFT's: ``base(x) + scale * B @ A
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Iterable, Sequence
 
@@ -47,10 +49,11 @@ class BankSelector(nn.Module):
 
 class BankedLinear(nn.Module):
     def __init__(self, base: nn.Linear, entries: int, rank: int, selector: BankSelector, biases: bool = False,
-                 packed: str | None = None):
+                 packed: str | None = None, sequence_first: bool = False):
         super().__init__()
         self.base = base
         self.packed = packed  # the packed-layer prefix whose segments split this layer's input, or None
+        self.sequence_first = sequence_first  # its input is [tokens, batch, ...] (ERNIE-Image's MLPs)
         kwargs = {"dtype": base.weight.dtype, "device": base.weight.device}
         self.register_buffer("down", torch.zeros(entries, rank, base.in_features, **kwargs), persistent=False)
         self.register_buffer("up", torch.zeros(entries, base.out_features, rank, **kwargs), persistent=False)
@@ -80,6 +83,12 @@ class BankedLinear(nn.Module):
         y = self.base(x)
         if self.packed is not None:
             return y + self._packed_delta(x)
+        if self.sequence_first:  # [tokens, batch, ...]: the samples are the second axis
+            return self._add_adapters(y.transpose(0, 1), x.transpose(0, 1)).transpose(0, 1)
+        return self._add_adapters(y, x)
+
+    def _add_adapters(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``y`` plus each sample's adapters of every kind (``x``: [batch, ..., in])."""
         index = self.selector.index[:, : x.shape[0]]
         for kind in range(index.shape[0]):
             chosen = index[kind]
@@ -116,10 +125,11 @@ class BanksWriter:
     def __init__(self, denoiser: nn.Module, family: str, slot_names: Iterable[str], target_rank: int,
                  target_modules=None, served_models: Iterable[str] = (), *, entries: int, max_batch: int,
                  biases: bool = False, packed_linears: Sequence[str] = (), packed_segments=None,
-                 shared_rows: Sequence[str] = ()):
+                 shared_rows: Sequence[str] = (), sequence_first: str = ""):
         """``packed_linears`` and ``packed_segments``: the family's (``ModelFamily``), for denoisers
         that pack samples into one sequence before some Linears; ``shared_rows``: its layers left
-        out (``ModelFamily.mixed_batch_shared_rows``)."""
+        out (``ModelFamily.mixed_batch_shared_rows``); ``sequence_first``: a pattern of the layers
+        whose input is sequence-first (``ModelFamily.sequence_first_linears``)."""
         self.slot_names = tuple(slot_names)
         if entries < 2:
             raise ValueError("a bank needs at least 2 entries (entry 0 is the empty adapter)")
@@ -137,7 +147,8 @@ class BanksWriter:
             parent_name, _, child = name.rpartition(".")
             parent = denoiser.get_submodule(parent_name) if parent_name else denoiser
             packed = next((prefix for prefix in packed_linears if name.startswith(prefix)), None)
-            layers[name] = BankedLinear(getattr(parent, child), entries, target_rank, self.selector, biases, packed)
+            layers[name] = BankedLinear(getattr(parent, child), entries, target_rank, self.selector, biases, packed,
+                                        bool(sequence_first) and re.fullmatch(sequence_first, name) is not None)
             setattr(parent, child, layers[name])
         if packed_linears:
             selector = self.selector
