@@ -29,9 +29,8 @@ elsewhere: per-sample binding needs one row per sample on every Linear (or the r
 that gives each what it gives alone. Measured: Sana, Krea 2 (fixed-length prompts; its text fusion
 packs each sample's tokens) and ERNIE-Image (masked prompts, sequence-first MLPs) yes; AuraFlow's
 batch of two prompts is 2e-4 off each alone and CogView4's pads prompts to the longest (0.3 off):
-refused. The pipeline
-encodes a batch's prompts in one call, so under CFG a missing and a given negative prompt do not
-share a batch.
+refused. The pipeline encodes a batch's prompts in one call, so under CFG a missing and a given
+negative prompt do not share a batch.
 """
 
 from __future__ import annotations
