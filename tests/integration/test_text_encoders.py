@@ -189,7 +189,7 @@ def test_requests_with_and_without_text_parts_leave_no_trace(mixed, pivotal):
 def test_two_users_with_the_same_token_names_share_a_batch_and_keep_their_vectors(mixed, pivotal):
     family, model_dir, engine, pool = mixed
     if family_named(family).mixed_batch_shares:
-        pytest.skip(f"{family} mixes requests of the same {family_named(family).mixed_batch_shares} only")
+        pytest.skip(f"{family}'s mixed batches hold only requests that share {family_named(family).mixed_batch_shares}")
     (first, first_vectors), (second, second_vectors) = pivotal
     requests = [PackRequest(PROMPT, {"identity": (first, 1.0)}, num_images=1, seed=11),
                 PackRequest(PROMPT, {"identity": (second, 0.8), "style": (pool[1], 0.5)}, num_images=1, seed=12),
