@@ -167,6 +167,14 @@ def test_guidance_styles():
     assert DEFAULT_FAMILY in FAMILIES
 
 
+def test_a_family_whose_mixed_batches_share_texts_says_which():
+    """``mixed_batch_texts`` (the batch key) and ``mixed_batch_shares`` (the refusal's words) are
+    declared apart: a family that keys its batches by texts must say so, and only such a family."""
+    for family in REGISTERED:
+        keyed = family.mixed_batch_texts("a", None, ()) != family.mixed_batch_texts("b", "n", ("state",))
+        assert keyed == bool(family.mixed_batch_shares), family.name
+
+
 def test_no_module_outside_the_families_branches_on_a_family_name():
     found = []
     for path in sorted(SRC.rglob("*.py")):

@@ -266,8 +266,8 @@ class ModelFamily:
         if config.mixed and not self.mixed_batches:
             from hotlora.families import UnservedModel
 
-            raise UnservedModel(f"the {self.name} family does not serve mixed batches (mixed=True): "
-                                f"{self.mixed_batches_refused}")
+            raise UnservedModel(f"{self.pipeline_class} is served by hotlora's {self.name!r} family, which does not serve "
+                                f"mixed batches (mixed=True): {self.mixed_batches_refused}; serve it with mixed=False")
 
     # ------------------------------------------------------------------ declared: tasks beyond text-to-image
 

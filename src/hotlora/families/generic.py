@@ -154,6 +154,8 @@ class GenericFamily(ModelFamily):
     # Its prompts are encoded by the pipeline, one call a batch (no ``encode_prompts`` per group):
     # under CFG a missing negative prompt and a given one cannot share that call.
     mixed_batch_shares = "the presence of a negative prompt"
+    mixed_batches_refused = ("no tiny model of it has been tested binding adapters per sample (one row per sample on "
+                             "every Linear, a batch of prompts giving each what it gives alone)")
 
     def __init__(self, claim: Claim):
         self.claim = claim
@@ -256,16 +258,6 @@ class GenericFamily(ModelFamily):
 
     def packed_segments(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, list[int]]:
         return self.claim.packed_segments(args, kwargs)
-
-    def check_engine_config(self, config) -> None:
-        if config.mixed and not self.mixed_batches:
-            from hotlora.families import UnservedModel
-
-            raise UnservedModel(
-                f"{self.pipeline_class} is served by hotlora's generic family {self.name!r}, which does not serve "
-                "mixed batches (mixed=True): no tiny model of it has been tested binding adapters per sample (one row "
-                "per sample on every Linear, a batch of prompts giving each what it gives alone); serve it with "
-                "mixed=False")
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "generic": True, "fixed_arguments": dict(self.claim.fixed),

@@ -127,20 +127,6 @@ class QwenImage21(ModelFamily):
     def mixed_batch_texts(self, prompt: str, negative: str | None, text_state: tuple) -> tuple:
         return prompt, negative, text_state
 
-    def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
-        """``encode_prompt`` on the group's prompts (and negative prompts when given): embeddings,
-        and the padding mask where the pipeline keeps one (None when nothing is padded). A mixed batch
-        holds one text state (``mixed_batch_texts``), so the pipeline encodes it itself and
-        this serves the tests' look at what the text encoder makes."""
-        out = {}
-        for kind, texts in (("prompt", prompts["prompt"]), ("negative_prompt", prompts.get("negative_prompt"))):
-            if texts and any(texts):
-                embeds, mask, _ = pipeline.encode_prompt(prompt=list(texts), device=pipeline.device)
-                out[f"{kind}_embeds"] = embeds
-                if mask is not None:
-                    out[f"{kind}_embeds_mask"] = mask
-        return out
-
     def prepare_raw_lora(self, raw: Mapping[str, Any], label: str) -> dict:
         """kohya-named keys (``lora_unet_...``) renamed to ComfyUI's dotted ones (``KOHYA_MODULES``);
         a name of no 2.1 module is refused, named."""

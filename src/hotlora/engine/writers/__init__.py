@@ -55,6 +55,10 @@ def install_expert_writers(config: EngineConfig, experts, family: str, served_mo
 
 def install_writer(config: EngineConfig, denoiser, family: str, served_models: Iterable[str]) -> AdapterWriter:
     """The writer ``config`` asks for, installed into ``denoiser`` (before compile)."""
+    from hotlora.families import FAMILIES
+
+    known = FAMILIES.get(family)  # None for a denoiser of no registered family (the tests' toy models)
+    biases = known is not None and known.lora_biases  # whether the slots hold LoRA biases
     if config.adapter_mode == "fused":
         from hotlora.engine.writers.fused import FusedWriter
 
@@ -70,32 +74,21 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
 
         return AutoWriter(denoiser, family, config.slots, config.target_rank, config.target_modules, served_models,
                           min_kept=config.fused_min_kept, restore=config.fused_restore,
-                          rank_buckets=config.bucket_ranks, biases=lora_biases(family))
+                          rank_buckets=config.bucket_ranks, biases=biases)
     if config.mixed:
         from hotlora.engine.writers.banks import BanksWriter
 
-        from hotlora.families import FAMILIES
-
-        known = FAMILIES.get(family)
         packed = known.packed_linears if known is not None else ()
         return BanksWriter(denoiser, family, config.slots, config.target_rank, config.target_modules, served_models,
                            entries=config.bank_entries or 2 * config.batch_limit + 1, max_batch=2 * config.batch_limit,
-                           biases=lora_biases(family), packed_linears=packed,
+                           biases=biases, packed_linears=packed,
                            packed_segments=known.packed_segments if packed else None,
                            shared_rows=known.mixed_batch_shared_rows if known is not None else (),
                            sequence_first=known.sequence_first_linears if known is not None else "")
     from hotlora.engine.writers.slots import SlotsWriter
 
     return SlotsWriter(denoiser, family, config.slots, config.target_rank, config.target_modules,
-                       served_models=served_models, rank_buckets=config.bucket_ranks, biases=lora_biases(family))
-
-
-def lora_biases(family: str) -> bool:
-    """Whether ``family``'s slots hold LoRA biases (``ModelFamily.lora_biases``)."""
-    from hotlora.families import FAMILIES
-
-    known = FAMILIES.get(family)
-    return known is not None and known.lora_biases
+                       served_models=served_models, rank_buckets=config.bucket_ranks, biases=biases)
 
 
 __all__ = ["AdapterWriter", "SwapReport", "TextWriter", "install_expert_writers", "install_text_writer", "install_writer"]
