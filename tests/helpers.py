@@ -49,6 +49,16 @@ def family_params(every: bool = False, mixed: bool = False, images: bool = False
             if (family.mixed_batches or not mixed) and not (images and family.video)]
 
 
+def bank_layouts() -> list:
+    """One family per layout of the banks writer's inputs, as pytest parameters (beyond CORE_FAMILIES
+    marked ``families``): batch-first (Flux), packed token runs (Z-Image's embedders; Krea 2's text
+    fusion), sequence-first (ERNIE-Image's MLPs)."""
+    import pytest
+
+    return [pytest.param(name, id=name, marks=() if name in CORE_FAMILIES else pytest.mark.families)
+            for name in ("flux", "zimage", "krea2", "ernie-image")]
+
+
 def served_frames(family) -> tuple[int, int]:
     """Two frame counts of a video family's tk + 1 rule, the default first: Wan (5, 9), LTX (9, 17)."""
     t = family.frame_multiple

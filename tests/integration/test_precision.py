@@ -24,7 +24,7 @@ from hotlora.families import family_named
 from hotlora.errors import AdapterRejected
 from hotlora.testing import controlled_lora, save_diffusers_lora
 
-from ..helpers import family_params, pipeline_output, tiny_latent_call
+from ..helpers import PackRequest, bank_layouts, family_params, generate_batch, pipeline_output, tiny_latent_call
 
 RANK = 16
 MAGNITUDES = (0.001, 0.003, 0.01, 0.03)
@@ -130,6 +130,45 @@ def test_lora_biases_in_bf16_keep_what_plain_diffusers_unfused_keeps(tiny_models
               f"{theirs[0]:.4f} / {theirs[1]:.4f}, hotlora slots bf16 {ours[0]:.4f} / {ours[1]:.4f}")
         assert ours[1] <= theirs[1] * 1.05 + 1e-3, (scale, ours, theirs)
         assert ours[0] >= theirs[0] - 0.02, (scale, ours, theirs)
+
+
+@pytest.mark.parametrize("family", bank_layouts())
+def test_mixed_banks_in_bf16_keep_what_plain_diffusers_unfused_keeps(family, tiny_models, tmp_path):
+    """Two requests with adapters of different strength (every Linear, packed and sequence-first
+    layers included) in one bf16 forward batch of the banks writer: each as close to its float32
+    reference, and keeping as much of its adapter's effect, as plain diffusers' bf16 unfused pipeline."""
+    from diffusers import DiffusionPipeline
+
+    model_dir = tiny_models[family]
+    pipelines = {dtype: DiffusionPipeline.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
+                 for dtype in (torch.float32, torch.bfloat16)}
+    for pipeline in pipelines.values():
+        pipeline.set_progress_bar_config(disable=True)
+    denoiser = getattr(pipelines[torch.float32], family_named(family).denoiser)
+    magnitudes = (0.01, 0.03)
+    paths = [save_diffusers_lora(tmp_path / f"m{m}", family, controlled_lora(denoiser, m, rank=RANK, seed=7 + i),
+                                 rank=RANK, alpha=RANK) for i, m in enumerate(magnitudes)]
+    banks = Engine.from_pretrained(model_dir, target_rank=RANK, batch_size=2, compile=False, dtype=torch.bfloat16,
+                                   mixed=True)
+    base32, base16 = (pipeline_latents(p, family) for p in pipelines.values())
+    ours_base, _ = engine_latents(banks, family)
+    results = generate_batch(banks, [PackRequest(PROMPT, {"identity": (str(paths[0]), 1.0)}, seed=0),
+                                     PackRequest(PROMPT, {"style": (str(paths[1]), 1.0)}, seed=0)],
+                             **tiny_latent_call(family, STEPS)[0])
+    assert banks.describe()["mixed"]
+    for magnitude, path, result in zip(magnitudes, paths, results):
+        outs = {}
+        for dtype, pipeline in pipelines.items():
+            pipeline.load_lora_weights(str(path), adapter_name="a")
+            outs[dtype] = pipeline_latents(pipeline, family)
+            pipeline.unload_lora_weights()
+        ref = outs[torch.float32]
+        theirs = effect(outs[torch.bfloat16], base16, ref, base32)
+        ours = effect(torch.as_tensor(result.images).float().reshape(1, -1), ours_base, ref, base32)
+        print(f"\n{family} {magnitude:.0%} in a mixed batch: effect kept / relative error: diffusers bf16 unfused "
+              f"{theirs[0]:.3f} / {theirs[1]:.3f}, hotlora banks bf16 {ours[0]:.3f} / {ours[1]:.3f}")
+        assert ours[1] <= theirs[1] * 1.05 + 1e-3, (magnitude, ours, theirs)
+        assert ours[0] >= theirs[0] - 0.02, (magnitude, ours, theirs)
 
 
 def weights_of(engine) -> dict[str, torch.Tensor]:

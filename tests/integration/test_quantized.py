@@ -22,7 +22,7 @@ from hotlora.settings import EngineConfig
 from hotlora.engine.quantize import weight_bytes
 from hotlora.testing import random_lora, save_diffusers_lora
 
-from ..helpers import TARGET_RANK, PackRequest, engine_reference, fresh_pipeline, generate_batch, recompiles_are_errors, family_params
+from ..helpers import TARGET_RANK, PackRequest, bank_layouts, engine_reference, fresh_pipeline, generate_batch, recompiles_are_errors, family_params
 
 pytest.importorskip("torchao")
 
@@ -89,13 +89,14 @@ def test_compiled_int8_base_serves_adapters_in_turn_without_recompiling(family, 
     assert engine.recompiles == 0
 
 
-def test_compiled_mixed_batch_on_an_int8_base(tiny_models, tmp_path):
+@pytest.mark.parametrize("family", bank_layouts())
+def test_compiled_mixed_batch_on_an_int8_base(family, tiny_models, tmp_path):
     """The banks wrap the quantized Linear like any other: two requests, different adapters, one
     compiled forward batch, no recompile, each equal to its own quantized reference."""
-    model_dir = tiny_models["flux"]
+    model_dir = tiny_models[family]
     engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=2, compile=True, mixed=True,
-                                    base_quantization="int8_weight_only")
-    first, second = adapters_for(engine, "flux", tmp_path)
+                                    base_quantization="int8_weight_only", rank_buckets=())
+    first, second = adapters_for(engine, family, tmp_path)
     with recompiles_are_errors():
         results = generate_batch(engine, [PackRequest(PROMPT, first, seed=3), PackRequest(PROMPT, second, seed=4)],
                                  num_inference_steps=STEPS, output_type="latent")
