@@ -26,7 +26,7 @@ def test_a_claimed_pipeline_follows_the_conventions(family):
     assert family_of_model_index({"_class_name": family.pipeline_class,
                                   "transformer": ["diffusers", family.denoiser_class]}) is family
     assert family.denoiser == "transformer" and family.lora_text_encoders == ()
-    assert family.mixed_batches is family.claim.mixed is family.describe()["mixed"]
+    assert family.mixed_batches is (family.claim.mixed or family.claim.mixed_same_texts) is family.describe()["mixed"]
     assert family.describe()["generic"] is True
     for name, value in family.call_arguments(1.0).items():  # every fixed argument is one __call__ takes
         assert name == "guidance_scale" or name in family._call_defaults, name

@@ -27,9 +27,10 @@ served where a claim says so (``Claim.mixed``: measured on its tiny model) and r
 elsewhere: per-sample binding needs one row per sample on every Linear (or the runs of packed rows,
 ``Claim.packed_linears``; on the second axis, ``Claim.sequence_first_linears``) and a batch of prompts
 that gives each what it gives alone. Measured: Sana, Krea 2 (fixed-length prompts; its text fusion
-packs each sample's tokens) and ERNIE-Image (masked prompts, sequence-first MLPs) yes; AuraFlow's
-batch of two prompts is 2e-4 off each alone and CogView4's pads prompts to the longest (0.3 off):
-refused. The pipeline encodes a batch's prompts in one call, so under CFG a missing and a given
+packs each sample's tokens) and ERNIE-Image (masked prompts, sequence-first MLPs) yes; CogView4 pads a
+batch's prompts to the longest (two prompts 0.3 off each alone), so it mixes requests of the same prompt
+and negative prompt only (``Claim.mixed_same_texts``); AuraFlow's batch of two prompts is 2e-4 off each
+alone: refused. The pipeline encodes a batch's prompts in one call, so under CFG a missing and a given
 negative prompt do not share a batch.
 """
 
@@ -140,6 +141,10 @@ class Claim:
     # of the denoiser and a batch of prompts gives each what it gives alone (the mixed-batch tests
     # pass on its tiny model against plain diffusers).
     mixed: bool = False
+    # Whether it serves mixed batches of requests with the same prompt and negative prompt only: its
+    # pipeline pads a batch's prompts to the longest (CogView4), so prompts of different lengths in one
+    # batch give each something else than alone, while a templated prompt with each user's adapters mixes.
+    mixed_same_texts: bool = False
     # ModelFamily.packed_linears / packed_segments: Linears fed every sample's rows packed together.
     packed_linears: tuple[str, ...] = ()
     packed_segments: Callable[[tuple, Mapping[str, Any]], dict[str, list[int]]] | None = None
@@ -164,7 +169,9 @@ class GenericFamily(ModelFamily):
         self.embedding_keys, self.tokenizer_of, self.prompt_argument_of = (), {}, {}
         self.full_size_models, self.repeated_blocks = claim.full_size_models, claim.repeated_blocks
         self.lora_key_pattern, self.base_model_markers = claim.lora_key_pattern, claim.base_model_markers
-        self.mixed_batches, self.packed_linears = claim.mixed, claim.packed_linears
+        self.mixed_batches, self.packed_linears = claim.mixed or claim.mixed_same_texts, claim.packed_linears
+        if claim.mixed_same_texts:
+            self.mixed_batch_shares = "the prompt and negative prompt"
         self.sequence_first_linears = claim.sequence_first_linears
 
     @property
@@ -254,7 +261,7 @@ class GenericFamily(ModelFamily):
         return self.claim.build_tiny(seed)
 
     def mixed_batch_texts(self, prompt: str, negative: str | None, text_state: tuple) -> tuple:
-        return (negative is None,)
+        return (prompt, negative) if self.claim.mixed_same_texts else (negative is None,)
 
     def packed_segments(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, list[int]]:
         return self.claim.packed_segments(args, kwargs)
@@ -392,7 +399,7 @@ GENERIC: tuple[Claim, ...] = (
     # reaches the transformer. Warm-up runs prompts of two lengths, so dynamo turns that dimension
     # dynamic and any later length reuses the graphs (tests/unit/test_generic_families.py).
     Claim(name="cogview4", pipeline_class="CogView4Pipeline", cfg="true", latent_multiple=2,
-          build_tiny=tiny_cogview4, repeated_blocks=("CogView4TransformerBlock",),
+          build_tiny=tiny_cogview4, repeated_blocks=("CogView4TransformerBlock",), mixed_same_texts=True,
           warmup_prompts=("warm-up", "a warm-up prompt of more than sixteen tokens, so a second text length")),
     # Krea 2 pads every prompt to max_sequence_length (512): one text length. 48 pixels: 36 image
     # tokens, no tiny width (16 channels, a head's 8) for dynamo's duck sizing to tie them to.
