@@ -66,32 +66,49 @@ def effect(out, base, ref, ref_base):
     return float(got @ wanted / (wanted @ wanted)), float((got - wanted).norm() / wanted.norm())
 
 
-def test_slots_in_bf16_keep_what_plain_diffusers_unfused_keeps(adapters):
+def reference_pipelines(model_dir) -> dict:
+    """Plain diffusers in float32 (the reference) and in bf16 (what a bf16 model keeps), by dtype."""
     from diffusers import DiffusionPipeline
 
-    family, model_dir, made = adapters
     pipelines = {dtype: DiffusionPipeline.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
                  for dtype in (torch.float32, torch.bfloat16)}
     for pipeline in pipelines.values():
         pipeline.set_progress_bar_config(disable=True)
+    return pipelines
+
+
+def diffusers_effect(pipelines, family, path, base32, base16, scale=1.0):
+    """(the float32 reference's latents with the adapter at ``path``, diffusers' bf16 unfused ``effect``
+    against it), each pipeline loading it unfused at ``scale`` and unloading it after."""
+    outs = {}
+    for dtype, pipeline in pipelines.items():
+        pipeline.load_lora_weights(str(path), adapter_name="a")
+        pipeline.set_adapters(["a"], [scale])
+        outs[dtype] = pipeline_latents(pipeline, family)
+        pipeline.unload_lora_weights()
+    ref = outs[torch.float32]
+    return ref, effect(outs[torch.bfloat16], base16, ref, base32)
+
+
+def assert_keeps_what_diffusers_keeps(ours, theirs, label) -> None:
+    assert ours[1] <= theirs[1] * 1.05 + 1e-3, (label, ours, theirs)
+    assert ours[0] >= theirs[0] - 0.02, (label, ours, theirs)
+
+
+def test_slots_in_bf16_keep_what_plain_diffusers_unfused_keeps(adapters):
+    family, model_dir, made = adapters
+    pipelines = reference_pipelines(model_dir)
     slots = Engine.from_pretrained(model_dir, target_rank=RANK, batch_size=1, compile=False, dtype=torch.bfloat16)
     base32, base16 = (pipeline_latents(p, family) for p in pipelines.values())
     ours_base, _ = engine_latents(slots, family)
     print(f"\n{family}: bf16 noise floor |bf16 base - float32 base| / |float32 base| = "
           f"{float((base16 - base32).norm() / base32.norm()):.4f}")
     for magnitude, (path, _) in made.items():
-        outs = {}
-        for dtype, pipeline in pipelines.items():
-            pipeline.load_lora_weights(str(path), adapter_name="a")
-            outs[dtype] = pipeline_latents(pipeline, family)
-            pipeline.unload_lora_weights()
-        ref = outs[torch.float32]
-        theirs = effect(outs[torch.bfloat16], base16, ref, base32)
+        ref, theirs = diffusers_effect(pipelines, family, path, base32, base16)
         ours = effect(engine_latents(slots, family, path)[0], ours_base, ref, base32)
         print(f"{family} {magnitude:.1%}: effect kept / relative error: diffusers bf16 unfused "
               f"{theirs[0]:.3f} / {theirs[1]:.3f}, hotlora slots bf16 {ours[0]:.3f} / {ours[1]:.3f}")
-        assert ours[1] <= theirs[1] * 1.05 + 1e-3, (magnitude, ours, theirs)
-        assert ours[0] >= theirs[0] - 0.02, (magnitude, ours, theirs)
+        assert_keeps_what_diffusers_keeps(ours, theirs, magnitude)
 
 
 def test_lora_biases_in_bf16_keep_what_plain_diffusers_unfused_keeps(tiny_models):
@@ -100,36 +117,23 @@ def test_lora_biases_in_bf16_keep_what_plain_diffusers_unfused_keeps(tiny_models
     the effect, for the bundled lightx2v sample (a bias on every block Linear) at scales 1 and 0.6."""
     import json
 
-    from diffusers import DiffusionPipeline
-
     model_dir = tiny_models["wan"]
     folder = model_dir / "adapters"
     path = folder / json.loads((folder / "README.json").read_text())["style-lightx2v"]
-    pipelines = {dtype: DiffusionPipeline.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
-                 for dtype in (torch.float32, torch.bfloat16)}
-    for pipeline in pipelines.values():
-        pipeline.set_progress_bar_config(disable=True)
+    pipelines = reference_pipelines(model_dir)
     slots = Engine.from_pretrained(model_dir, target_rank=RANK, batch_size=1, compile=False, dtype=torch.bfloat16)
     assert slots.describe()["lora_biases"] is True
     base32, base16 = (pipeline_latents(p, "wan") for p in pipelines.values())
     ours_base, _ = engine_latents(slots, "wan")
     for scale in (1.0, 0.6):
-        outs = {}
-        for dtype, pipeline in pipelines.items():
-            pipeline.load_lora_weights(str(path), adapter_name="a")
-            pipeline.set_adapters(["a"], [scale])
-            outs[dtype] = pipeline_latents(pipeline, "wan")
-            pipeline.unload_lora_weights()
-        ref = outs[torch.float32]
+        ref, theirs = diffusers_effect(pipelines, "wan", path, base32, base16, scale)
         assert (ref - base32).norm() > 10 * (base16 - base32).norm()  # the adapter moves more than bf16 does
         result = slots.generate(PROMPT, adapters={"style": (str(path), scale)}, num_images=1, seed=0,
                                 **tiny_latent_call("wan", STEPS)[0])
         ours = effect(torch.as_tensor(result.images).float().reshape(1, -1), ours_base, ref, base32)
-        theirs = effect(outs[torch.bfloat16], base16, ref, base32)
         print(f"\nwan lightx2v (biases) at {scale}: effect kept / relative error: diffusers bf16 unfused "
               f"{theirs[0]:.4f} / {theirs[1]:.4f}, hotlora slots bf16 {ours[0]:.4f} / {ours[1]:.4f}")
-        assert ours[1] <= theirs[1] * 1.05 + 1e-3, (scale, ours, theirs)
-        assert ours[0] >= theirs[0] - 0.02, (scale, ours, theirs)
+        assert_keeps_what_diffusers_keeps(ours, theirs, scale)
 
 
 @pytest.mark.parametrize("family", bank_layouts())
@@ -137,13 +141,8 @@ def test_mixed_banks_in_bf16_keep_what_plain_diffusers_unfused_keeps(family, tin
     """Two requests with adapters of different strength (every Linear, packed and sequence-first
     layers included) in one bf16 forward batch of the banks writer: each as close to its float32
     reference, and keeping as much of its adapter's effect, as plain diffusers' bf16 unfused pipeline."""
-    from diffusers import DiffusionPipeline
-
     model_dir = tiny_models[family]
-    pipelines = {dtype: DiffusionPipeline.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
-                 for dtype in (torch.float32, torch.bfloat16)}
-    for pipeline in pipelines.values():
-        pipeline.set_progress_bar_config(disable=True)
+    pipelines = reference_pipelines(model_dir)
     denoiser = getattr(pipelines[torch.float32], family_named(family).denoiser)
     magnitudes = (0.01, 0.03)
     paths = [save_diffusers_lora(tmp_path / f"m{m}", family, controlled_lora(denoiser, m, rank=RANK, seed=7 + i),
@@ -157,18 +156,11 @@ def test_mixed_banks_in_bf16_keep_what_plain_diffusers_unfused_keeps(family, tin
                              **tiny_latent_call(family, STEPS)[0])
     assert banks.describe()["mixed"]
     for magnitude, path, result in zip(magnitudes, paths, results):
-        outs = {}
-        for dtype, pipeline in pipelines.items():
-            pipeline.load_lora_weights(str(path), adapter_name="a")
-            outs[dtype] = pipeline_latents(pipeline, family)
-            pipeline.unload_lora_weights()
-        ref = outs[torch.float32]
-        theirs = effect(outs[torch.bfloat16], base16, ref, base32)
+        ref, theirs = diffusers_effect(pipelines, family, path, base32, base16)
         ours = effect(torch.as_tensor(result.images).float().reshape(1, -1), ours_base, ref, base32)
         print(f"\n{family} {magnitude:.0%} in a mixed batch: effect kept / relative error: diffusers bf16 unfused "
               f"{theirs[0]:.3f} / {theirs[1]:.3f}, hotlora banks bf16 {ours[0]:.3f} / {ours[1]:.3f}")
-        assert ours[1] <= theirs[1] * 1.05 + 1e-3, (magnitude, ours, theirs)
-        assert ours[0] >= theirs[0] - 0.02, (magnitude, ours, theirs)
+        assert_keeps_what_diffusers_keeps(ours, theirs, magnitude)
 
 
 def weights_of(engine) -> dict[str, torch.Tensor]:
