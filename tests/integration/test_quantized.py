@@ -94,9 +94,8 @@ def test_compiled_mixed_batch_on_an_int8_base(family, tiny_models, tmp_path):
     """The banks wrap the quantized Linear like any other: two requests, different adapters, one
     compiled forward batch, no recompile, each equal to its own quantized reference."""
     model_dir = tiny_models[family]
-    # rank_buckets=(): said for clarity only; the banks pad every entry to the target rank (no bucket states).
     engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=2, compile=True, mixed=True,
-                                    base_quantization="int8_weight_only", rank_buckets=())
+                                    base_quantization="int8_weight_only")
     first, second = adapters_for(engine, family, tmp_path)
     with recompiles_are_errors():
         results = generate_batch(engine, [PackRequest(PROMPT, first, seed=3), PackRequest(PROMPT, second, seed=4)],
