@@ -154,12 +154,14 @@ def test_flux2_and_chroma_facts_agree_with_their_pipelines():
 
 
 def test_guidance_styles():
-    """Under batch CFG warm-up runs both batch shapes (guided and not); other styles never double."""
+    """Under batch CFG warm-up runs every batch shape a guidance makes (guided and not; LTX-2's
+    audio guidance doubles at any); other styles never double."""
     for family in REGISTERED:
         scales = family.warmup_guidance_scales(family.default_guidance)
         assert scales[0] == family.default_guidance
         if family.cfg == "batch":
-            assert {family.doubles_batch(g) for g in scales} == {True, False}
+            shapes = {family.doubles_batch(g) for g in (0.0, 1.0, family.default_guidance, 9.0)}
+            assert {family.doubles_batch(g) for g in scales} == shapes and True in shapes
         else:
             assert not any(family.doubles_batch(g) for g in (*scales, family.default_guidance))
         for g in scales:

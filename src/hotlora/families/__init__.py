@@ -20,6 +20,7 @@ from hotlora.families.flux import Flux
 from hotlora.families.flux2 import Flux2, Flux2Klein, Flux2KleinBase
 from hotlora.families.generic import GENERIC_FAMILIES, convention_problems
 from hotlora.families.ltx import LTXVideo
+from hotlora.families.ltx2 import LTX2Video
 from hotlora.families.qwenimage import QwenImage
 from hotlora.families.qwenimage21 import QwenImage21
 from hotlora.families.sd3 import StableDiffusion3
@@ -30,7 +31,7 @@ from hotlora.families.zimage import ZImage
 
 REGISTERED: tuple[ModelFamily, ...] = (Flux(), StableDiffusionXL(), StableDiffusion15(), StableDiffusion3(), ZImage(),
                                        QwenImage(), QwenImage21(), Flux2(), Flux2Klein(), Flux2KleinBase(), Chroma(), Wan(),
-                                       LTXVideo())
+                                       LTXVideo(), LTX2Video())
 # The generic families (families.generic: pipelines served from diffusers' facts) come last, and
 # family_of_class only looks at them when no explicit family matches.
 REGISTERED += GENERIC_FAMILIES

@@ -175,6 +175,11 @@ class ModelFamily:
         return tuple(m for m in self.lora_mixin._lora_loadable_modules
                      if m != self.denoiser and m not in self.other_denoisers)
 
+    # Modules beside the denoisers that the mixin loads LoRA into with the model's own
+    # ``load_lora_adapter`` (LTX-2's connectors) rather than as a text encoder: their part of a file is
+    # converted as the denoiser's is; the engine applies it as a text encoder's (unfused, per request).
+    model_lora_parts: ClassVar[tuple[str, ...]] = ()
+
     def experts(self, pipeline) -> dict[str, Any]:
         """The models a loaded pipeline denoises with, the denoiser first (pipeline attribute ->
         model): each gets slots and a compile. One, unless the family's pipeline switches between

@@ -192,7 +192,7 @@ def _canonicalize(raw, file_metadata, extra, family: ModelFamily, label, digest,
                      + [k for k in raw if k.startswith(DROPPED_T5)])
     text_modules = {}
     for encoder in family.lora_text_encoders:
-        weights = _text_encoder_weights(state_dict, network_alphas, metadata, encoder, label)
+        weights = _text_part_weights(family, state_dict, network_alphas, metadata, encoder, label)
         if weights:
             text_modules[encoder] = weights
     if not ours and not text_modules and not experts:
@@ -290,6 +290,15 @@ def _weights_by_config(ours: dict, network_alphas, metadata, rank: dict, label: 
 
 # The text-encoder layers diffusers reads LoRA ranks for (``_load_lora_into_text_encoder``).
 TEXT_ENCODER_RANKED = (".q_proj", ".k_proj", ".v_proj", ".out_proj", ".fc1", ".fc2")
+
+
+def _text_part_weights(family: ModelFamily, state_dict, network_alphas, metadata, encoder: str, label: str) -> dict:
+    """A text-side part's LoRA: a text encoder's, or a module the mixin loads as it loads a denoiser
+    (``model_lora_parts``: LTX-2's connectors, through ``load_lora_adapter(..., prefix="connectors")``)."""
+    if encoder not in family.model_lora_parts:
+        return _text_encoder_weights(state_dict, network_alphas, metadata, encoder, label)
+    part = {k.removeprefix(f"{encoder}."): v for k, v in state_dict.items() if k.startswith(f"{encoder}.")}
+    return _denoiser_modules(part, network_alphas, metadata, encoder, f"{label} ({encoder})")
 
 
 def _text_encoder_weights(state_dict, network_alphas, metadata, encoder: str, label: str) -> dict[str, LoraWeights]:

@@ -180,9 +180,10 @@ class TextEncodersWriter:
         present = {te: module for te, module in present.items() if module is not None}
         self.lora = {te: UnfusedTextLora(_lora_root(present[te]), family.name, weights_of=_text_weights(te))
                      for te in family.lora_text_encoders if lora and te in present}
-        self.rows = {te: ReservedRows(getattr(pipeline, self.family.tokenizer_of[te]), module, slot_names, rows)
-                     for te, module in present.items()
-                     if rows and self.slot_names and getattr(pipeline, self.family.tokenizer_of[te], None) is not None}
+        # Reserved rows where a tokenizer feeds the encoder (LTX-2's connectors take LoRA and no tokens).
+        tokenizers = {te: getattr(pipeline, self.family.tokenizer_of.get(te, ""), None) for te in present}
+        self.rows = {te: ReservedRows(tokenizers[te], module, slot_names, rows) for te, module in present.items()
+                     if rows and self.slot_names and tokenizers[te] is not None}
         self.checks = TextChecks({te: w.ceiling for te, w in self.lora.items()},
                                  {te: rows.facts for te, rows in self.rows.items()})
         self._applied: tuple | None = ()

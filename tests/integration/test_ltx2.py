@@ -1,0 +1,78 @@
+"""LTX-2: what only it has beside the contract (test_contract.py) and the video tests (test_video.py):
+LoRA for its connectors, the model between the text encoder and the transformer that runs inside the
+pipeline call, applied per request and equal to plain diffusers loading the same file; adapters in
+the trainers' layout with the connectors' part; one request per forward batch."""
+
+import pytest
+import torch
+
+from hotlora import Engine
+from hotlora.adapters.format.convert import load_adapter
+from hotlora.families import UnservedModel, family_named
+from hotlora.testing import plain_diffusers_reference
+
+from ..helpers import TARGET_RANK, recompiles_are_errors, served_frames
+
+pytestmark = pytest.mark.families
+
+TOLERANCE = 1e-4
+FAMILY = family_named("ltx2")
+
+
+@pytest.fixture(scope="module")
+def ltx2(tiny_models):
+    model_dir = tiny_models["ltx2"]
+    with torch._dynamo.config.patch(error_on_recompile=False):  # warm-up compiles by definition
+        engine = Engine.from_pretrained(model_dir, target_rank=TARGET_RANK, batch_size=2, compile=True,
+                                        rank_buckets=(), frames=served_frames(FAMILY))
+    with recompiles_are_errors():
+        yield model_dir, engine
+    assert engine.recompiles == 0
+
+
+def sample(model_dir, name):
+    import json
+
+    return model_dir / "adapters" / json.loads((model_dir / "adapters" / "README.json").read_text())[name]
+
+
+def both_ways(engine, model_dir, slots):
+    """The engine's latents and plain diffusers' for ``slots`` (slot -> (file, scale))."""
+    ours = engine.generate("a cat", adapters=slots, num_images=2, num_inference_steps=2,
+                           output_type="latent").images
+    theirs = plain_diffusers_reference(model_dir, slots, prompt="a cat", num_images=2, num_inference_steps=2,
+                                       guidance_scale=engine.defaults["guidance_scale"], height=engine.height,
+                                       width=engine.width, seed=0)
+    return ours, theirs
+
+
+def test_connectors_lora_in_both_layouts_is_read_as_diffusers_reads_it(ltx2):
+    model_dir, _ = ltx2
+    for name, modules in (("identity-connectors", None), ("style-comfy", {"text_proj_in"})):
+        adapter = load_adapter(sample(model_dir, name), FAMILY)
+        connectors = adapter.text_modules["connectors"]
+        assert connectors and (modules is None or set(connectors) == modules)
+        assert adapter.modules  # and the transformer's part beside it
+
+
+def test_connectors_lora_per_request_equals_plain_diffusers_and_leaves_no_trace(ltx2):
+    model_dir, engine = ltx2
+    slots = {"identity": (sample(model_dir, "identity-connectors"), 0.9), "style": (sample(model_dir, "style-comfy"), 0.6)}
+    ours, theirs = both_ways(engine, model_dir, slots)
+    torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
+    # The transformer's part alone (the connectors' dropped from the file) would be another video:
+    # the connectors' LoRA is applied, not only carried.
+    transformer_only, _ = both_ways(engine, model_dir, {"identity": (sample(model_dir, "identity-diffusers"), 0.9)})
+    assert (ours - transformer_only).abs().max() > 1e-2
+    # A request without adapters after it runs the base connectors: equal to plain diffusers with none.
+    base, plain = both_ways(engine, model_dir, {})
+    torch.testing.assert_close(base, plain, atol=TOLERANCE, rtol=0)
+    # And the connectors' adapter again, at another scale: hooks re-pointed, the scale followed.
+    again, theirs_again = both_ways(engine, model_dir, {"identity": (sample(model_dir, "identity-connectors"), 0.4)})
+    torch.testing.assert_close(again, theirs_again, atol=TOLERANCE, rtol=0)
+    assert engine.recompiles == 0
+
+
+def test_mixed_batches_are_refused_at_start_up_saying_why(tiny_models):
+    with pytest.raises(UnservedModel, match="LTX2Pipeline .* 'ltx2' family.*connectors.*mixed=False"):
+        Engine.from_pretrained(tiny_models["ltx2"], target_rank=TARGET_RANK, mixed=True, compile=False)
