@@ -103,7 +103,8 @@ def save_pivotal_lora(path: Path, family: str, denoiser_sd: Mapping[str, torch.T
 def plain_diffusers_reference(model_dir, adapters, *, prompt: str | list[str], num_images: int, num_inference_steps: int,
                               guidance_scale: float, height: int, width: int, seed: int, output_type="latent",
                               embeddings=(), prepare=None, pipeline_class: str | None = None,
-                              task_arguments: Mapping | None = None, num_frames: int | None = None):
+                              task_arguments: Mapping | None = None, num_frames: int | None = None,
+                              attribute: str | None = None):
     """What a fresh, plain diffusers pipeline gives: ``load_lora_weights`` per adapter, then
     ``set_adapters`` with the scales, one batch, image i seeded ``seed + i``. The correctness
     contract compares the warm engine against exactly this. ``prompt`` a list: one image per prompt
@@ -118,7 +119,8 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str | list[str], n
     engine passes, e.g. Wan 2.2's ``guidance_scale_2``). A video family's pipeline is
     asked for ``num_frames`` (default: the model's ``hotlora.json``, else the family's), its
     samples through the family's output kind (``num_videos_per_prompt``, ``.frames``). An adapter
-    source may be a (high-noise, low-noise) pair of files for a two-expert Wan 2.2 model."""
+    source may be a (high-noise, low-noise) pair of files for a two-expert Wan 2.2 model. ``attribute``:
+    another of the output's (LTX-2's ``audio``) than the output kind's."""
     import diffusers
 
     from hotlora.engine.results import output_kind
@@ -148,7 +150,7 @@ def plain_diffusers_reference(model_dir, adapters, *, prompt: str | list[str], n
                     **({} if negative is None else {"negative_prompt": negative}),
                     **({} if num_frames is None else {"num_frames": num_frames}),
                     **family.call_arguments(guidance_scale), **(task_arguments or {}))
-    return getattr(made, kind.attribute)
+    return getattr(made, attribute or kind.attribute)
 
 
 def _load_adapters(pipeline, adapters) -> None:

@@ -1,7 +1,8 @@
 """LTX-2: what only it has beside the contract (test_contract.py) and the video tests (test_video.py):
 LoRA for its connectors, the model between the text encoder and the transformer that runs inside the
 pipeline call, applied per request and equal to plain diffusers loading the same file; adapters in
-the trainers' layout with the connectors' part; one request per forward batch."""
+the trainers' layout with the connectors' part; each video's sound track; one request per forward
+batch, and no image-to-video, each refused at start-up with the reason."""
 
 import pytest
 import torch
@@ -73,6 +74,23 @@ def test_connectors_lora_per_request_equals_plain_diffusers_and_leaves_no_trace(
     assert engine.recompiles == 0
 
 
-def test_mixed_batches_are_refused_at_start_up_saying_why(tiny_models):
+def test_each_video_comes_with_its_sound_track_as_plain_diffusers_makes_it(ltx2):
+    """The pipeline's ``.audio`` (the vocoder's waveform per video) reaches the result, each video's
+    own, at the vocoder's rate, equal to plain diffusers' for the same request; chunked or not."""
+    model_dir, engine = ltx2
+    slots = {"identity": (sample(model_dir, "identity-connectors"), 0.9)}
+    result = engine.generate("a cat", adapters=slots, num_images=3, num_inference_steps=2, output_type="np")
+    theirs = plain_diffusers_reference(model_dir, slots, prompt="a cat", num_images=3, num_inference_steps=2,
+                                       guidance_scale=engine.defaults["guidance_scale"], height=engine.height,
+                                       width=engine.width, seed=0, output_type="np", attribute="audio")
+    assert result.audio_rate == engine.warm.pipeline.vocoder.config.output_sampling_rate
+    assert result.audio.shape == theirs.shape and result.audio.shape[:2] == (3, 2)
+    torch.testing.assert_close(result.audio, theirs, atol=TOLERANCE, rtol=0)
+    assert (result.audio[0] - result.audio[1]).abs().max() > 1e-3  # each video its own seed's sound
+
+
+def test_mixed_batches_and_image_to_video_are_refused_at_start_up_saying_why(tiny_models):
     with pytest.raises(UnservedModel, match="LTX2Pipeline .* 'ltx2' family.*connectors.*mixed=False"):
         Engine.from_pretrained(tiny_models["ltx2"], target_rank=TARGET_RANK, mixed=True, compile=False)
+    with pytest.raises(UnservedModel, match="does not serve image-to-video .*LTX2ImageToVideoPipeline re-compresses"):
+        Engine.from_pretrained(tiny_models["ltx2"], target_rank=TARGET_RANK, tasks=("image-to-video",), compile=False)

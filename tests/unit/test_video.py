@@ -12,7 +12,7 @@ from PIL import Image
 
 from hotlora.errors import InvalidRequest
 from hotlora.server import video
-from hotlora.server.routes_videos import frames_for
+from hotlora.server.routes_videos import frames_for, seconds_of
 
 
 def moving_square(frames=5, height=16, width=16):
@@ -43,6 +43,31 @@ def test_mp4_is_h264_yuv420p_at_the_rate_with_every_frame(fps):
     errors = np.abs(decoded.astype(int)[:, None] - frames.astype(int)[None]).mean(axis=(2, 3, 4))
     assert list(errors.argmin(axis=1)) == list(range(len(frames)))
     assert errors.diagonal().max() < 8
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_mp4_with_a_sound_track_carries_it_as_aac_beside_every_frame(channels):
+    """A video with its sound (LTX-2's): an AAC stream at the sound's rate and channels, as long as
+    the waveform (within the codec's priming and padding), the sound itself kept (a 440 Hz tone
+    decodes to a 440 Hz tone), and the frames as without it."""
+    frames, rate = moving_square(), 16000
+    t = np.arange(rate // 2) / rate  # half a second
+    tone = np.stack([0.5 * np.sin(2 * np.pi * 440 * t)] * channels).astype(np.float32)
+    (data,) = video.encode(list(frames), "mp4", 24, video.Sound(tone, rate))
+    facts, decoded = decode_mp4(data)
+    assert facts["codec"] == "h264" and decoded.shape == frames.shape
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        assert (stream.codec_context.name, stream.rate, stream.channels) == ("aac", rate, channels)
+        sound = np.concatenate([frame.to_ndarray() for frame in container.decode(audio=0)], axis=-1)
+    assert sound.shape[0] == channels and abs(sound.shape[-1] - tone.shape[-1]) <= 2048
+    spectrum = np.abs(np.fft.rfft(sound[0]))
+    assert abs(np.fft.rfftfreq(sound.shape[-1], 1 / rate)[spectrum.argmax()] - 440) < 5
+    (silent,) = video.encode(list(frames), "mp4", 24)
+    with av.open(io.BytesIO(silent)) as container:
+        assert not container.streams.audio
+    with pytest.raises(ValueError, match="3 channels"):
+        video.encode(list(frames), "mp4", 24, video.Sound(np.zeros((3, 100), np.float32), rate))
 
 
 def top_level_boxes(data: bytes) -> list[str]:
@@ -125,6 +150,9 @@ def test_seconds_become_seconds_times_fps_plus_one_frames_of_those_served():
     assert frames_for("2", 16, (81,), served_only=False) == 33  # an eager engine: any count (the engine checks 4k + 1)
     with pytest.raises(InvalidRequest, match=r"served: 5 \(81 frames\), 3 \(49 frames\)"):
         frames_for("4", 16, (81, 49), served_only=True)
-    for bad in ("0.3", "-1", "inf", "four"):
+    # The listed seconds of a count that is no short decimal at the rate ask for it (8 frames at 24 fps).
+    assert frames_for("0.333333", 24, (9,), served_only=True) == 9
+    assert frames_for(seconds_of(121, 24), 24, (121,), served_only=True) == 121
+    for bad in ("0.3", "0.33", "-1", "inf", "four"):
         with pytest.raises(InvalidRequest, match="served: 5 "):
             frames_for(bad, 16, (81,), served_only=False)

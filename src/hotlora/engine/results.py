@@ -33,6 +33,11 @@ class GenerationResult:
     # The inference defaults the request ran at because its adapters declared them:
     # parameter -> {"value": v, "slots": [...]} (``PreparedRequest.adapter_defaults``).
     adapter_defaults: dict = field(default_factory=dict)
+    # A video model's sound track (LTX-2 makes one with every video): the pipeline's ``.audio`` for the
+    # pack on dim 0 (float32 waveforms (videos, channels, samples) at ``audio_rate`` Hz, whatever the
+    # model's dtype; its audio latents for "latent"); None where the model makes none.
+    audio: Any = None
+    audio_rate: int | None = None
 
 
 class OutputKind(Protocol):
@@ -123,7 +128,7 @@ def output_kind(family) -> OutputKind:
 
 
 def build_result(warm: WarmModel, request: PreparedRequest, output, ran: Timings, swap: SwapReport,
-                 began: float) -> GenerationResult:
+                 began: float, audio=None) -> GenerationResult:
     """A request's result: its ``output`` (joined, checked) finished for its output type; its timings
     (``ran``: the chunks it ran in; swap time includes the text encoders'; total from ``began``
     plus its preparation); what each slot's adapter was served as."""
@@ -134,7 +139,8 @@ def build_result(warm: WarmModel, request: PreparedRequest, output, ran: Timings
     served = served_adapters(request.adapters, warm.text.lora_encoders, swap.fused, warm.path)
     return GenerationResult(images=images, seeds=request.seeds, timings=timings, swap=swap, adapters=served,
                             recompiles=warm.recompiles, size=request.size, snapped_from=request.snapped_from,
-                            adapter_defaults=dict(request.adapter_defaults))
+                            adapter_defaults=dict(request.adapter_defaults), audio=audio,
+                            audio_rate=warm.audio_rate if audio is not None else None)
 
 
 def served_adapters(bindings: Bindings, text_encoders=(), fused: Mapping[str, dict] | None = None,

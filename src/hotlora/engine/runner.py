@@ -161,10 +161,23 @@ def image_generators(seed: int, start: int, count: int) -> list[torch.Generator]
     return [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(start, start + count)]
 
 
+def overflowed(warm: WarmModel, requests: Sequence[PreparedRequest], images: Sequence) -> dict[int, NonFiniteOutput]:
+    """Request index -> its NonFiniteOutput, for each request whose own images are not finite (its
+    adapters overflowed them): samples are independent, so a request that overflowed fails alone."""
+    refused = {}
+    for i, request in enumerate(requests):
+        try:
+            guard.check_finite(images[i], request.adapters, warm.pipeline)
+        except NonFiniteOutput as exc:
+            refused[i] = exc
+    return refused
+
+
 def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], output_type: str, call_kwargs: dict,
                timings: Sequence[Timings], progress: Callable[[int, int], None] | None = None,
                before_chunk: Callable[[Chunk], dict] | None = None, trace: Trace = NO_TRACE,
-               output: OutputKind = IMAGES, steps: int | None = None, stop: Callable[[], bool] | None = None) -> list:
+               output: OutputKind = IMAGES, steps: int | None = None, stop: Callable[[], bool] | None = None,
+               sounds: list[list] | None = None) -> list:
     """Run each chunk through ``pipeline`` (one call each) and return each request's images, its
     parts joined in order. Image i of request r draws its noise from seed ``seeds[r] + i``.
 
@@ -174,7 +187,9 @@ def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], outpu
     denoising step of every chunk. Each chunk's time goes to the ``timings`` of every request it
     carries (and to ``trace`` as a denoise and a decode span). ``steps``: the denoising steps each
     call runs (default: all of ``num_inference_steps``; fewer with an image-to-image strength).
-    ``stop``: checked after every step (``DenoiseClock``).
+    ``stop``: checked after every step (``DenoiseClock``). ``sounds``: one list per request, given where
+    the pipeline makes a sound track with its videos (``ModelFamily.audio_rate``): each request's part of
+    the output's ``.audio`` is appended to its list, chunk by chunk.
     """
     steps = steps or call_kwargs["num_inference_steps"]
     pieces: list[list] = [[] for _ in seeds]
@@ -191,11 +206,14 @@ def run_chunks(pipeline, chunks: Sequence[Chunk], *, seeds: Sequence[int], outpu
             reset_stateful_hooks(pipeline)
             raise
         images = getattr(made, output.attribute)
+        audio = made.audio if sounds is not None else None
         synchronize(pipeline.device)
         split_chunk([timings[part.request] for part in chunk], trace, began, time.perf_counter(), clock, size)
         offset = 0
         for part in chunk:
             pieces[part.request].append(images[offset:offset + part.count])
+            if audio is not None:
+                sounds[part.request].append(audio[offset:offset + part.count])
             offset += part.count
     return [output.join(own) for own in pieces]
 
@@ -299,17 +317,15 @@ class Runner:
             if one_prompt:  # one request: its text-encoder state once, its prompt encoded by the pipeline
                 with trace.span("swap", target="text_encoders"):
                     swap.text_ms += warm.text.apply(first.adapters)
+            sounds = [[] for _ in requests] if warm.audio_rate else None
             with shifted(pipeline := warm.task_pipelines[params.task], params.shift):
                 images = run_chunks(pipeline, chunks, seeds=[r.seed for r in requests],
                                     output_type=warm.output.pipeline_output_type(first.output_type), call_kwargs=call,
                                     timings=timings, progress=fan_out([r.progress for r in requests]),
                                     before_chunk=before_chunk, trace=trace, output=warm.output,
-                                    steps=params.denoising_steps, stop=all_cancelled(r.cancelled for r in requests))
-            refused = {}
-            for i, request in enumerate(requests):  # samples are independent: a request that overflowed fails alone
-                try:
-                    guard.check_finite(images[i], request.adapters, warm.pipeline)
-                except NonFiniteOutput as exc:
-                    refused[i] = exc
-        return [refused[i] if i in refused else build_result(warm, request, images[i], timings[i], swap, began)
+                                    steps=params.denoising_steps, stop=all_cancelled(r.cancelled for r in requests),
+                                    sounds=sounds)
+            refused = overflowed(warm, requests, images)
+        return [refused[i] if i in refused else build_result(warm, request, images[i], timings[i], swap, began,
+                                                             torch.cat(sounds[i]).float() if sounds else None)
                 for i, request in enumerate(requests)]

@@ -136,6 +136,7 @@ class WarmModel:
         video = self.task_pipelines.get("image-to-video")
         self.input_frames = family.input_frame_counts(video) if video is not None else (1,)
         self.output: OutputKind = output_kind(family)
+        self.audio_rate = family.audio_rate(self.pipeline)  # Hz of the sound track its videos come with, or None
         self._lock = threading.Lock()  # one run at a time: the writer's tensors are shared state
         self._recompiles, self.compile_mode = 0, None
         self.active_adapters = 0  # distinct adapters bound by the last forward batch (a gauge for metrics)

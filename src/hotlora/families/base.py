@@ -437,6 +437,11 @@ class ModelFamily:
                     f"video VAE, got {num_frames} (nearest: {lower} or {lower + t})"]
         return []
 
+    def audio_rate(self, pipeline) -> int | None:
+        """Samples a second of the sound track the pipeline makes with each video (its output's
+        ``.audio``), or None: a model that makes no sound (every family but LTX-2)."""
+        return None
+
     def vae_scale_factor(self, pipeline) -> int:
         """Pixels per latent pixel, spatially (``pipeline.vae_scale_factor`` where the pipeline has one)."""
         return pipeline.vae_scale_factor

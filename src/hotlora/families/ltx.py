@@ -22,8 +22,6 @@ from typing import Any, Mapping
 
 from hotlora.families.base import ModelFamily
 
-TEXT_TOKENS = 128  # LTXPipeline.__call__'s max_sequence_length: every prompt is padded to it
-
 
 class LTXVideo(ModelFamily):
     name = "ltx"
@@ -60,6 +58,7 @@ class LTXVideo(ModelFamily):
                         "which divides by zero on a one-step schedule and makes a video of NaN")
     tiny_size = 32
     tiny_frames = 9
+    text_tokens = 128  # LTXPipeline.__call__'s max_sequence_length: every prompt is padded to it
 
     def vae_scale_factor(self, pipeline) -> int:
         """LTXPipeline has no ``vae_scale_factor``: its spatial compression (the VAE's)."""
@@ -70,7 +69,7 @@ class LTXVideo(ModelFamily):
         negative side too ("" where none was given, as the pipeline encodes it)."""
         embeds, mask, negative, negative_mask = pipeline.encode_prompt(
             prompt=list(prompts["prompt"]), negative_prompt=prompts.get("negative_prompt"),
-            do_classifier_free_guidance=cfg, num_videos_per_prompt=1, max_sequence_length=TEXT_TOKENS,
+            do_classifier_free_guidance=cfg, num_videos_per_prompt=1, max_sequence_length=self.text_tokens,
             device=pipeline.device)
         out = {"prompt_embeds": embeds, "prompt_attention_mask": mask}
         if cfg:

@@ -27,20 +27,26 @@ round another count silently, so a request is refused instead (``frame_problems`
 (24, ``__call__``'s default ``frame_rate``) sets the audio's length and the rotary positions; hotlora
 runs the default and encodes the video at it.
 
+Image-to-video is not served (``refused_tasks``): ``LTX2ImageToVideoPipeline`` re-compresses its
+image with H.264 (CRF 33 for Gemma 3 models, what the model was trained on) and takes one PIL image a
+call for it, then indexes that one image per video of the batch: one video a call, which the chunked
+runner does not yet know how to ask for.
+
+What LTX-2 shares with LTX-Video (``LTXVideo``: the VAE's compression ratios as the size rule, the
+prompt encoding with its attention mask) is inherited.
+
 The audio: the pipeline makes it with every video (``LTX2PipelineOutput.audio``, a waveform at the
-vocoder's rate); hotlora returns the frames (the MP4 has no sound track yet).
+vocoder's rate, ``audio_rate``): the result carries it beside the frames, and the MP4 as AAC.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
-from hotlora.families.base import ModelFamily
-
-TEXT_TOKENS = 1024  # LTX2Pipeline.__call__'s max_sequence_length: every prompt is padded to it
+from hotlora.families.ltx import LTXVideo
 
 
-class LTX2Video(ModelFamily):
+class LTX2Video(LTXVideo):
     name = "ltx2"
     pipeline_class = "LTX2Pipeline"
     denoiser_class = "LTX2VideoTransformer3DModel"
@@ -53,24 +59,23 @@ class LTX2Video(ModelFamily):
     default_size = (512, 768)
     default_frames = 121
     fps = 24
-    output_kind = "frames"
-    frame_multiple = 8  # the published VAE's temporal compression (AutoencoderKLLTX2Video): 8k + 1 frames
-    cfg = "batch"
-    negative_prompts = True
+    # LTX-Video's: frames 8k + 1 (the published VAE compresses time 8x too), CFG as a doubled batch,
+    # negative prompts, the tiny model's size and frames.
     mixed_batches = False
     mixed_batches_refused = ("its connectors (which take LoRA) run inside the pipeline call on the whole batch's "
                              "prompts: one connectors state per forward batch")
-    # The image-to-video, condition, in-context and other LTX-2 pipelines are not served.
-    serves_variants = False
+    task_pipelines: Mapping[str, str] = {}
+    refused_tasks = {"image-to-video": "LTX2ImageToVideoPipeline re-compresses one PIL image a call (H.264, the "
+                                       "model's training CRF) and makes one video of it a call; not served yet"}
+    # The condition, in-context, HDR and other LTX-2 pipelines are not served (``serves_variants``, LTX's).
+    full_size_models: Mapping[str, str] = {}
+    min_steps, min_steps_reason = 1, ""  # the loaded scheduler's shift_terminal still asks two (``fewest_steps``)
+    text_tokens = 1024  # LTX2Pipeline.__call__'s max_sequence_length: every prompt is padded to it
     model_lora_parts = ("connectors",)  # LTX2LoraLoaderMixin.load_lora_into_transformer(..., prefix="connectors")
-    tokenizer_of = {"text_encoder": "tokenizer"}
-    prompt_argument_of = {"text_encoder": "prompt"}
-    tiny_size = 32
-    tiny_frames = 9
 
-    def vae_scale_factor(self, pipeline) -> int:
-        """LTX2Pipeline has no ``vae_scale_factor``: its spatial compression (the VAE's)."""
-        return pipeline.vae_spatial_compression_ratio
+    def audio_rate(self, pipeline) -> int | None:
+        """The vocoder's output rate: ``LTX2PipelineOutput.audio`` is its waveform per video."""
+        return pipeline.vocoder.config.output_sampling_rate
 
     def doubles_batch(self, guidance_scale: float) -> bool:
         """Always: the audio's guidance (7.0, fixed) keeps CFG's doubled batch on at any video guidance."""
@@ -79,27 +84,6 @@ class LTX2Video(ModelFamily):
     def warmup_guidance_scales(self, default: float) -> list[float]:
         """One batch shape at every guidance (``doubles_batch``)."""
         return [default]
-
-    def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
-        """The Gemma embeddings with their attention masks (the connectors read them); under CFG the
-        negative side too ("" where none was given, as the pipeline encodes it)."""
-        embeds, mask, negative, negative_mask = pipeline.encode_prompt(
-            prompt=list(prompts["prompt"]), negative_prompt=prompts.get("negative_prompt"),
-            do_classifier_free_guidance=cfg, num_videos_per_prompt=1, max_sequence_length=TEXT_TOKENS,
-            device=pipeline.device)
-        out = {"prompt_embeds": embeds, "prompt_attention_mask": mask}
-        if cfg:
-            out.update(negative_prompt_embeds=negative, negative_prompt_attention_mask=negative_mask)
-        return out
-
-    def plan_tokens(self, configs: Mapping[str, dict], latent_pixels: int) -> tuple[int, int]:
-        """Every latent pixel of every latent frame (the default frame count's) in one sequence: the
-        video stream's tokens (the audio's are far fewer)."""
-        denoiser = configs["transformer"]
-        latent_frames = (self.default_frames - 1) // self.frame_multiple + 1
-        patch, patch_t = denoiser.get("patch_size", 1), denoiser.get("patch_size_t", 1)
-        heads, head_dim = denoiser.get("num_attention_heads", 32), denoiser.get("attention_head_dim", 128)
-        return latent_frames // patch_t * latent_pixels // (patch * patch), heads * head_dim
 
     # long: seven components, each configured as diffusers' own test configures it
     def build_tiny(self, seed: int = 0):
@@ -119,7 +103,7 @@ class LTX2Video(ModelFamily):
         tokenizer = char_tokenizer(add_bos_token=True)
         text = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
                                 num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                max_position_embeddings=TEXT_TOKENS, sliding_window=64,
+                                max_position_embeddings=self.text_tokens, sliding_window=64,
                                 pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                                 eos_token_id=tokenizer.eos_token_id)
         # The vision tower is never called on text; Gemma3ForConditionalGeneration needs one.
@@ -167,9 +151,6 @@ class LTX2Video(ModelFamily):
         return LTX2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, audio_vae=audio_vae,
                             text_encoder=text_encoder, tokenizer=tokenizer, connectors=connectors,
                             transformer=transformer, vocoder=vocoder)
-
-    def tiny_defaults(self) -> dict[str, Any]:
-        return {"num_frames": self.tiny_frames}
 
     def write_trainer_samples(self, pipeline, linears, out, rank: int, attention_only) -> dict:
         """Two files with a connectors part. ``identity-connectors``: diffusers' names, the transformer's

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from hotlora.errors import InvalidRequest
 from hotlora.server import images, video
 
@@ -45,10 +47,13 @@ class Encoded(NamedTuple):
     fps: int | None = None
 
 
-def encode(family, outputs, fmt: str) -> Encoded:
+def encode(family, outputs, fmt: str, audio=None, audio_rate: int | None = None) -> Encoded:
     """The engine's outputs (PIL images; a video model's: one list of frames per video) as ``fmt``'s
-    files. CPU work: the service calls it on a worker thread."""
+    files; ``audio``: the videos' sound tracks (``GenerationResult.audio``: (videos, channels, samples)
+    at ``audio_rate``), one a video. CPU work: the service calls it on a worker thread."""
     if family.output_kind != "frames":
         return Encoded([images.encode(image, fmt) for image in outputs])
-    files = [file for frames in outputs for file in video.encode(frames, fmt, family.fps)]
+    sounds = [None] * len(outputs) if audio is None else [
+        video.Sound(np.asarray(track, dtype=np.float32), audio_rate) for track in audio]
+    files = [file for frames, sound in zip(outputs, sounds) for file in video.encode(frames, fmt, family.fps, sound)]
     return Encoded(files, len(outputs[0]) if outputs else None, family.fps)

@@ -123,6 +123,9 @@ def owned_video(jobs: Jobs, request: Request, video_id: str) -> JobRecord:
     return record
 
 
+FRAME_TOLERANCE = 1e-3  # of a frame, between a request's seconds x fps and a whole frame count
+
+
 def seconds_of(frames: int, fps: int) -> str:
     return f"{(frames - 1) / fps:g}"
 
@@ -139,7 +142,9 @@ def frames_for(seconds, fps: int, served: tuple[int, ...], served_only: bool) ->
     except ValueError:
         raise InvalidRequest(f"seconds must be a number, got {str(seconds)[:16]!r}; served: {listed}") from None
     exact = value * fps
-    if not (math.isfinite(exact) and exact >= 0 and abs(exact - round(exact)) < 1e-6):
+    # Within a thousandth of a frame: a count whose seconds are no short decimal at the rate (8 frames
+    # at 24 fps) is asked for as the listed seconds, six significant digits (0.333333: 7.999992 frames).
+    if not (math.isfinite(exact) and exact >= 0 and abs(exact - round(exact)) < FRAME_TOLERANCE):
         raise InvalidRequest(f"seconds {seconds} is not a whole number of frames at {fps} fps (frames = seconds x "
                              f"fps + 1); served: {listed}")
     frames = round(exact) + 1

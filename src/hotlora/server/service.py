@@ -222,7 +222,8 @@ class Service:
                 trace.record("queue_wait", wall_ns(queued.enqueued), wall_ns(queued.started))
         encode_began = time.monotonic()
         with trace.span("encode", images=len(result.images), format=fmt):
-            encoded = await asyncio.to_thread(outputs.encode, engine.family, result.images, fmt)
+            encoded = await asyncio.to_thread(outputs.encode, engine.family, result.images, fmt, result.audio,
+                                              result.audio_rate)
         timings = stage_timings(queued, result, fetch_ms=fetch_ms, prepare_ms=prepare_ms,
                                 encode_ms=(time.monotonic() - encode_began) * 1000,
                                 total_ms=(time.monotonic() - began) * 1000)

@@ -6,6 +6,9 @@ colour at half resolution in both directions, so libx264 refuses an odd width or
 frame is padded by one row or column repeating its edge (nothing of the frame is lost, and a
 repeated edge is invisible where black would show as a line). Frames are timed at the family's
 ``fps``; the encoder runs on a worker thread (``Service.run``), never on the event loop.
+
+A video that comes with a sound track (LTX-2's: a float waveform per video) gets it in the MP4 as
+AAC, the audio codec every MP4 player decodes; WebP and PNG frames carry no sound.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import io
 from fractions import Fraction
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -42,12 +45,13 @@ def even(array: np.ndarray) -> np.ndarray:
     return np.pad(array, pad, mode="edge") if height % 2 or width % 2 else array
 
 
-def mp4(frames, fps: int) -> bytes:
+def mp4(frames, fps: int, sound: Sound | None = None) -> bytes:
     """The frames as one MP4 with its index (``moov``) before the media (``mdat``): "faststart", so
     a browser or player fetching it over HTTP starts playing before the last byte arrives, with no
     range request for the file's end. FFmpeg's mov muxer moves the index in a second pass over the
     file by name, so the encode goes through a temporary file (an in-memory one would keep the
-    index last)."""
+    index last). ``sound``: the video's sound track, muxed beside it as AAC (its stream added before
+    anything is muxed: the header is written with the first packet)."""
     import tempfile
 
     import av
@@ -60,10 +64,35 @@ def mp4(frames, fps: int) -> bytes:
             stream.width, stream.height = array.shape[2], array.shape[1]
             stream.pix_fmt = "yuv420p"
             stream.options = {"crf": str(CRF)}
+            track = sound_frame(sound) if sound is not None else None
+            audio = container.add_stream("aac", rate=sound.rate, layout=track.layout.name) if track else None
             for pixels in array:
                 container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
             container.mux(stream.encode())  # flush the frames the encoder still holds
+            if audio is not None:
+                container.mux(audio.encode(track))  # PyAV's encoder cuts it into AAC's frame size
+                container.mux(audio.encode())
         return path.read_bytes()
+
+
+class Sound(NamedTuple):
+    """One video's sound track: a (channels, samples) float waveform in [-1, 1] and its rate."""
+
+    waveform: np.ndarray
+    rate: int
+
+
+def sound_frame(sound: Sound):
+    """``sound`` as one planar float frame, timed from zero."""
+    import av
+
+    waveform = np.ascontiguousarray(np.clip(sound.waveform, -1.0, 1.0), dtype=np.float32)
+    layout = {1: "mono", 2: "stereo"}.get(waveform.shape[0])
+    if layout is None:
+        raise ValueError(f"a sound track of {waveform.shape[0]} channels; MP4 here takes 1 or 2")
+    frame = av.AudioFrame.from_ndarray(waveform, format="fltp", layout=layout)
+    frame.sample_rate, frame.pts, frame.time_base = sound.rate, 0, Fraction(1, sound.rate)
+    return frame
 
 
 def webp(frames, fps: int) -> bytes:
@@ -88,10 +117,11 @@ def png_frames(frames) -> list[bytes]:
     return out
 
 
-def encode(frames: Sequence, fmt: str, fps: int) -> list[bytes]:
-    """One video as the files of ``fmt``: one MP4 or WebP, or one PNG per frame."""
+def encode(frames: Sequence, fmt: str, fps: int, sound: Sound | None = None) -> list[bytes]:
+    """One video as the files of ``fmt``: one MP4 (with ``sound`` where given) or WebP, or one PNG
+    per frame."""
     if fmt == "mp4":
-        return [mp4(frames, fps)]
+        return [mp4(frames, fps, sound)]
     if fmt == "webp":
         return [webp(frames, fps)]
     if fmt == "png":
