@@ -11,6 +11,7 @@ import base64
 import hashlib
 import http.server
 import io
+import json
 import socket
 import threading
 import time
@@ -57,6 +58,12 @@ def bank_layouts() -> list:
 
     return [pytest.param(name, id=name, marks=() if name in CORE_FAMILIES else pytest.mark.families)
             for name in ("flux", "zimage", "krea2", "ernie-image")]
+
+
+def sample_adapter(model_dir: Path, name: str) -> Path:
+    """A tiny model's sample adapter by its name in ``adapters/README.json`` (``write_sample_adapters``)."""
+    folder = model_dir / "adapters"
+    return folder / json.loads((folder / "README.json").read_text())[name]
 
 
 def served_frames(family) -> tuple[int, int]:

@@ -7,7 +7,6 @@ serves text-to-video and image-to-video from one warm model, Wan2.2-I2V-A14B's t
 LoRA pair, and LTX-Video both tasks on its one checkpoint (``families``). Everything a request or a
 start-up gets wrong is refused by name."""
 
-import json
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from hotlora.errors import InvalidRequest
 from hotlora.families import UnservedModel, family_named
 from hotlora.testing import plain_diffusers_reference
 
-from ..helpers import TARGET_RANK, recompiles_are_errors, served_frames
+from ..helpers import TARGET_RANK, recompiles_are_errors, sample_adapter as sample, served_frames
 
 TOLERANCE = 1e-4
 WAN = family_named("wan")
@@ -31,11 +30,6 @@ TASK = ("image-to-video",)
 def first_frame(seed: int, size=(24, 40)) -> Image.Image:
     """A random RGB image (width, height): not the served size, which the pipeline resizes it to."""
     return Image.fromarray((np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8))
-
-
-def sample(model_dir, name: str):
-    folder = model_dir / "adapters"
-    return folder / json.loads((folder / "README.json").read_text())[name]
 
 
 def like_diffusers(engine, model_dir, adapters, image, num_images: int, given=None, size=None, last=None) -> torch.Tensor:

@@ -12,7 +12,7 @@ from hotlora.adapters.format.convert import load_adapter
 from hotlora.families import UnservedModel, family_named
 from hotlora.testing import plain_diffusers_reference
 
-from ..helpers import TARGET_RANK, recompiles_are_errors, served_frames
+from ..helpers import TARGET_RANK, recompiles_are_errors, sample_adapter as sample, served_frames
 
 pytestmark = pytest.mark.families
 
@@ -29,12 +29,6 @@ def ltx2(tiny_models):
     with recompiles_are_errors():
         yield model_dir, engine
     assert engine.recompiles == 0
-
-
-def sample(model_dir, name):
-    import json
-
-    return model_dir / "adapters" / json.loads((model_dir / "adapters" / "README.json").read_text())[name]
 
 
 def both_ways(engine, model_dir, slots):
