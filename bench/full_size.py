@@ -115,11 +115,9 @@ class Server:
     """``hotlora serve`` as a child process on 127.0.0.1."""
 
     def __init__(self, model: Path, roots: Path, args, inductor: Path, artifacts: Path, log: Path):
-        import socket
+        from bench.harness import free_port
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", "hotlora.cli", "serve", "--model", str(model), "--port", str(self.port),
                    "--sizes", args.size, "--dtype", args.dtype, "--batch-size", str(args.batch_size),

@@ -38,6 +38,15 @@ def machine() -> str:
     return line + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server the bench starts)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]

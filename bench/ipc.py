@@ -34,7 +34,7 @@ def child(conn) -> None:
     import torch
     import torch.multiprocessing  # noqa: F401
 
-    from hotlora.engine.process import Held
+    from hotlora.engine.wire import Held
 
     held = {}
     while True:
@@ -72,7 +72,7 @@ def main() -> None:
     import torch.multiprocessing  # noqa: F401
 
     from hotlora.adapters.binding import Binding
-    from hotlora.engine.process import Held, Packed
+    from hotlora.engine.wire import Held, Packed
     from hotlora.engine.request import CallParams, PreparedRequest
     from hotlora.engine.results import pil_images
 
@@ -138,7 +138,7 @@ def main() -> None:
     table = markdown_table(["round trip", "what crosses", "ms (median)", "runs (ms)"], rows)
     write_results(args.out, "ipc", data, table,
                   "The engine process's boundary: spawn child, one pipe, torch's reductions, the records and "
-                  "Packed/Held code of engine/process.py; the child unpacks as engine_main does.")
+                  "Packed/Held code of engine/wire.py; the child unpacks as engine_main does.")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import REPO, allow_many_compiled_engines, markdown_table, use_repo_compile_cache, write_results  # noqa: E402
+from bench.harness import (  # noqa: E402
+    REPO, allow_many_compiled_engines, free_port, markdown_table, use_repo_compile_cache, write_results)
 
 use_repo_compile_cache()
 PROMPT = "a cat walking in the snow"
@@ -115,7 +116,6 @@ def job_overhead(setup, steps: int, frames: int, runs: int, rank: int) -> dict:
     """One video through the job API (a server on the same tiny model, compiled, its engine in its
     own process as ``hotlora serve`` runs it, polled every 10 ms) against the same request made
     directly (``engine.generate`` and ``mp4`` in this process), taking turns."""
-    import socket
     import tempfile
     import threading
 
@@ -129,9 +129,7 @@ def job_overhead(setup, steps: int, frames: int, runs: int, rank: int) -> dict:
 
     engine, model = setup["engine"], setup["model"]
     adapter = setup["adapters"]["a"]["hotlora"]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="bench-video-"))
     config = ServerConfig(model=str(model), target_rank=rank, batch_size=1, compile=True, rank_buckets=(), port=port, jobs_dir=str(tmp / "jobs"),
                           sizes=f"{engine.width}x{engine.height}")

@@ -122,18 +122,31 @@ def serve_settings(args) -> tuple:
 
 
 def cmd_serve(args) -> int:
-    from hotlora.families import UnservedModel
-    from hotlora.server.auth import AuthConfigError
-    from hotlora.server.run import StartupFailed, serve
-
     config, store_config = serve_settings(args)
     if args.ray:  # one deployment per base model on Ray Serve; see docs/scale-out.md
         from hotlora.scaleout import RayServeConfig, run
 
         run(RayServeConfig.load(args.config, config, store_config))
         return 0
+    ahead = None
+    if config.engine_process:  # before the server's own imports (below): the child's run beside them
+        from hotlora.engine.process import SpawnedAhead
+
+        ahead = SpawnedAhead()
     try:
-        serve(config, store_config)
+        return _serve(config, store_config, ahead)
+    finally:
+        if ahead is not None:
+            ahead.discard()
+
+
+def _serve(config, store_config, ahead) -> int:
+    from hotlora.families import UnservedModel
+    from hotlora.server.auth import AuthConfigError
+    from hotlora.server.run import StartupFailed, serve
+
+    try:
+        serve(config, store_config, ahead)
     # Refused before anything listens: keys or settings unusable (an unwritable jobs_dir), a memory
     # plan that does not fit, a local model no family serves. Not engine faults: exit 2.
     except (AuthConfigError, DoesNotFit, SettingUnusable, UnservedModel) as exc:

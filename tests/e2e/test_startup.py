@@ -2,8 +2,11 @@
 orchestrator shows a failed container instead of one whose /readyz stays false forever."""
 
 import json
+import os
 import subprocess
 import sys
+import uuid
+from pathlib import Path
 
 from ..helpers import free_port
 
@@ -15,16 +18,34 @@ def serve(model, port) -> subprocess.Popen:
                              "--no-compile"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def processes_marked(marker: str) -> list[int]:
+    """Live processes (this user's) whose environment holds ``marker``: a server's children inherit it."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:  # gone, or another user's
+            pass
+    return found
+
+
 def test_a_model_no_family_serves_exits_before_listening(tmp_path):
+    """Refused after the engine process was spawned ahead (it imports while the server checks):
+    that child ends with the server, not left behind."""
     model = tmp_path / "tiny-cogvideox"
     model.mkdir()
     (model / "model_index.json").write_text(json.dumps({"_class_name": "CogVideoXPipeline",
                                                        "transformer": ["diffusers", "CogVideoXTransformer3DModel"]}))
+    marker = f"HOTLORA_TEST_MARKER={uuid.uuid4().hex}"
+    name, value = marker.split("=")
     done = subprocess.run([sys.executable, "-m", "hotlora.cli", "serve", "--model", str(model), "--port",
-                           str(free_port())], capture_output=True, text=True, timeout=EXIT_TIMEOUT_S)
+                           str(free_port())], capture_output=True, text=True, timeout=EXIT_TIMEOUT_S,
+                          env={**os.environ, name: value})
     assert done.returncode == 2, done.stdout + done.stderr
     assert "CogVideoXPipeline is not a pipeline hotlora serves" in done.stderr
     assert "video pipeline" in done.stderr and "hotlora families" in done.stderr
+    assert processes_marked(marker) == []
 
 
 def test_an_engine_that_fails_to_start_ends_the_server_with_exit_1(tiny_models, tmp_path):
@@ -45,6 +66,7 @@ def test_an_engine_that_fails_to_start_ends_the_server_with_exit_1(tiny_models, 
             process.kill()
     assert process.returncode == 1, output
     assert "listening on http://" in output  # it failed after it listened: the engine's start, not a check before
+    assert "spawned ahead" in output  # the engine process spawned as the server started is the one given the model
     assert "error: start-up failed: ModelLoadError" in output and "broken" in output
 
 

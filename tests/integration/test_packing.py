@@ -200,7 +200,8 @@ def test_the_engine_process_packs_a_new_adapter_when_prepared_not_when_sent(engi
     key and is never packed again. The proxy's own state, without a child."""
     from types import SimpleNamespace
 
-    from hotlora.engine.process import EngineProcess, Held, Packed
+    from hotlora.engine.process import EngineProcess
+    from hotlora.engine.wire import Held, Packed
     from hotlora.lru import LRU
 
     proxy = SimpleNamespace(front=engine.front, _held=set(), _packs=LRU(max_entries=8))

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from hotlora.engine import worker as worker_module
-from hotlora.engine.process import EngineDied, RecordedTrace, error_of, error_record, exit_text, replay
+from hotlora.engine.process import EngineDied, exit_text
+from hotlora.engine.wire import RecordedTrace, error_of, error_record, replay
 from hotlora.engine.request import CallParams, PreparedRequest, UnservedShape
 from hotlora.engine.worker import EngineRestarting, Job, Worker
 from hotlora.errors import AdapterRejected

@@ -23,6 +23,7 @@ import torch
 from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.resolver import AdapterResolver
 from hotlora.settings import EngineConfig, StoreConfig, read_model_defaults
+from hotlora.engine.device import probe_cpu_isa_ahead
 from hotlora.engine.front import EngineFront
 from hotlora.engine.request import (
     Bindings, CallParams, CheckedRequest, GenerationRequest, PreparedRequest, RequestRules,
@@ -70,6 +71,8 @@ class Engine:
         AdapterStore, or a StoreConfig to build one. The server passes none: its service owns the
         store and hands each request's fetched adapters to ``prepare``."""
         config = (config or EngineConfig()).replace(**options)
+        if config.compile:
+            probe_cpu_isa_ahead()  # beside the load
         pipeline, family = load_model(model, config)
         if isinstance(store, StoreConfig):
             from hotlora.adapters.store import AdapterStore

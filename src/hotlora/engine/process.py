@@ -1,6 +1,7 @@
 """The engine in its own process: the warm model lives in a spawned child, the server keeps the rest.
 
-    EngineProcess.start(model, config, stall_timeout_s=..., held_bytes=...) spawn the child, wait until it is warm -> the proxy
+    SpawnedAhead()                       ``hotlora serve``'s first child, spawned before the server's own start-up
+    EngineProcess.start(model, config, stall_timeout_s=..., held_bytes=..., ahead=...) spawn (or take) the child, wait until it is warm -> the proxy
     proxy.check / proxy.prepare          in the server's process, by the front the child sent
     proxy.run(p | [p])                   the request crosses to the child, its result comes back
     proxy.close()                        stop the child (killed if it does not stop in time)
@@ -12,7 +13,7 @@ a CPU: torch work on one thread ran 20-25% slower once another live thread had r
 region, and the server built the engine on one thread, served on another, prepared on a third).
 
 What crosses (one ``multiprocessing`` pipe, pickled with torch's reductions, so tensors travel as
-shared memory, not as bytes):
+shared memory, not as bytes; the records are ``engine/wire.py``'s):
 - at start, the child's ``EngineFront`` (request rules, slot ceiling, text checks) and its
   ``describe()``: the server checks and validates requests itself, and nothing it refuses crosses;
 - per run, the prepared requests, with each adapter the child already holds replaced by its key
@@ -32,24 +33,21 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import importlib
-import io
 import itertools
 import logging
 import multiprocessing
 import os
-import pickle
 import signal
 import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable
 
 from hotlora.adapters.binding import Binding
 from hotlora.errors import EngineError, HotloraError, RequestError
 from hotlora.lru import LRU
 from hotlora.engine.request import all_cancelled
-from hotlora.tracing import NO_TRACE, Trace
+from hotlora.engine.wire import Held, Packed, RecordedTrace, error_of, error_record, replay
+from hotlora.tracing import NO_TRACE
 
 log = logging.getLogger(__name__)
 
@@ -63,127 +61,6 @@ class EngineDied(EngineError):
     def __init__(self, message: str, cause: str = "exit"):
         super().__init__(message)
         self.cause = cause  # signal | exit | stall | fault: the restarts metric's label
-
-
-# ---------------------------------------------------------------------------- records that cross
-
-
-@dataclasses.dataclass(frozen=True)
-class Held:
-    """An adapter the engine process already holds, by its key."""
-
-    key: tuple
-
-
-@dataclasses.dataclass(frozen=True)
-class Packed:
-    """An adapter crossing for the first time: its record pickled with every tensor replaced by a
-    place in ONE shared-memory buffer. Why: torch's own reductions share each tensor's storage
-    separately, with a file descriptor (and a socket handshake) apiece; an adapter of 700 tensors
-    then took seconds to cross where one buffer takes one copy."""
-
-    key: tuple
-    record: bytes
-    buffer: Any  # a uint8 tensor in shared memory
-    places: tuple  # per tensor: (offset, bytes, dtype, shape)
-
-    @classmethod
-    def of(cls, adapter) -> "Packed":
-        import torch
-
-        tensors: dict[int, int] = {}  # id -> index: a tensor named twice (q, k, v's shared down) crosses once
-        ordered: list = []
-
-        class Pickler(pickle.Pickler):
-            def persistent_id(self, obj):
-                if isinstance(obj, torch.Tensor):
-                    if id(obj) not in tensors:
-                        tensors[id(obj)] = len(ordered)
-                        ordered.append(obj)
-                    return tensors[id(obj)]
-                return None
-
-        record = io.BytesIO()
-        Pickler(record, protocol=pickle.HIGHEST_PROTOCOL).dump(adapter)
-        buffer = torch.empty(sum(t.nbytes for t in ordered), dtype=torch.uint8).share_memory_()
-        places, offset = [], 0
-        for tensor in ordered:
-            flat = tensor.detach().contiguous()
-            buffer[offset:offset + flat.nbytes].view(flat.dtype).view(flat.shape).copy_(flat)
-            places.append((offset, flat.nbytes, flat.dtype, tuple(flat.shape)))
-            offset += flat.nbytes
-        return cls(adapter.key, record.getvalue(), buffer, tuple(places))
-
-    def unpack(self):
-        """The adapter, its tensors views into the buffer (kept alive while the adapter is)."""
-        buffer, places = self.buffer, self.places
-
-        class Unpickler(pickle.Unpickler):
-            def persistent_load(self, index):
-                offset, size, dtype, shape = places[index]
-                return buffer[offset:offset + size].view(dtype).view(shape)
-
-        adapter = Unpickler(io.BytesIO(self.record)).load()
-        adapter.__dict__["key"] = self.key  # the server's key (``hash`` of text differs between processes)
-        return adapter
-
-
-class RecordedTrace(Trace):
-    """In the child: spans and events kept as records, replayed into the request's own trace by
-    the server (OpenTelemetry spans do not cross processes; their timestamps do)."""
-
-    recording = True
-
-    def __init__(self):
-        self.records: list[tuple] = []
-
-    @contextmanager
-    def span(self, name: str, **attributes) -> Iterator[None]:
-        began = time.time_ns()
-        try:
-            yield None
-        finally:
-            self.records.append(("span", name, began, time.time_ns(), attributes))
-
-    def record(self, name: str, start_ns: int, end_ns: int, **attributes) -> None:
-        self.records.append(("span", name, start_ns, end_ns, attributes))
-
-    def event(self, name: str, **attributes) -> None:
-        self.records.append(("event", name, attributes))
-
-
-def replay(trace: Trace, records: Sequence[tuple]) -> None:
-    for record in records:
-        if record[0] == "span":
-            _, name, start, end, attributes = record
-            trace.record(name, start, end, **attributes)
-        else:
-            trace.event(record[1], **record[2])
-
-
-def error_record(exc: BaseException) -> tuple:
-    """An exception as (module, class, message, attributes): hotlora's errors take their own
-    arguments, which pickling an exception does not carry."""
-    attributes = {k: v for k, v in vars(exc).items() if _plain(v)}
-    return type(exc).__module__, type(exc).__qualname__, str(exc), attributes
-
-
-def error_of(record: tuple) -> BaseException:
-    module, name, message, attributes = record
-    try:
-        cls = getattr(importlib.import_module(module), name)
-        if not (isinstance(cls, type) and issubclass(cls, HotloraError)):
-            raise TypeError(name)
-        exc = cls.__new__(cls)
-        Exception.__init__(exc, message)
-        exc.__dict__.update(attributes)
-        return exc
-    except Exception:  # anything but one of ours is an engine fault, named by its class
-        return EngineError(f"{name}: {message}")
-
-
-def _plain(value) -> bool:
-    return isinstance(value, (str, int, float, bool, type(None), list, tuple, dict))
 
 
 # ---------------------------------------------------------------------------- the child
@@ -206,21 +83,33 @@ def _die_with_parent() -> None:
         pass  # elsewhere the pipe's end-of-file ends it, once its current run is over
 
 
-def engine_main(conn, spec: ChildSpec, stop=None) -> None:
+def engine_main(conn, spec: ChildSpec | None, stop=None, log_levels: tuple[int, int] | None = None) -> None:
     """The child's whole life: build the engine, answer runs until the pipe closes or says stop.
     ``stop``: shared memory the server writes a run's job number into when every request of that
-    run is cancelled; the run then ends at its next step boundary."""
+    run is cancelled; the run then ends at its next step boundary. ``spec`` None: spawned ahead
+    (``spawn_ahead``), it imports, then waits for its spec (``log_levels`` until then)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle; it stops us
-    logging.basicConfig(level=spec.log_level,
-                        format="%(asctime)s %(levelname)s engine[%(process)d] %(name)s: %(message)s")
-    logging.getLogger("hotlora").setLevel(spec.hotlora_log_level)
+    root_level, hotlora_level = (spec.log_level, spec.hotlora_log_level) if spec is not None else log_levels
+    logging.basicConfig(level=root_level, format="%(asctime)s %(levelname)s engine[%(process)d] %(name)s: %(message)s")
+    logging.getLogger("hotlora").setLevel(hotlora_level)
     import faulthandler
 
     faulthandler.enable()  # a crash below Python leaves its stack in the log
     import torch.multiprocessing  # noqa: F401  (results' tensors cross as shared memory)
+    from hotlora.engine.device import probe_cpu_isa_ahead
+
+    probe_cpu_isa_ahead()  # beside the imports below
     from hotlora.engine.core import Engine
 
+    if spec is None:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the server refused to start, or stopped: nothing to build
+        if message[0] != "spec":
+            return
+        spec = message[1]
     try:
         engine = Engine.from_pretrained(spec.model, spec.config)
     except BaseException as exc:
@@ -331,21 +220,28 @@ class EngineProcess:
         threading.Thread(target=self._watch, name="hotlora-engine-watch", daemon=True).start()
 
     @classmethod
-    def start(cls, model: str, config, *, stall_timeout_s: float, held_bytes: int) -> "EngineProcess":
+    def start(cls, model: str, config, *, stall_timeout_s: float, held_bytes: int,
+              ahead: "SpawnedAhead | None" = None) -> "EngineProcess":
         """Spawn the child (never fork: the server's threads and torch's state do not survive a
-        fork) and wait until it is warm; EngineError when it cannot start, with its exit status."""
+        fork), or take the one spawned ``ahead`` while it lives, and wait until it is warm;
+        EngineError when it cannot start, with its exit status."""
         import torch.multiprocessing  # noqa: F401  (registers torch's reductions: tensors cross as shared memory)
 
         began = time.perf_counter()
-        context = multiprocessing.get_context("spawn")
-        ours, theirs = context.Pipe()
         spec = ChildSpec(model=str(model), config=config, log_level=logging.getLogger().getEffectiveLevel(),
                          hotlora_log_level=logging.getLogger("hotlora").getEffectiveLevel(), held_bytes=held_bytes)
-        stop = context.RawValue("q", 0)  # the job number of a run to stop (``engine_main``)
-        process = context.Process(target=engine_main, args=(theirs, spec, stop), name="hotlora-engine", daemon=True)
-        process.start()
-        theirs.close()
-        log.info("engine process %d started; waiting for it to be warm", process.pid)
+        taken = ahead.take() if ahead is not None else None
+        if taken is not None:
+            process, ours, stop = taken
+            try:
+                ours.send(("spec", spec))
+            except OSError:
+                pass  # it died since: the wait below says how
+            log.info("engine process %d (spawned ahead, its imports done or under way) given its model; "
+                     "waiting for it to be warm", process.pid)
+        else:
+            process, ours, stop = _spawn(spec, None)
+            log.info("engine process %d started; waiting for it to be warm", process.pid)
         try:
             message = ours.recv()
         except (EOFError, OSError):
@@ -531,6 +427,47 @@ class _WriterFacts:
     mixes_requests: bool
 
 
+def _spawn(spec: ChildSpec | None, log_levels: tuple[int, int] | None):
+    """A spawned child running ``engine_main``: (process, the server's end of its pipe, its stop value)."""
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    stop = context.RawValue("q", 0)  # the job number of a run to stop (``engine_main``)
+    process = context.Process(target=engine_main, args=(theirs, spec, stop, log_levels), name="hotlora-engine",
+                              daemon=True)
+    process.start()
+    theirs.close()
+    return process, ours, stop
+
+
+class SpawnedAhead:
+    """The first engine process, spawned as ``hotlora serve`` starts, before the server's own imports
+    and memory plan: its imports (torch, dynamo, diffusers: ~4 s on 2 cores) run beside them instead
+    of after, which a restart from the compile artifacts feels most (docs/benchmarks.md). It loads
+    nothing until ``EngineProcess.start`` gives it its spec, so a start the server refuses (a plan
+    that does not fit, a model no family serves) never loads the model; ``discard`` ends it then."""
+
+    def __init__(self):
+        self._spawned = _spawn(None, (logging.getLogger().getEffectiveLevel(),
+                                      logging.getLogger("hotlora").getEffectiveLevel()))
+
+    def take(self):
+        """(process, pipe, stop value) once, while the child lives; else None (spawn a new one)."""
+        spawned, self._spawned = self._spawned, None
+        if spawned is not None and not spawned[0].is_alive():
+            log.warning("the engine process spawned ahead %s; starting another", exit_text(spawned[0].exitcode))
+            return None
+        return spawned
+
+    def discard(self) -> None:
+        """End the child if nobody took it (the server refused to start)."""
+        spawned, self._spawned = self._spawned, None
+        if spawned is not None:
+            process, ours, _ = spawned
+            ours.close()
+            process.kill()
+            process.join(timeout=10)
+
+
 def exit_text(code: int | None) -> str:
     if code is None:
         return "is still running"
@@ -569,5 +506,4 @@ def _as_requested(result, request):
     return dataclasses.replace(result, images=pil_images(result.images))
 
 
-__all__ = ["EngineProcess", "EngineDied", "engine_main", "Held", "RecordedTrace", "replay", "error_record",
-           "error_of"]
+__all__ = ["EngineProcess", "EngineDied", "SpawnedAhead", "engine_main"]

@@ -84,9 +84,10 @@ def check_memory(config: ServerConfig):
     return plan
 
 
-def build_serving(config: ServerConfig, store_config: StoreConfig) -> Serving:
+def build_serving(config: ServerConfig, store_config: StoreConfig, ahead=None) -> Serving:
     """The worker, whose engines (the first and any rebuilt one) are served from one adapter store.
-    The memory plan is checked first (``check_memory``): an engine that cannot fit is never loaded."""
+    The memory plan is checked first (``check_memory``): an engine that cannot fit is never loaded.
+    ``ahead``: the first engine process, spawned before (``SpawnedAhead``); rebuilt ones spawn anew."""
     from hotlora import Engine
 
     check_memory(config)
@@ -101,7 +102,7 @@ def build_serving(config: ServerConfig, store_config: StoreConfig) -> Serving:
             from hotlora.engine.process import EngineProcess
 
             engine = EngineProcess.start(config.model, engine_config, stall_timeout_s=config.engine_stall_timeout_s,
-                                         held_bytes=config.engine_held_adapter_bytes)
+                                         held_bytes=config.engine_held_adapter_bytes, ahead=ahead)
         else:
             engine = Engine.from_pretrained(config.model, engine_config)
         serving.open_store(engine)
@@ -115,7 +116,8 @@ def build_serving(config: ServerConfig, store_config: StoreConfig) -> Serving:
     return serving
 
 
-def serve(config: ServerConfig, store_config: StoreConfig) -> None:
+def serve(config: ServerConfig, store_config: StoreConfig, ahead=None) -> None:
+    """``ahead``: the engine process ``hotlora serve`` spawned as it started (``SpawnedAhead``)."""
     import uvicorn
 
     from hotlora.server.app import create_app
@@ -124,7 +126,7 @@ def serve(config: ServerConfig, store_config: StoreConfig) -> None:
     keyring_for(config)  # no keys where keys are required: refuse now, before a model is built or loaded
     config, store_config = prepare_tiny_model(config, store_config)
     check_served(config.model)
-    serving = build_serving(config, store_config)
+    serving = build_serving(config, store_config, ahead)
     app = create_app(serving, config)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
                                            timeout_graceful_shutdown=int(config.drain_timeout_s)))

@@ -1,0 +1,129 @@
+"""``hotlora serve`` started cold and restarted on its caches: process start to ``/readyz`` 200, and
+where the time goes before the warm-up, read off the server's own log lines.
+
+Usage: .venv/bin/python bench/serve_restart.py [--restarts 3] [--baseline-src DIR]
+Each start is a real ``hotlora serve`` of the built-in tiny model (compiled, the engine in its
+own process, as ``make serve`` runs it) with its own ``--compile-cache-dir`` and inductor cache:
+cold with both empty, then restarts on the same two folders (a restarted container on its cache
+volume). ``--baseline-src``: the ``src`` folder of another checkout (a worktree of an earlier
+commit), put first on ``PYTHONPATH``; its cold start and restarts run interleaved with this
+checkout's, each on caches of its own, so the two are compared in one run on one machine.
+Writes bench/results/serve_restart.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+READY_BOUND_S = 1800  # a cold compile of the tiny model takes 1-2 minutes on 2 cores
+# The log lines that mark the phases (first match of each, seconds from the process's start).
+MARKS = {
+    "first log line": r"hotlora\.server\.run: serving",
+    "memory plan": r"hotlora\.server\.run: memory plan",
+    "engine given its model": r"hotlora\.engine\.process: engine process \d+ (started|\(spawned ahead)",
+    "engine loading": r"engine\[\d+\] hotlora\.engine\.pipeline: loading",
+    "warm-up began": r"engine\[\d+\] hotlora\.engine\.warmup: warm-up:",
+    "warm": r"engine\[\d+\] hotlora\.engine\.warmup: warm:",
+}
+
+
+def start(folder: Path, port: int, pythonpath: str | None) -> dict:
+    """One ``hotlora serve`` from process start to ready, then stopped (SIGTERM)."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "PYTHONUNBUFFERED": "1"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    began = time.perf_counter()
+    server = subprocess.Popen([sys.executable, "-m", "hotlora.cli", "serve", "--port", str(port),
+                               "--compile-cache-dir", str(folder / "compile")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[tuple[float, str]] = []
+
+    def read():
+        for line in server.stdout:
+            lines.append((time.perf_counter() - began, line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    ready = None
+    try:
+        while ready is None and time.perf_counter() - began < READY_BOUND_S and server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+                    if answer.status == 200:
+                        ready = time.perf_counter() - began
+            except OSError:
+                time.sleep(0.1)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        reader.join(timeout=10)
+    if ready is None:
+        raise SystemExit("the server was not ready:\n" + "".join(line for _, line in lines[-40:]))
+    marks = {}
+    for name, pattern in MARKS.items():
+        marks[name] = next((round(at, 2) for at, line in lines if re.search(pattern, line)), None)
+    return {"ready_s": round(ready, 2), "marks": marks, "load_average": round(os.getloadavg()[0], 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--restarts", type=int, default=3)
+    parser.add_argument("--baseline-src", default=None, help="another checkout's src folder, compared side by side")
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+    from bench.harness import free_port, markdown_table, write_results
+
+    variants = {"this checkout": None}
+    if args.baseline_src:
+        variants = {"baseline": str(Path(args.baseline_src).resolve()), **variants}
+    runs: dict[str, dict] = {name: {"cold": None, "restarts": []} for name in variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        order = list(variants)
+        for round_ in range(args.restarts + 1):
+            for name in (order if round_ % 2 == 0 else order[::-1]):  # interleaved, alternating who goes first
+                folder = Path(tmp) / name.replace(" ", "-")
+                result = start(folder, free_port(), variants[name])
+                if round_ == 0:
+                    runs[name]["cold"] = result
+                else:
+                    runs[name]["restarts"].append(result)
+                print(name, "cold" if round_ == 0 else f"restart {round_}", result, flush=True)
+
+    rows = []
+    for name, run in runs.items():
+        cold, restarts = run["cold"], run["restarts"]
+        median = statistics.median(r["ready_s"] for r in restarts)
+        rows.append([name, "cold", cold["ready_s"], "", *(cold["marks"][mark] for mark in MARKS)])
+        rows.append([name, f"restart (median of {len(restarts)})", round(median, 2),
+                     f"{median / cold['ready_s']:.1%}",
+                     *(statistics.median(r["marks"][mark] for r in restarts if r["marks"][mark] is not None)
+                       if any(r["marks"][mark] is not None for r in restarts) else "" for mark in MARKS)])
+        rows.append([name, "restarts, each", ", ".join(str(r["ready_s"]) for r in restarts), "", *[""] * len(MARKS)])
+    table = markdown_table(["code", "start", "to /readyz 200 (s)", "restart / cold",
+                            *(f"{mark} (s)" for mark in MARKS)], rows)
+    loads = [r["load_average"] for run in runs.values() for r in [run["cold"], *run["restarts"]]]
+    write_results(args.out, "serve_restart", {"args": vars(args), "runs": runs}, table,
+                  f"`hotlora serve` of the built-in tiny model, compiled, engine process; load average (1 min) at "
+                  f"the starts' ends {min(loads)}-{max(loads)}. The phase columns: seconds from the process's start "
+                  f"to the first log line of each (a restart's: the median).")
+
+
+if __name__ == "__main__":
+    main()
