@@ -87,7 +87,7 @@ def engine_main(conn, spec: ChildSpec | None, stop=None, log_levels: tuple[int, 
     """The child's whole life: build the engine, answer runs until the pipe closes or says stop.
     ``stop``: shared memory the server writes a run's job number into when every request of that
     run is cancelled; the run then ends at its next step boundary. ``spec`` None: spawned ahead
-    (``spawn_ahead``), it imports, then waits for its spec (``log_levels`` until then)."""
+    (``SpawnedAhead``), it imports, then waits for its spec (``log_levels`` until then)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle; it stops us
     root_level, hotlora_level = (spec.log_level, spec.hotlora_log_level) if spec is not None else log_levels
