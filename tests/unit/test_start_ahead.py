@@ -50,3 +50,33 @@ def test_a_child_that_died_before_it_was_taken_is_not_used():
     child.kill()
     child.join(timeout=30)
     assert ahead.take() is None  # EngineProcess.start spawns a new one
+
+
+IMPORT_AHEAD = """
+import json, sys
+from pathlib import Path
+from hotlora.engine.pipeline import import_pipeline_classes
+folder = Path(sys.argv[1])
+(folder / "model_index.json").write_text(json.dumps({
+    "_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
+    "text_encoder": ["transformers", "CLIPTextModel"], "safety_checker": [None, None],
+    "scheduler": ["os", "system"], "vae": ["diffusers", "NoSuchAutoencoder"]}))
+lazy = "diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion"
+print(lazy in sys.modules)
+print(import_pipeline_classes("owner/a-hub-id"), import_pipeline_classes(folder / "missing"))
+print(" ".join(import_pipeline_classes(folder)))
+print(lazy in sys.modules, "transformers.models.clip.modeling_clip" in sys.modules)
+"""
+
+
+def test_the_child_spawned_ahead_imports_what_loading_the_model_would(tmp_path):
+    """diffusers imports a pipeline's module and its components' (transformers) lazily, at the load;
+    the engine process spawned ahead imports them while the server plans: the names a local
+    model_index.json gives, from diffusers and transformers only, nothing for a hub id."""
+    done = subprocess.run([sys.executable, "-c", IMPORT_AHEAD, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "False", "[] []",
+        "diffusers.StableDiffusionPipeline diffusers.UNet2DConditionModel transformers.CLIPTextModel",
+        "True True"]

@@ -1,6 +1,6 @@
 """The engine in its own process: the warm model lives in a spawned child, the server keeps the rest.
 
-    SpawnedAhead()                       ``hotlora serve``'s first child, spawned before the server's own start-up
+    SpawnedAhead(model)                  ``hotlora serve``'s first child, spawned before the server's own start-up
     EngineProcess.start(model, config, stall_timeout_s=..., held_bytes=..., ahead=...) spawn (or take) the child, wait until it is warm -> the proxy
     proxy.check / proxy.prepare          in the server's process, by the front the child sent
     proxy.run(p | [p])                   the request crosses to the child, its result comes back
@@ -83,16 +83,23 @@ def _die_with_parent() -> None:
         pass  # elsewhere the pipe's end-of-file ends it, once its current run is over
 
 
-def engine_main(conn, spec: ChildSpec | None, stop=None, log_levels: tuple[int, int] | None = None) -> None:
+@dataclasses.dataclass(frozen=True)
+class AheadSpec:
+    """What a child spawned ahead (``SpawnedAhead``) is told before its ``ChildSpec``."""
+    log_level: int
+    hotlora_log_level: int
+    model: str | None  # the model it will most likely be given: its classes are imported while it waits
+
+
+def engine_main(conn, spec: ChildSpec | AheadSpec, stop=None) -> None:
     """The child's whole life: build the engine, answer runs until the pipe closes or says stop.
     ``stop``: shared memory the server writes a run's job number into when every request of that
-    run is cancelled; the run then ends at its next step boundary. ``spec`` None: spawned ahead
-    (``SpawnedAhead``), it imports, then waits for its spec (``log_levels`` until then)."""
+    run is cancelled; the run then ends at its next step boundary. ``AheadSpec``: spawned ahead, it
+    imports, then waits for its ``ChildSpec``."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle; it stops us
-    root_level, hotlora_level = (spec.log_level, spec.hotlora_log_level) if spec is not None else log_levels
-    logging.basicConfig(level=root_level, format="%(asctime)s %(levelname)s engine[%(process)d] %(name)s: %(message)s")
-    logging.getLogger("hotlora").setLevel(hotlora_level)
+    logging.basicConfig(level=spec.log_level, format="%(asctime)s %(levelname)s engine[%(process)d] %(name)s: %(message)s")
+    logging.getLogger("hotlora").setLevel(spec.hotlora_log_level)
     import faulthandler
 
     faulthandler.enable()  # a crash below Python leaves its stack in the log
@@ -102,7 +109,10 @@ def engine_main(conn, spec: ChildSpec | None, stop=None, log_levels: tuple[int, 
     probe_cpu_isa_ahead()  # beside the imports below
     from hotlora.engine.core import Engine
 
-    if spec is None:
+    if isinstance(spec, AheadSpec):
+        from hotlora.engine.pipeline import import_pipeline_classes
+
+        import_pipeline_classes(spec.model)  # the server is still planning: the load's imports done now
         try:
             message = conn.recv()
         except (EOFError, OSError):
@@ -240,7 +250,7 @@ class EngineProcess:
             log.info("engine process %d (spawned ahead, its imports done or under way) given its model; "
                      "waiting for it to be warm", process.pid)
         else:
-            process, ours, stop = _spawn(spec, None)
+            process, ours, stop = _spawn(spec)
             log.info("engine process %d started; waiting for it to be warm", process.pid)
         try:
             message = ours.recv()
@@ -427,12 +437,12 @@ class _WriterFacts:
     mixes_requests: bool
 
 
-def _spawn(spec: ChildSpec | None, log_levels: tuple[int, int] | None):
+def _spawn(spec: ChildSpec | AheadSpec):
     """A spawned child running ``engine_main``: (process, the server's end of its pipe, its stop value)."""
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe()
     stop = context.RawValue("q", 0)  # the job number of a run to stop (``engine_main``)
-    process = context.Process(target=engine_main, args=(theirs, spec, stop, log_levels), name="hotlora-engine",
+    process = context.Process(target=engine_main, args=(theirs, spec, stop), name="hotlora-engine",
                               daemon=True)
     process.start()
     theirs.close()
@@ -446,15 +456,18 @@ class SpawnedAhead:
     nothing until ``EngineProcess.start`` gives it its spec, so a start the server refuses (a plan
     that does not fit, a model no family serves) never loads the model; ``discard`` ends it then."""
 
-    def __init__(self):
-        self._spawned = _spawn(None, (logging.getLogger().getEffectiveLevel(),
-                                      logging.getLogger("hotlora").getEffectiveLevel()))
+    def __init__(self, model: str | None = None):
+        """``model``: the local folder the server will most likely serve (its ``--model``, or the
+        built-in tiny model's): the child imports its classes while the server plans."""
+        self._spawned = _spawn(AheadSpec(logging.getLogger().getEffectiveLevel(),
+                                         logging.getLogger("hotlora").getEffectiveLevel(), model))
 
     def take(self):
         """(process, pipe, stop value) once, while the child lives; else None (spawn a new one)."""
         spawned, self._spawned = self._spawned, None
         if spawned is not None and not spawned[0].is_alive():
             log.warning("the engine process spawned ahead %s; starting another", exit_text(spawned[0].exitcode))
+            spawned[1].close()
             return None
         return spawned
 

@@ -20,7 +20,7 @@ def prepare_tiny_model(config: ServerConfig, store_config: StoreConfig) -> tuple
     from hotlora.families import DEFAULT_FAMILY
     from hotlora.tiny import ensure_tiny_model
 
-    tiny = ensure_tiny_model(Path(store_config.cache_dir) / f"tiny-{DEFAULT_FAMILY}", DEFAULT_FAMILY)
+    tiny = ensure_tiny_model(store_config.tiny_model_dir(DEFAULT_FAMILY), DEFAULT_FAMILY)
     log.info("serving the built-in tiny model %s (sample adapters in %s)", tiny, tiny / "adapters")
     store_config = store_config.replace(local_roots=(*store_config.local_roots, tiny / "adapters"),
                                         catalog=store_config.catalog or str(tiny / "adapters" / "catalog.toml"))

@@ -72,6 +72,10 @@ class StoreConfig(Settings):
         """``hotlora serve``'s store settings: flags > ``HOTLORA_*`` > ``[store]`` of ``config_file``."""
         return cls.layered(config_file, "store", **flags)
 
+    def tiny_model_dir(self, family: str) -> Path:
+        """Where ``hotlora serve`` without ``--model`` builds (once) and serves a family's tiny model."""
+        return Path(self.cache_dir) / f"tiny-{family}"
+
     @field_validator("local_roots")
     @classmethod
     def _roots(cls, value):
