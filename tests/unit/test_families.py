@@ -4,6 +4,8 @@ module outside ``hotlora.families`` branches on a family's name."""
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -426,3 +428,23 @@ def test_flux_single_blocks_hand_on_contiguous_outputs_once_compiled():
         assert torch.equal(out[0], text) and torch.equal(out[1], image)
     fresh = torch.randn(1, 4, 4)
     assert _contiguous_outputs(None, (), fresh) is fresh  # nothing copied when nothing differs
+
+
+RECOGNISE_FLUX = """
+import sys
+import diffusers
+diffusers.FluxPipeline, diffusers.FluxImg2ImgPipeline  # what loading the model imports anyway
+before = set(sys.modules)
+from hotlora.families import family_of_class, family_of_model_index
+flux = family_of_model_index({"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]})
+variant = family_of_class(diffusers.FluxImg2ImgPipeline)
+print(flux.name, variant.name, sorted(m for m in set(sys.modules) - before if m.startswith("diffusers.pipelines")))
+"""
+
+
+def test_recognising_a_model_imports_no_other_familys_pipeline():
+    """Each family's pipeline module imports its models (transformers' too): recognising a Flux model
+    at start-up, in the server and in the engine process, must not import the other families'."""
+    done = subprocess.run([sys.executable, "-c", RECOGNISE_FLUX], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["flux", "flux", "[]"]

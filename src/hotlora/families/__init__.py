@@ -100,8 +100,10 @@ def family_of_class(pipeline_type: type, denoiser_class: str | None = None,
     when no explicit one matches. ``config`` (the pipeline's config or model_index.json) tells
     apart families of one pipeline class (``fits_config``)."""
     for generic in (False, True):
-        ranked = sorted(((family.matches(pipeline_type, denoiser_class) * family.fits_config(config), i)
-                         for i, family in enumerate(REGISTERED) if family.generic is generic), reverse=True)
+        # fits_config only where the class matches: it imports the family's pipeline (and its models)
+        ranked = sorted(((score * family.fits_config(config) if score else 0, i)
+                         for i, family in enumerate(REGISTERED) if family.generic is generic
+                         for score in (family.matches(pipeline_type, denoiser_class),)), reverse=True)
         best, index = ranked[0] if ranked else (0, None)
         if best:
             return REGISTERED[index]

@@ -31,6 +31,24 @@ REFERENCE_TASKS = ("edit", "image-to-video")
 PEFT_PREFIX = "base_model.model."
 
 
+
+def lora_mixin_of(pipeline_type: type) -> type | None:
+    """A pipeline class's LoRA loader mixin: the class in its MRO that declares the loadable modules."""
+    for cls in pipeline_type.__mro__:
+        if cls.__name__.endswith("LoraLoaderMixin") and "_lora_loadable_modules" in vars(cls):
+            return cls
+    return None
+
+
+def denoiser_of(mixin: type) -> str | None:
+    """The pipeline attribute a LoRA mixin loads the denoiser's LoRA into (``transformer``, ``unet``)."""
+    loadable = mixin._lora_loadable_modules
+    for attribute in ("transformer_name", "unet_name"):
+        name = getattr(mixin, attribute, None)
+        if name in loadable:
+            return name
+    return None
+
 class ModelFamily:
     """One family's facts. Subclasses set the class attributes; instances are registered once."""
 
@@ -153,20 +171,18 @@ class ModelFamily:
     @cached_property
     def lora_mixin(self) -> type:
         """The LoRA loader mixin of the pipeline: the class in its MRO that declares the loadable modules."""
-        for cls in self.pipeline_type.__mro__:
-            if cls.__name__.endswith("LoraLoaderMixin") and "_lora_loadable_modules" in vars(cls):
-                return cls
-        raise TypeError(f"{self.pipeline_class} has no LoRA loader mixin")
+        mixin = lora_mixin_of(self.pipeline_type)
+        if mixin is None:
+            raise TypeError(f"{self.pipeline_class} has no LoRA loader mixin")
+        return mixin
 
     @cached_property
     def denoiser(self) -> str:
         """The pipeline attribute (and LoRA key prefix) of the model that gets the slots."""
-        loadable = self.lora_mixin._lora_loadable_modules
-        for attribute in ("transformer_name", "unet_name"):
-            name = getattr(self.lora_mixin, attribute, None)
-            if name in loadable:
-                return name
-        raise TypeError(f"{self.lora_mixin.__name__} names no denoiser among {loadable}")
+        name = denoiser_of(self.lora_mixin)
+        if name is None:
+            raise TypeError(f"{self.lora_mixin.__name__} names no denoiser among {self.lora_mixin._lora_loadable_modules}")
+        return name
 
     @cached_property
     def lora_text_encoders(self) -> tuple[str, ...]:
@@ -217,12 +233,15 @@ class ModelFamily:
             return 2
         if names & set(self.conditioned_checkpoints):
             return 1
-        if not self.serves_variants or self.lora_mixin.__name__ not in names:
+        if not self.serves_variants:
             return 0
-        if denoiser_class is None:
-            annotation = inspect.signature(pipeline_type.__init__).parameters.get(self.denoiser)
+        if denoiser_class is None:  # the constructor's annotation of what its own mixin loads LoRA into
+            mixin = lora_mixin_of(pipeline_type)
+            annotation = inspect.signature(pipeline_type.__init__).parameters.get(denoiser_of(mixin) if mixin else None)
             denoiser_class = getattr(getattr(annotation, "annotation", None), "__name__", None)
-        return int(denoiser_class == self.denoiser_class)
+        # The denoiser class first: the mixin's check imports this family's pipeline (and its models),
+        # which recognising another family's model has no need of.
+        return int(denoiser_class == self.denoiser_class and self.lora_mixin.__name__ in names)
 
     def fits_config(self, config: Mapping[str, Any] | None) -> bool:
         """Whether a pipeline with this config (its model_index.json; None: unknown, the pipeline's
