@@ -132,7 +132,7 @@ def cmd_serve(args) -> int:
     if config.engine_process:  # before the server's own imports (below): the child's run beside them
         from hotlora.engine.process import SpawnedAhead
 
-        ahead = SpawnedAhead(str(config.model or store_config.tiny_model_dir(DEFAULT_FAMILY)))
+        ahead = SpawnedAhead(str(config.model or store_config.tiny_model_dir(DEFAULT_FAMILY)), config.compile)
     try:
         return _serve(config, store_config, ahead)
     finally:

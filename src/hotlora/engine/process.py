@@ -89,6 +89,7 @@ class AheadSpec:
     log_level: int
     hotlora_log_level: int
     model: str | None  # the model it will most likely be given: its classes are imported while it waits
+    compile: bool  # the server's setting: inductor's ISA probe only when it will compile
 
 
 def engine_main(conn, spec: ChildSpec | AheadSpec, stop=None) -> None:
@@ -106,7 +107,8 @@ def engine_main(conn, spec: ChildSpec | AheadSpec, stop=None) -> None:
     import torch.multiprocessing  # noqa: F401  (results' tensors cross as shared memory)
     from hotlora.engine.device import probe_cpu_isa_ahead
 
-    probe_cpu_isa_ahead()  # beside the imports below
+    if spec.compile if isinstance(spec, AheadSpec) else spec.config.compile:
+        probe_cpu_isa_ahead()  # beside the imports below
     from hotlora.engine.core import Engine
 
     if isinstance(spec, AheadSpec):
@@ -456,11 +458,12 @@ class SpawnedAhead:
     nothing until ``EngineProcess.start`` gives it its spec, so a start the server refuses (a plan
     that does not fit, a model no family serves) never loads the model; ``discard`` ends it then."""
 
-    def __init__(self, model: str | None = None):
+    def __init__(self, model: str | None = None, compile: bool = True):
         """``model``: the local folder the server will most likely serve (its ``--model``, or the
-        built-in tiny model's): the child imports its classes while the server plans."""
+        built-in tiny model's): the child imports its classes while the server plans. ``compile``:
+        the server's setting (the ISA probe is for inductor)."""
         self._spawned = _spawn(AheadSpec(logging.getLogger().getEffectiveLevel(),
-                                         logging.getLogger("hotlora").getEffectiveLevel(), model))
+                                         logging.getLogger("hotlora").getEffectiveLevel(), model, compile))
 
     def take(self):
         """(process, pipe, stop value) once, while the child lives; else None (spawn a new one)."""
