@@ -31,7 +31,6 @@ REFERENCE_TASKS = ("edit", "image-to-video")
 PEFT_PREFIX = "base_model.model."
 
 
-
 def lora_mixin_of(pipeline_type: type) -> type | None:
     """A pipeline class's LoRA loader mixin: the class in its MRO that declares the loadable modules."""
     for cls in pipeline_type.__mro__:
@@ -48,6 +47,7 @@ def denoiser_of(mixin: type) -> str | None:
         if name in loadable:
             return name
     return None
+
 
 class ModelFamily:
     """One family's facts. Subclasses set the class attributes; instances are registered once."""
