@@ -193,6 +193,10 @@ restarts=$(curl -s --max-time 5 -H "authorization: Bearer $KEY" "http://127.0.0.
 generate_twice generate_from_host
 podman exec "$NAME" sh -c 'ls /var/cache/hotlora/compile/artifacts/compile-artifacts-*.bin' >/dev/null \
     || die "no compile artifacts on the compile volume"
+# Inductor's precompiled header, which a restart needs before it can look up a cached kernel, is
+# kept on the compile volume (entrypoint.sh), not in the container's fresh /tmp.
+podman exec "$NAME" sh -c 'ls /var/cache/hotlora/compile/inductor-tmp/precompiled_headers/*.gch' >/dev/null \
+    || die "no precompiled header on the compile volume"
 
 # --- 5. restart: the compile cache is reused ------------------------------------------------------------
 log "restarting $NAME"
