@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from hotlora.durable import TMP, read_verified, sweep_orphans, write_verified
+from hotlora.durable import TMP, read_verified, remove_quietly, sweep_orphans, write_atomic, write_verified
 from hotlora.engine.device import default_dtype
 from hotlora.families import ModelFamily, family_of_pipeline
 from hotlora.errors import HotloraError
@@ -373,3 +373,73 @@ def write_private(path: Path, data: bytes, what: str) -> bool:
         return False
     log.info("saved %d bytes of %s to %s", len(data), what, path)
     return True
+
+
+# Inductor's precompiled C++ headers live under ``default_cache_dir()`` (torch/_inductor/codecache.py's
+# ``_HEADER_DIR``), not TORCHINDUCTOR_CACHE_DIR. Written by hand, for what inductor does not guard: it
+# builds a header with g++ straight to its final name and never rebuilds one that exists, and g++
+# refuses a header cut short ("cannot read PCH file": every later kernel fails to compile). Where the
+# folder outlives the process (a host's /tmp, the image's compile volume, deploy/image/entrypoint.sh),
+# a kill mid-build would break every later start. So a header is trusted only once a warm-up that
+# used it has finished (its size and sha256 recorded in WHOLE_HEADERS); any other is deleted before
+# compiling, and inductor builds it again. A header is known by its size and mtime (it is 150 MB: read
+# whole, it would cost a restart seconds; inductor never rewrites one, so another file is another
+# build), taken under inductor's own lock for it, so one another process is still building (replicas
+# sharing the volume) is never recorded half written.
+WHOLE_HEADERS = "hotlora-whole-headers.json"
+
+
+def precompiled_headers() -> Path:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return Path(default_cache_dir()) / "precompiled_headers"
+
+
+def _header_fingerprints(folder: Path) -> dict[str, list]:
+    """Each ``.gch`` in ``folder`` -> [size, mtime in ns], taken under inductor's build lock for it."""
+    from torch.utils._filelock import FileLock
+
+    found = {}
+    for header in sorted(folder.glob("*.gch")):
+        lock = folder / "locks" / f"{header.name.split('.')[0]}.lock"
+        try:
+            with FileLock(str(lock), timeout=600):
+                info = header.stat()
+        except OSError as exc:  # gone meanwhile, or no lock to take: not recorded, so dropped next start
+            log.debug("precompiled header %s not read: %s", header, exc)
+            continue
+        found[header.name] = [info.st_size, info.st_mtime_ns]
+    return found
+
+
+def drop_unfinished_headers(folder: Path | None = None) -> list[str]:
+    """Before compiling: delete the precompiled headers no finished warm-up recorded. Returns their names."""
+    import json
+
+    folder = folder or precompiled_headers()
+    if not folder.is_dir():
+        return []
+    try:
+        whole = json.loads((folder / WHOLE_HEADERS).read_text())
+    except (OSError, ValueError):
+        whole = {}
+    dropped = [name for name, fingerprint in _header_fingerprints(folder).items() if whole.get(name) != fingerprint]
+    for name in dropped:
+        remove_quietly(folder / name)
+    if dropped:
+        log.warning("removed %d precompiled header(s) no finished warm-up recorded (a build cut short, or "
+                    "unknown): inductor builds them again: %s", len(dropped), ", ".join(dropped))
+    return dropped
+
+
+def record_whole_headers(folder: Path | None = None) -> None:
+    """After a warm-up: record the precompiled headers it compiled with as whole."""
+    import json
+
+    folder = folder or precompiled_headers()
+    headers = _header_fingerprints(folder) if folder.is_dir() else {}
+    if headers:
+        try:
+            write_atomic(folder / WHOLE_HEADERS, json.dumps(headers, sort_keys=True).encode())
+        except OSError as exc:  # a read-only folder: the next start rebuilds them, nothing worse
+            log.warning("could not record the precompiled headers in %s: %s", folder, exc)

@@ -24,8 +24,8 @@ import torch
 from hotlora.settings import EngineConfig, format_size
 from hotlora.engine.device import default_device
 from hotlora.engine.pipeline import (
-    CompileArtifacts, compile_artifacts_path, compile_denoiser, fold_linear_inputs, graph_count, load_pipeline, resolve_dtype,
-    set_attention_backend, sweep_compile_cache,
+    CompileArtifacts, compile_artifacts_path, compile_denoiser, drop_unfinished_headers, fold_linear_inputs, graph_count,
+    load_pipeline, record_whole_headers, resolve_dtype, set_attention_backend, sweep_compile_cache,
 )
 from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
 from hotlora.engine.request import CallParams, UnservedShape
@@ -235,6 +235,7 @@ class WarmModel:
         if self.step_cache is not None:  # installed before compile: the compiled blocks include it
             apply_step_cache(self.pipeline, self.experts, self.step_cache, self.family)
         if config.compile:
+            drop_unfinished_headers()  # what a kill left half built would fail every compile
             fullgraph = self.step_cache.fullgraph if self.step_cache else True
             for expert in self.experts.values():
                 fold_linear_inputs(expert, self.family)
@@ -259,6 +260,8 @@ class WarmModel:
             self.chunks = measured_chunks(self, fingerprint)
         if artifacts is not None:  # anything the measurement compiled (nothing, when warm-up covered it)
             artifacts.save()
+        if config.compile:
+            record_whole_headers()
 
     # ------------------------------------------------------------------ what steady state runs
 
