@@ -194,9 +194,9 @@ generate_twice generate_from_host
 podman exec "$NAME" sh -c 'ls /var/cache/hotlora/compile/artifacts/compile-artifacts-*.bin' >/dev/null \
     || die "no compile artifacts on the compile volume"
 # Inductor's precompiled header, which a restart needs before it can look up a cached kernel, is
-# kept on the compile volume (entrypoint.sh), not in the container's fresh /tmp.
-podman exec "$NAME" sh -c 'ls /var/cache/hotlora/compile/inductor-tmp/precompiled_headers/*.gch' >/dev/null \
-    || die "no precompiled header on the compile volume"
+# kept with the compile artifacts (HOTLORA_KEEP_COMPILER_HEADERS), not only in the container's new /tmp.
+podman exec "$NAME" sh -c 'ls /var/cache/hotlora/compile/artifacts/precompiled-headers/*.gch' >/dev/null \
+    || die "no precompiled header kept with the compile artifacts"
 
 # --- 5. restart: the compile cache is reused ------------------------------------------------------------
 log "restarting $NAME"
@@ -207,6 +207,7 @@ wait_ready "restart" readyz_from_host
 second_ready=$(elapsed "$started")
 logs=$(podman logs "$NAME" 2>&1)
 grep -q "loaded compile artifacts from" <<<"$logs" || die "the restart did not load the compile artifacts"
+grep -q "restored inductor's precompiled headers" <<<"$logs" || die "the restart built the precompiled header again"
 mapfile -t warm < <(grep -o 'warm: [0-9.]*s' <<<"$logs" | grep -o '[0-9.]*')
 [ ${#warm[@]} -ge 2 ] || die "expected two warm-up lines, got ${#warm[@]}"
 log "ready after $second_ready s on restart (first start $first_ready s); warm-up ${warm[0]} s -> ${warm[-1]} s"

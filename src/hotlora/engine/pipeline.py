@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from hotlora.durable import TMP, read_verified, remove_quietly, sweep_orphans, write_atomic, write_verified
+from hotlora.durable import TMP, read_verified, sweep_orphans, write_atomic, write_verified
 from hotlora.engine.device import default_dtype
 from hotlora.families import ModelFamily, family_of_pipeline
 from hotlora.errors import HotloraError
@@ -375,18 +375,17 @@ def write_private(path: Path, data: bytes, what: str) -> bool:
     return True
 
 
-# Inductor's precompiled C++ headers live under ``default_cache_dir()`` (torch/_inductor/codecache.py's
-# ``_HEADER_DIR``), not TORCHINDUCTOR_CACHE_DIR. Written by hand, for what inductor does not guard: it
-# builds a header with g++ straight to its final name and never rebuilds one that exists, and g++
-# refuses a header cut short ("cannot read PCH file": every later kernel fails to compile). Where the
-# folder outlives the process (a host's /tmp, the image's compile volume, deploy/image/entrypoint.sh),
-# a kill mid-build would break every later start. So a header is trusted only once a warm-up that
-# used it has finished (its size and sha256 recorded in WHOLE_HEADERS); any other is deleted before
-# compiling, and inductor builds it again. A header is known by its size and mtime (it is 150 MB: read
-# whole, it would cost a restart seconds; inductor never rewrites one, so another file is another
-# build), taken under inductor's own lock for it, so one another process is still building (replicas
-# sharing the volume) is never recorded half written.
-WHOLE_HEADERS = "hotlora-whole-headers.json"
+
+# Inductor's precompiled C++ header (cpp_prefix.h's, 150 MB) lives under ``default_cache_dir()``
+# (tempfile.gettempdir()/torchinductor_<user>: torch/_inductor/codecache.py's _HEADER_DIR), whatever
+# TORCHINDUCTOR_CACHE_DIR says, and a cached kernel's key holds its path: inductor builds the header
+# before it can look any cached kernel up (6.6 s of g++ on 2 cores). Where /tmp is new at each start
+# (a container's), every restart paid that. Written by hand (``keep_compiler_headers``): the header is
+# kept beside the compile artifacts, published after a warm-up and copied back before compiling, each
+# whole (temporary name, fsync, rename, its sha256 beside it). The live folder is never shared: g++
+# refuses a header cut short and inductor writes it straight to its final name, so a header another
+# process could be writing, or a kill could cut, must never be what g++ opens.
+KEPT_HEADERS = "precompiled-headers"
 
 
 def precompiled_headers() -> Path:
@@ -395,51 +394,51 @@ def precompiled_headers() -> Path:
     return Path(default_cache_dir()) / "precompiled_headers"
 
 
-def _header_fingerprints(folder: Path) -> dict[str, list]:
-    """Each ``.gch`` in ``folder`` -> [size, mtime in ns], taken under inductor's build lock for it."""
+def restore_compiler_headers(cache_dir: str | os.PathLike, live: Path | None = None) -> list[str]:
+    """Before compiling: the kept headers (verified whole) copied into inductor's folder where it
+    lacks them. Returns the names copied."""
+    kept, live = Path(cache_dir) / KEPT_HEADERS, live or precompiled_headers()
+    for folder in (kept, live):  # what killed copies left
+        if folder.is_dir():
+            sweep_orphans(folder, TMP)
+    copied = []
+    for path in sorted(kept.glob("*.h")) + sorted(kept.glob("*.gch")):
+        if (live / path.name).exists():
+            continue
+        try:
+            data = read_verified(path, "precompiled header")
+            if data is not None:
+                live.mkdir(parents=True, exist_ok=True)
+                write_atomic(live / path.name, data)
+                copied.append(path.name)
+        except OSError as exc:  # inductor builds it again
+            log.warning("precompiled header %s not restored: %s", path.name, exc)
+    if copied:
+        log.info("restored inductor's precompiled headers from %s: %s", kept, ", ".join(copied))
+    return copied
+
+
+def keep_compiler_headers(cache_dir: str | os.PathLike, live: Path | None = None) -> list[str]:
+    """After a warm-up that compiled with them: inductor's headers the cache lacks, kept there
+    whole, each read under inductor's own build lock for it. Returns the names kept."""
     from torch.utils._filelock import FileLock
 
-    found = {}
-    for header in sorted(folder.glob("*.gch")):
-        lock = folder / "locks" / f"{header.name.split('.')[0]}.lock"
-        try:
-            with FileLock(str(lock), timeout=600):
-                info = header.stat()
-        except OSError as exc:  # gone meanwhile, or no lock to take: not recorded, so dropped next start
-            log.debug("precompiled header %s not read: %s", header, exc)
+    kept, live = Path(cache_dir) / KEPT_HEADERS, live or precompiled_headers()
+    names = [] if not live.is_dir() else [p.name for p in sorted(live.glob("*.gch"))]
+    done = []
+    for name in names:
+        if (kept / name).exists():
             continue
-        found[header.name] = [info.st_size, info.st_mtime_ns]
-    return found
-
-
-def drop_unfinished_headers(folder: Path | None = None) -> list[str]:
-    """Before compiling: delete the precompiled headers no finished warm-up recorded. Returns their names."""
-    import json
-
-    folder = folder or precompiled_headers()
-    if not folder.is_dir():
-        return []
-    try:
-        whole = json.loads((folder / WHOLE_HEADERS).read_text())
-    except (OSError, ValueError):
-        whole = {}
-    dropped = [name for name, fingerprint in _header_fingerprints(folder).items() if whole.get(name) != fingerprint]
-    for name in dropped:
-        remove_quietly(folder / name)
-    if dropped:
-        log.warning("removed %d precompiled header(s) no finished warm-up recorded (a build cut short, or "
-                    "unknown): inductor builds them again: %s", len(dropped), ", ".join(dropped))
-    return dropped
-
-
-def record_whole_headers(folder: Path | None = None) -> None:
-    """After a warm-up: record the precompiled headers it compiled with as whole."""
-    import json
-
-    folder = folder or precompiled_headers()
-    headers = _header_fingerprints(folder) if folder.is_dir() else {}
-    if headers:
+        source = name.removesuffix(".gch")
         try:
-            write_atomic(folder / WHOLE_HEADERS, json.dumps(headers, sort_keys=True).encode())
-        except OSError as exc:  # a read-only folder: the next start rebuilds them, nothing worse
-            log.warning("could not record the precompiled headers in %s: %s", folder, exc)
+            with FileLock(str(live / "locks" / f"{source.split('.')[0]}.lock"), timeout=600):
+                header, data = (live / source).read_bytes(), (live / name).read_bytes()
+            kept.mkdir(parents=True, exist_ok=True)
+            write_verified(kept / source, header)
+            write_verified(kept / name, data)  # last: a restart copies it only once it is whole
+            done.append(name)
+        except OSError as exc:  # the next start builds it, nothing worse
+            log.warning("inductor's precompiled header %s not kept in %s: %s", name, kept, exc)
+    if done:
+        log.info("kept inductor's precompiled headers in %s: %s", kept, ", ".join(done))
+    return done

@@ -24,8 +24,8 @@ import torch
 from hotlora.settings import EngineConfig, format_size
 from hotlora.engine.device import default_device
 from hotlora.engine.pipeline import (
-    CompileArtifacts, compile_artifacts_path, compile_denoiser, drop_unfinished_headers, fold_linear_inputs, graph_count,
-    load_pipeline, record_whole_headers, resolve_dtype, set_attention_backend, sweep_compile_cache,
+    CompileArtifacts, compile_artifacts_path, compile_denoiser, fold_linear_inputs, graph_count, keep_compiler_headers,
+    load_pipeline, resolve_dtype, restore_compiler_headers, set_attention_backend, sweep_compile_cache,
 )
 from hotlora.engine.quantize import check_quantization, quantize_denoiser, weight_bytes
 from hotlora.engine.request import CallParams, UnservedShape
@@ -234,8 +234,8 @@ class WarmModel:
             torch._dynamo.config.recompile_limit = needed
         if self.step_cache is not None:  # installed before compile: the compiled blocks include it
             apply_step_cache(self.pipeline, self.experts, self.step_cache, self.family)
-        if config.compile:
-            drop_unfinished_headers()  # what a kill left half built would fail every compile
+        if config.compile and config.keep_compiler_headers and config.compile_cache_dir is not None:
+            restore_compiler_headers(config.compile_cache_dir)
             fullgraph = self.step_cache.fullgraph if self.step_cache else True
             for expert in self.experts.values():
                 fold_linear_inputs(expert, self.family)
@@ -260,8 +260,8 @@ class WarmModel:
             self.chunks = measured_chunks(self, fingerprint)
         if artifacts is not None:  # anything the measurement compiled (nothing, when warm-up covered it)
             artifacts.save()
-        if config.compile:
-            record_whole_headers()
+        if config.compile and config.keep_compiler_headers and config.compile_cache_dir is not None:
+            keep_compiler_headers(config.compile_cache_dir)
 
     # ------------------------------------------------------------------ what steady state runs
 

@@ -223,6 +223,10 @@ class EngineConfig(Settings):
     # The server sets its own default (settings/server.py): a library user decides where to write.
     compile_cache_dir: str | os.PathLike | None = setting(None, "where compile artifacts are kept across "
                                                                 "restarts (keyed by model and settings)")
+    # engine/pipeline.py: KEPT_HEADERS. The image sets it (deploy/image/Containerfile); a host's /tmp persists.
+    keep_compiler_headers: bool = setting(False, "keep inductor's precompiled C++ header (built in the temp dir, "
+                                                 "6.6 s of g++ on 2 cores) in compile_cache_dir and copy it back "
+                                                 "before compiling: for containers whose /tmp is new at each start")
     step_cache: StepCache | None = setting(None, "step cache settings (off by default)")
     # Unset: DEFAULT_RANK_BUCKETS (docs/benchmarks.md, "Rank buckets by default", says why those).
     rank_buckets: tuple[int, ...] | None = setting(None, "extra ranks to compile for besides target_rank, e.g. "
@@ -304,7 +308,7 @@ class EngineConfig(Settings):
     # What the compiled graphs depend on; request limits, the device and the cache folder do not.
     # The sizes enter resolved (``sizes=``, the default one resolved from the model), like the dtype.
     FINGERPRINT_EXCLUDES: ClassVar[frozenset] = frozenset({
-        "limits", "compile_cache_dir", "device", "dtype", "height", "width", "sizes", "frames", "size_policy",
+        "limits", "compile_cache_dir", "keep_compiler_headers", "device", "dtype", "height", "width", "sizes", "frames", "size_policy",
         "attention_backend", "text_encoder_lora", "embedding_rows", "fused_min_kept",
         "chunk_budget_s", "tasks", "max_reference_images"})  # text encoders run eagerly; tasks: see fingerprint
 
