@@ -236,6 +236,7 @@ class WarmModel:
             apply_step_cache(self.pipeline, self.experts, self.step_cache, self.family)
         if config.compile and config.keep_compiler_headers and config.compile_cache_dir is not None:
             restore_compiler_headers(config.compile_cache_dir)
+        if config.compile:
             fullgraph = self.step_cache.fullgraph if self.step_cache else True
             for expert in self.experts.values():
                 fold_linear_inputs(expert, self.family)
