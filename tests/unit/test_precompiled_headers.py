@@ -49,3 +49,11 @@ def test_gcc_refuses_a_precompiled_header_cut_short(tmp_path):
     (tmp_path / "m.cpp").write_text('#include "h.h"\nint main() { return three() - 3; }\n')
     done = subprocess.run(["g++", "m.cpp", "-o", "m"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "PCH" in done.stderr
+
+
+def test_a_kept_header_another_user_could_have_written_is_not_copied(tmp_path):
+    cache, first, fresh = tmp_path / "compile", tmp_path / "tmp-first", tmp_path / "tmp-restarted"
+    built(first)
+    keep_compiler_headers(cache, first)
+    (cache / KEPT_HEADERS).chmod(0o777)  # g++ would load whatever another user put there
+    assert restore_compiler_headers(cache, fresh) == []

@@ -375,7 +375,6 @@ def write_private(path: Path, data: bytes, what: str) -> bool:
     return True
 
 
-
 # Inductor's precompiled C++ header (cpp_prefix.h's, 150 MB) lives under ``default_cache_dir()``
 # (tempfile.gettempdir()/torchinductor_<user>: torch/_inductor/codecache.py's _HEADER_DIR), whatever
 # TORCHINDUCTOR_CACHE_DIR says, and a cached kernel's key holds its path: inductor builds the header
@@ -395,8 +394,8 @@ def precompiled_headers() -> Path:
 
 
 def restore_compiler_headers(cache_dir: str | os.PathLike, live: Path | None = None) -> list[str]:
-    """Before compiling: the kept headers (verified whole) copied into inductor's folder where it
-    lacks them. Returns the names copied."""
+    """Before compiling: the kept headers (verified whole, in a file and folder only this user can
+    write: ``read_private``) copied into inductor's folder where it lacks them. Returns the names copied."""
     kept, live = Path(cache_dir) / KEPT_HEADERS, live or precompiled_headers()
     for folder in (kept, live):  # what killed copies left
         if folder.is_dir():
@@ -406,7 +405,7 @@ def restore_compiler_headers(cache_dir: str | os.PathLike, live: Path | None = N
         if (live / path.name).exists():
             continue
         try:
-            data = read_verified(path, "precompiled header")
+            data = read_private(path, "precompiled header")  # g++ loads it into every kernel: compile artifacts' trust rule
             if data is not None:
                 live.mkdir(parents=True, exist_ok=True)
                 write_atomic(live / path.name, data)
