@@ -48,6 +48,7 @@ class RunningServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=120)
+        self.serving.discard_spare()
 
 
 @pytest.fixture(scope="session")
@@ -55,8 +56,9 @@ def start_server():
     servers = []
 
     def start(model, tmp, *, roots=(), catalog=None, store_overrides=None, **overrides):
+        # No spare engine process (~0.3 GB and its imports per server): test_engine_process.py has one.
         settings = dict(model=str(model), target_rank=8, batch_size=3, port=free_port(), max_queue=32,
-                        drain_timeout_s=60)
+                        drain_timeout_s=60, engine_spare_process=False)
         settings.setdefault("jobs_dir", str(tmp / "jobs"))  # each server its own: a start fails what it finds unfinished
         settings.update(overrides)
         store_overrides = dict(store_overrides or {})

@@ -21,7 +21,8 @@ STALL_S = 20.0  # the server's stall deadline here: far above a tiny step, even 
 def served(tiny_models, tmp_path_factory, start_server):
     tmp = tmp_path_factory.mktemp("engine-process")
     adapters = tiny_models["flux"] / "adapters"
-    server = start_server(tiny_models["flux"], tmp, roots=(adapters,), engine_stall_timeout_s=STALL_S)
+    server = start_server(tiny_models["flux"], tmp, roots=(adapters,), engine_stall_timeout_s=STALL_S,
+                          engine_spare_process=True)
     return server, adapters
 
 
@@ -108,6 +109,20 @@ def test_an_engine_that_dies_while_idle_is_noticed_at_once(served):
         assert time.monotonic() < deadline, "/readyz stayed true with its engine dead"
         time.sleep(0.05)
     wait_ready(server.url, pid)
+    assert generate(server.url, *good(adapters), n=1, seed=1).status_code == 200
+
+
+def test_a_spare_engine_process_replaces_one_that_dies(served):
+    """A spare child (its imports done) waits beside each warm engine process; the one that died is
+    replaced by it, and the new engine process gets a spare of its own."""
+    server, adapters = served
+    pid = engine_pid(server.url)
+    spare = server.serving.next_engine_process.pid
+    assert spare is not None and spare != pid
+    os.kill(pid, signal.SIGKILL)
+    assert wait_ready(server.url, pid) == spare
+    follower = server.serving.next_engine_process.pid
+    assert follower is not None and follower not in (pid, spare)
     assert generate(server.url, *good(adapters), n=1, seed=1).status_code == 200
 
 

@@ -452,11 +452,13 @@ def _spawn(spec: ChildSpec | AheadSpec):
 
 
 class SpawnedAhead:
-    """The first engine process, spawned as ``hotlora serve`` starts, before the server's own imports
-    and memory plan: its imports (torch, dynamo, diffusers: ~4 s on 2 cores) run beside them instead
-    of after, which a restart from the compile artifacts feels most (docs/benchmarks.md). It loads
-    nothing until ``EngineProcess.start`` gives it its spec, so a start the server refuses (a plan
-    that does not fit, a model no family serves) never loads the model; ``discard`` ends it then."""
+    """An engine process spawned before it is needed. The first, as ``hotlora serve`` starts, before
+    the server's own imports and memory plan: its imports (torch, dynamo, diffusers: ~4 s on 2 cores)
+    run beside them instead of after, which a restart from the compile artifacts feels most
+    (docs/benchmarks.md). Then a spare beside each warm engine process (``engine_spare_process``), which
+    replaces it if it dies. It loads nothing until ``EngineProcess.start`` gives it its spec, so a start
+    the server refuses (a plan that does not fit, a model no family serves) never loads the model;
+    ``discard`` ends it then."""
 
     def __init__(self, model: str | None = None, compile: bool = True):
         """``model``: the local folder the server will most likely serve (its ``--model``, or the
@@ -464,6 +466,12 @@ class SpawnedAhead:
         the server's setting (the ISA probe is for inductor)."""
         self._spawned = _spawn(AheadSpec(logging.getLogger().getEffectiveLevel(),
                                          logging.getLogger("hotlora").getEffectiveLevel(), model, compile))
+
+    @property
+    def pid(self) -> int | None:
+        """The child's, while it lives and nobody took it."""
+        spawned = self._spawned
+        return spawned[0].pid if spawned is not None and spawned[0].is_alive() else None
 
     def take(self):
         """(process, pipe, stop value) once, while the child lives; else None (spawn a new one)."""

@@ -38,6 +38,13 @@ class Serving:
         self.worker = worker
         self.store = store  # None until the first engine is built
         self.on_fetch = None  # the store's hook: seconds of each source fetch (metrics)
+        self.next_engine_process = None  # what the next engine start takes (``SpawnedAhead``): see build_serving
+
+    def discard_spare(self) -> None:
+        """End the spare engine process (the server is stopping)."""
+        spare, self.next_engine_process = self.next_engine_process, None
+        if spare is not None:
+            spare.discard()
 
     def open_store(self, engine) -> None:
         """The store for ``engine``'s model, built (and its catalog pre-fetched) the first time."""
@@ -87,25 +94,30 @@ def check_memory(config: ServerConfig):
 def build_serving(config: ServerConfig, store_config: StoreConfig, ahead=None) -> Serving:
     """The worker, whose engines (the first and any rebuilt one) are served from one adapter store.
     The memory plan is checked first (``check_memory``): an engine that cannot fit is never loaded.
-    ``ahead``: the first engine process, spawned before (``SpawnedAhead``); rebuilt ones spawn anew."""
+    ``ahead``: the first engine process, spawned before (``SpawnedAhead``). Each engine process, once
+    warm, gets a spare (``engine_spare_process``): the one that replaces it if it dies, its imports done."""
     from hotlora import Engine
 
     check_memory(config)
     engine_config = config.engine_config()
     serving = Serving(store_config)
+    serving.next_engine_process = ahead
 
     def make_engine():
         log.info("loading %s (slots %s, target rank %d, batch %s, compile %s, mixed batches %s, %s)", config.model,
                  ",".join(config.slots), config.target_rank, config.batch_size, config.compile, config.mixed,
                  "in an engine process" if config.engine_process else "in this process")
         if config.engine_process:
-            from hotlora.engine.process import EngineProcess
+            from hotlora.engine.process import EngineProcess, SpawnedAhead
 
+            taken, serving.next_engine_process = serving.next_engine_process, None
             engine = EngineProcess.start(config.model, engine_config, stall_timeout_s=config.engine_stall_timeout_s,
-                                         held_bytes=config.engine_held_adapter_bytes, ahead=ahead)
+                                         held_bytes=config.engine_held_adapter_bytes, ahead=taken)
         else:
             engine = Engine.from_pretrained(config.model, engine_config)
         serving.open_store(engine)
+        if config.engine_process and config.engine_spare_process:  # last: its imports delay no start
+            serving.next_engine_process = SpawnedAhead(str(config.model), config.compile)
         return engine
 
     worker = serving.worker = Worker(make_engine, max_queue=config.max_queue,
@@ -132,7 +144,10 @@ def serve(config: ServerConfig, store_config: StoreConfig, ahead=None) -> None:
                                            timeout_graceful_shutdown=int(config.drain_timeout_s)))
     app.state.on_start_failed = lambda: setattr(server, "should_exit", True)
     log.info("listening on http://%s:%d (ready once /readyz says so)", config.host, config.port)
-    server.run()
+    try:
+        server.run()
+    finally:
+        serving.discard_spare()
     if serving.worker.failed and serving.worker.failed.startswith("start-up failed"):
         raise StartupFailed(serving.worker.failed)
 
