@@ -39,7 +39,11 @@ lint: install
 	$(VENV)/bin/ruff check src tests bench
 
 # Two test processes (CI has 2 cores): most of a test's time is compiling, one Python thread each.
-# A module's tests stay in one process (its compiled engines are module fixtures; tests/conftest.py).
+# tests/conftest.py marks each module's tests as one xdist group, meant to keep them in one process
+# (their compiled engines are module fixtures). With pytest 9 and xdist 3.8 the marks group nothing:
+# xdist names a group by rewriting ``item._nodeid``, which pytest 9 no longer reads, so tests are
+# scheduled one by one. Measured from a fresh clone (2 cores, 2026-12-06): one by one 38:57; by module
+# (--dist loadfile) 41:57, the contract module's 19 families then on one process at the end.
 TEST_WORKERS ?= 2
 test: lint $(BROWSER) $(PROMTOOL)
 	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup
