@@ -15,7 +15,7 @@ BROWSER := /usr/bin/chromium /usr/bin/chromedriver
 PROMTOOL := /usr/bin/promtool
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install lint test test-full test-families serve clean
+.PHONY: install lint test test-durations test-full test-families serve clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,14 +39,21 @@ lint: install
 	$(VENV)/bin/ruff check src tests bench
 
 # Two test processes (CI has 2 cores): most of a test's time is compiling, one Python thread each.
-# tests/conftest.py marks each module's tests as one xdist group, meant to keep them in one process
-# (their compiled engines are module fixtures). With pytest 9 and xdist 3.8 the marks group nothing:
-# xdist names a group by rewriting ``item._nodeid``, which pytest 9 no longer reads, so tests are
-# scheduled one by one. Measured from a fresh clone (2 cores, 2026-12-06): one by one 38:57; by module
-# (--dist loadfile) 41:57, the contract module's 19 families then on one process at the end.
+# tests/scheduling.py keeps the tests that share a compiled fixture in one process and hands the
+# longest sets out first, by tests/durations.json.
 TEST_WORKERS ?= 2
 test: lint $(BROWSER) $(PROMTOOL)
-	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS)
+
+# Records tests/durations.json (what tests/scheduling.py orders by) from `make test` in a fresh clone
+# of the committed HEAD, the case CI runs (its own .venv and empty compile caches; ~45 min on 2 cores).
+# Re-run it when tests are added or moved; tests it does not know are estimated.
+DURATIONS_RUN := $(CURDIR)/.cache/durations-run
+test-durations:
+	rm -rf $(DURATIONS_RUN) && git clone -q $(CURDIR) $(DURATIONS_RUN)
+	HOTLORA_STORE_TEST_DURATIONS=$(CURDIR)/tests/durations.json \
+		$(MAKE) -C $(DURATIONS_RUN) test TORCHINDUCTOR_CACHE_DIR=$(DURATIONS_RUN)/.cache/inductor
+	rm -rf $(DURATIONS_RUN)
 
 # The per-family modules (fused, auto, int8, bf16, formats, mixed batches, the three APIs, Ray) for every family beyond
 # flux and sdxl; `make test` runs the correctness contract for all of them. Not part of `make test`.

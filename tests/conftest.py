@@ -11,14 +11,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from .helpers import TARGET_RANK  # noqa: E402
 
 
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (``make test`` runs two processes): a module's tests run in one process,
-    which then compiles its engine fixtures once; the Ray tests all in one, one local cluster at a
-    time on the machine. Inert with pytest 9 and xdist 3.8 (see the Makefile): tests are then
-    scheduled one by one."""
-    for item in items:
-        group = "ray" if "tests/ray/" in item.nodeid else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_configure(config):
+    """``make test``'s two processes: tests that share a compiled fixture run in one process, the
+    longest sets first (tests/scheduling.py)."""
+    from .scheduling import register
+
+    register(config)
 
 
 @pytest.fixture(scope="session")
