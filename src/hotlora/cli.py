@@ -185,8 +185,9 @@ def cmd_families(args) -> int:
 def cmd_plan(args) -> int:
     """The memory plan of ``hotlora serve`` with the same settings (flags, HOTLORA_* variables,
     --config), against a named accelerator, a size, or this machine; exit status 1 when it does not fit."""
-    from hotlora.engine.plan import ACCELERATORS, parse_bytes, plan_memory, this_machine
+    from hotlora.engine.plan import ACCELERATORS, parse_bytes, this_machine
     from hotlora.engine.device import default_device
+    from hotlora.server.run import plan_serving
 
     config, _ = serve_settings(args)
     model = args.model_name or config.model
@@ -202,7 +203,8 @@ def cmd_plan(args) -> int:
         budget, name = ACCELERATORS[args.gpu], args.gpu
     else:
         budget, name = this_machine(device.split(":")[0], device)
-    plan = plan_memory(model, engine_config, budget=budget, budget_name=name, device=device)
+    plan, _ = plan_serving(model, engine_config, config.engine_process and config.engine_spare_process,
+                           budget=budget, budget_name=name, device=device)
     print(json.dumps(plan.as_dict(), indent=2) if args.json else plan.text())
     return 0 if plan.fits is not False else 1
 

@@ -73,6 +73,36 @@ def test_a_plan_that_fits_only_without_the_estimate_fits_tight_and_is_not_refuse
     assert roomy.verdict.startswith("FITS: peak")
 
 
+def test_a_server_keeps_its_spare_engine_process_only_where_it_fits_beside_the_engine():
+    """``hotlora serve``'s spare engine process (no model, its imports done) is host memory: counted
+    on a CPU, beside the card on a GPU. Where the engine fits only without it, the server (and
+    ``hotlora plan``) goes without one, saying so; what does not fit alone is refused as before."""
+    from hotlora.engine.plan.budget import SPARE_PROCESS_BYTES
+    from hotlora.server.run import check_memory, plan_serving
+    from hotlora.settings import ServerConfig
+
+    config = EngineConfig(target_rank=64, sizes="512x512", batch_size=1)
+    alone = plan_memory("flux-dev", config, device="cpu", budget=2**50)
+    with_spare = plan_memory("flux-dev", config, device="cpu", budget=2**50, spare_process=True)
+    assert with_spare.required_bytes - alone.required_bytes == SPARE_PROCESS_BYTES
+    on_gpu = plan_memory("flux-dev", EngineConfig(target_rank=64), device="cuda", spare_process=True)
+    assert part(on_gpu, "spare engine process").where == "host"
+
+    def serving(budget):
+        return plan_serving("flux-dev", config, True, budget=budget, budget_name="test", device="cpu")
+
+    plan, spare = serving(with_spare.required_bytes)
+    assert spare and plan.fits and part(plan, "spare engine process")
+    plan, spare = serving(with_spare.required_bytes - 1)
+    assert not spare and plan.fits and "no spare engine process" in plan.text()
+    plan, spare = serving(alone.required_bytes - 1)
+    assert plan.fits is False and "DOES NOT FIT" in plan.verdict
+    server = dict(model="flux-dev", target_rank=64, sizes="512x512", batch_size=1, device="cpu")
+    assert check_memory(ServerConfig(**server, memory=str(with_spare.required_bytes)))[1] is True
+    assert check_memory(ServerConfig(**server, memory=str(with_spare.required_bytes - 1)))[1] is False
+    assert check_memory(ServerConfig(**server, memory="off", engine_spare_process=False))[1] is False
+
+
 def test_fused_pristine_copy_is_every_linear_weight_and_goes_to_the_host_when_it_does_not_fit(flux_dev_linears):
     transformer = build_parts(find_model("flux-dev"), torch.bfloat16).transformer
     bias_bytes = sum(m.bias.numel() for m in transformer.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None)

@@ -60,16 +60,19 @@ class Serving:
                     log.warning("catalog entries that failed: %s", ", ".join(failures))
 
 
-def check_memory(config: ServerConfig):
+def check_memory(config: ServerConfig) -> tuple:
     """The engine's memory plan (``hotlora plan``), logged; ``DoesNotFit`` (with the plan) when it
     exceeds ``config.memory``, else the CUDA device's total memory or, on a CPU, the RAM available
-    now. Runs before anything is loaded; returns the plan (None: ``memory = off``, or no plan)."""
+    now. Runs before anything is loaded. Returns (the plan (None: ``memory = off``, or no plan),
+    whether to keep a spare engine process): the spare (``engine_spare_process``) is planned beside
+    the engine, and where the engine fits only without it the server runs without one."""
+    spare = want_spare = bool(config.engine_process and config.engine_spare_process)
     if str(config.memory).lower() == "off":
-        return None
+        return None, spare
     import torch
 
     from hotlora.engine.device import default_device
-    from hotlora.engine.plan import parse_bytes, plan_memory, this_machine
+    from hotlora.engine.plan import parse_bytes, this_machine
     from hotlora.errors import DoesNotFit
 
     engine_config = config.engine_config()
@@ -79,26 +82,46 @@ def check_memory(config: ServerConfig):
     try:  # a device torch cannot name is the engine's error to give (at load), not the planner's
         if not config.memory:
             budget, name = this_machine(torch.device(device).type, device)
-        plan = plan_memory(config.model, engine_config, budget=budget, budget_name=name, device=device)
+        plan, spare = plan_serving(config.model, engine_config, spare, budget=budget, budget_name=name, device=device)
     except Exception as exc:  # the planner's own limits (a layout it cannot read) must not stop a server
         log.warning("no memory plan for %s (%s: %s); starting without the check", config.model,
                     type(exc).__name__, exc)
-        return None
+        return None, spare
     if plan.fits is False:
         raise DoesNotFit(plan)
-    # Fits, but perhaps only with adapters smaller than the target rank (the verdict says "TIGHT").
-    (log.warning if plan.budget is not None and plan.peak_bytes > plan.budget else log.info)("%s", plan.text())
-    return plan
+    # Fits, but perhaps only with adapters smaller than the target rank (the verdict says "TIGHT"),
+    # or without the spare.
+    tight = (plan.budget is not None and plan.peak_bytes > plan.budget) or spare != want_spare
+    (log.warning if tight else log.info)("%s", plan.text())
+    return plan, spare
+
+
+def plan_serving(model, engine_config, spare: bool, **budget) -> tuple:
+    """A server's memory plan (``plan_memory``'s ``budget``, ``budget_name``, ``device``): the engine
+    and, where it fits beside it, the spare engine process. Returns (the plan, whether the spare is
+    in it)."""
+    from hotlora.engine.plan import format_bytes, plan_memory
+
+    plan = plan_memory(model, engine_config, spare_process=spare, **budget)
+    if spare and plan.fits is False:
+        alone = plan_memory(model, engine_config, **budget)
+        if alone.fits is not False:
+            alone.notes.append(f"no spare engine process: the engine fits only without one "
+                               f"({format_bytes(plan.static_bytes - alone.static_bytes)}); an engine process "
+                               "that dies is replaced by a new spawn, its imports ~4 s on 2 cores")
+            return alone, False
+    return plan, spare
 
 
 def build_serving(config: ServerConfig, store_config: StoreConfig, ahead=None) -> Serving:
     """The worker, whose engines (the first and any rebuilt one) are served from one adapter store.
     The memory plan is checked first (``check_memory``): an engine that cannot fit is never loaded.
     ``ahead``: the first engine process, spawned before (``SpawnedAhead``). Each engine process, once
-    warm, gets a spare (``engine_spare_process``): the one that replaces it if it dies, its imports done."""
+    warm, gets a spare (``engine_spare_process``, where the plan has room for it): the one that
+    replaces it if it dies, its imports done."""
     from hotlora import Engine
 
-    check_memory(config)
+    _, spare = check_memory(config)
     engine_config = config.engine_config()
     serving = Serving(store_config)
     serving.next_engine_process = ahead
@@ -116,7 +139,7 @@ def build_serving(config: ServerConfig, store_config: StoreConfig, ahead=None) -
         else:
             engine = Engine.from_pretrained(config.model, engine_config)
         serving.open_store(engine)
-        if config.engine_process and config.engine_spare_process:  # last: its imports delay no start
+        if spare:  # last: its imports delay no start
             serving.next_engine_process = SpawnedAhead(str(config.model), config.compile)
         return engine
 

@@ -94,7 +94,8 @@ class ServerConfig(EngineSettings):
     # A restart after an engine death then waits for no imports (torch, diffusers: ~4 s on 2 cores);
     # the spare is spawned once an engine is warm, so it never competes with a start.
     engine_spare_process: bool = setting(True, "keep a spare engine process with its imports done (~0.3 GB of "
-                                               "host memory), which replaces an engine process that dies")
+                                               "host memory, counted by the memory plan: none where the engine fits only "
+                                               "without it), which replaces an engine process that dies")
     engine_stall_timeout_s: float = setting(600.0, "an engine process that finishes no denoising step (or decode) "
                                                    "for this long is killed and restarted")
     # A request whose adapter the child holds sends only its key; one it does not, the tensors.

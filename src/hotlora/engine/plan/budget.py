@@ -25,6 +25,9 @@ CUDA_ACTIVATION_FACTOR = 19.914 / 12.166
 # kernels. Measured: peak RSS of the tiny-Flux engine, whose own tensors are a few MB
 # (bench/results/memory.md: 436 MiB eager, 604 MiB compiled).
 CPU_RUNTIME_BYTES = {False: 436 * 2**20, True: 604 * 2**20}
+# ``hotlora serve``'s spare engine process (``engine_spare_process``): its imports done, no model, no
+# device memory. Measured: the resident set of one beside the tiny Flux model's server (psutil).
+SPARE_PROCESS_BYTES = 313 * 2**20
 UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": GB, "gb": GB, "t": 10**12,
          "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": GiB, "tib": 2**40}
 
@@ -59,4 +62,4 @@ def this_machine(device_type: str, device: str | None = None) -> tuple[int, str]
     return psutil.virtual_memory().available, "available RAM"
 
 
-__all__ = ["ACCELERATORS", "CPU_RUNTIME_BYTES", "CUDA_ACTIVATION_FACTOR", "CUDA_RUNTIME_BYTES", "format_bytes", "parse_bytes", "this_machine"]
+__all__ = ["ACCELERATORS", "CPU_RUNTIME_BYTES", "CUDA_ACTIVATION_FACTOR", "CUDA_RUNTIME_BYTES", "SPARE_PROCESS_BYTES", "format_bytes", "parse_bytes", "this_machine"]

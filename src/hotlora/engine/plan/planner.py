@@ -11,7 +11,8 @@ from hotlora.settings import EngineConfig, format_size
 from hotlora.engine.device import default_device
 from hotlora.engine.pipeline import resolve_dtype
 from hotlora.engine.plan import activations
-from hotlora.engine.plan.budget import CPU_RUNTIME_BYTES, CUDA_ACTIVATION_FACTOR, CUDA_RUNTIME_BYTES, format_bytes
+from hotlora.engine.plan.budget import (CPU_RUNTIME_BYTES, CUDA_ACTIVATION_FACTOR, CUDA_RUNTIME_BYTES, SPARE_PROCESS_BYTES,
+                                        format_bytes)
 from hotlora.engine.plan.memory import Part, static_parts
 from hotlora.engine.plan.models import find_model
 from hotlora.families import family_named
@@ -155,9 +156,10 @@ class MemoryPlan:
 
 
 def plan_memory(model: str, config: EngineConfig | None = None, *, budget: int | None = None,
-                budget_name: str = "", device: str | None = None) -> MemoryPlan:
+                budget_name: str = "", device: str | None = None, spare_process: bool = False) -> MemoryPlan:
     """The memory ``Engine.from_pretrained(model, config)`` would hold on ``device`` (default: the
-    config's, else CUDA when this machine has one), against ``budget`` bytes."""
+    config's, else CUDA when this machine has one), against ``budget`` bytes. ``spare_process``: a
+    server's spare engine process beside it (host memory; on a CPU the same memory)."""
     config = config or EngineConfig()
     device = device or config.device or default_device()
     device_type = torch.device(device).type
@@ -172,6 +174,9 @@ def plan_memory(model: str, config: EngineConfig | None = None, *, budget: int |
     elif device_type == "cpu":
         parts.append(Part("process runtime", CPU_RUNTIME_BYTES[bool(config.compile)],
                           detail="Python and the libraries (measured on the tiny engine, bench/memory.py)"))
+    if spare_process:
+        parts.append(Part("spare engine process", SPARE_PROCESS_BYTES, where="device" if device_type == "cpu" else "host",
+                          detail="its imports done, no model (engine_spare_process; measured on the tiny model's server)"))
     table = _coefficients()
     static = sum(p.bytes for p in parts if p.where == "device" and not p.estimate)
     sizes = config.sizes or ((config.height or family.default_size[0], config.width or family.default_size[1]),)
