@@ -93,7 +93,7 @@ class ServerConfig(EngineSettings):
     engine_process: bool = setting(True, "run the engine in its own process, restarted when it dies")
     # A restart after an engine death then waits for no imports (torch, diffusers: ~4 s on 2 cores);
     # the spare is spawned once an engine is warm, so it never competes with a start.
-    engine_spare_process: bool = setting(True, "keep a spare engine process with its imports done (~0.3 GB of "
+    engine_spare_process: bool = setting(True, "keep a spare engine process with its imports done (~0.4 GB of "
                                                "host memory, counted by the memory plan: none where the engine fits only "
                                                "without it), which replaces an engine process that dies")
     engine_stall_timeout_s: float = setting(600.0, "an engine process that finishes no denoising step (or decode) "
