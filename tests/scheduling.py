@@ -110,9 +110,12 @@ class SharedFixtureScheduling(LoadScopeScheduling):
 
     def _split_scope(self, nodeid: str) -> str:
         if self._units is None:
-            # Written by the first process during its collection, which has finished by the time
-            # the scheduler splits anything.
-            self._units = json.loads(self._units_file.read_text())
+            # Written by the processes during their collection, which has finished by the time the
+            # scheduler splits anything (none where a collection failed: units are then modules).
+            try:
+                self._units = json.loads(self._units_file.read_text())
+            except FileNotFoundError:
+                self._units = {}
         return self._units.get(nodeid) or nodeid.split("::")[0]
 
     def _assign_work_unit(self, node) -> None:

@@ -176,7 +176,7 @@ def plan_memory(model: str, config: EngineConfig | None = None, *, budget: int |
                           detail="Python and the libraries (measured on the tiny engine, bench/memory.py)"))
     if spare_process:
         parts.append(Part("spare engine process", SPARE_PROCESS_BYTES, where="device" if device_type == "cpu" else "host",
-                          detail="its imports done, no model (engine_spare_process; measured on the tiny model's server)"))
+                          detail="its imports done, no model (engine_spare_process; measured, plan/budget.py)"))
     table = _coefficients()
     static = sum(p.bytes for p in parts if p.where == "device" and not p.estimate)
     sizes = config.sizes or ((config.height or family.default_size[0], config.width or family.default_size[1]),)
