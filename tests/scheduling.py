@@ -142,7 +142,9 @@ class DurationRecorder:
     def pytest_runtest_logreport(self, report) -> None:
         self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, exitstatus) -> None:
+        if exitstatus != 0:  # a failed run's timings must not replace the record the order comes from
+            return
         record = {nodeid: round(seconds, 2) for nodeid, seconds in sorted(self.durations.items())}
         self.path.write_text(json.dumps(record, indent=0) + "\n")
 

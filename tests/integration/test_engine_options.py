@@ -1,5 +1,6 @@
 """Engine options: attention backends through diffusers' dispatcher, compile artifacts across restarts."""
 
+import json
 import logging
 import subprocess
 import sys
@@ -43,14 +44,19 @@ START = textwrap.dedent("""
     import json, sys, time
     began = time.perf_counter()
     from hotlora import Engine
+    from hotlora.engine.pipeline import graph_count
+    # Three rank buckets, none of them 0: the ranks are one symbolic size, so only the first compiles.
     engine = Engine.from_pretrained(sys.argv[1], target_rank=8, batch_size=1, compile=True,
-                                    compile_cache_dir=sys.argv[2], rank_buckets=())  # 1 state: CI time
-    print(json.dumps({"loaded": engine.compile_artifacts_loaded, "recompiles": engine.recompiles}))
+                                    compile_cache_dir=sys.argv[2], rank_buckets=(2, 4))
+    print(json.dumps({"loaded": engine.compile_artifacts_loaded, "recompiles": engine.recompiles,
+                      "graphs": graph_count(), "skipped": engine.warm.warmup_skipped}))
 """)
 
 
 def test_compile_artifacts_are_saved_after_warm_up_and_loaded_by_the_next_process(tiny_models, tmp_path):
-    """Two real processes, each with an empty inductor cache: the second starts from the first's artifacts."""
+    """Two real processes, each with an empty inductor cache: the second starts from the first's
+    artifacts. Each rank bucket is a writer state, but they share their graphs: the warm-up passes of
+    buckets 4 and 2 compile nothing after bucket 8's (the record says so, and a restart skips them)."""
 
     def start(name):
         env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{name}"), "PATH": "/usr/bin:/bin",
@@ -58,14 +64,16 @@ def test_compile_artifacts_are_saved_after_warm_up_and_loaded_by_the_next_proces
         done = subprocess.run([sys.executable, "-c", START, str(tiny_models["flux"]), str(tmp_path / "compile")],
                               capture_output=True, text=True, timeout=600, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
-        import json
-
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    assert start("first") == {"loaded": False, "recompiles": 0}
+    first = start("first")
+    assert first["graphs"] > 0 and first == {"loaded": False, "recompiles": 0, "graphs": first["graphs"], "skipped": 0}
     saved = list((tmp_path / "compile").glob("compile-artifacts-*.bin"))
     assert len(saved) == 1 and saved[0].stat().st_size > 0
-    assert start("second") == {"loaded": True, "recompiles": 0}
+    (record,) = (tmp_path / "compile").glob("warmup-*.json")
+    idle = json.loads(record.read_text())["idle"]
+    assert {name.split()[0] for name in idle} == {"state=4", "state=2"}  # state=8 compiled
+    assert start("second") == {"loaded": True, "recompiles": 0, "graphs": first["graphs"], "skipped": len(idle)}
 
 
 RESTART = textwrap.dedent("""
@@ -104,7 +112,6 @@ RESTART = textwrap.dedent("""
 def test_a_warm_up_killed_half_way_leaves_its_states_and_a_restart_skips_passes_that_compile_nothing(
         tiny_models, tmp_path):
     """Real processes, each with an empty inductor cache, so the artifacts file is all they share."""
-    import json
 
     def start(name):
         env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{name}"), "PATH": "/usr/bin:/bin",

@@ -85,11 +85,29 @@ def load_pipeline(model: str | os.PathLike, *, dtype: torch.dtype, device: str):
     return pipeline, family
 
 
+def hold_weight_shapes(denoiser: torch.nn.Module) -> None:
+    """Every weight and buffer of ``denoiser`` gets static shapes in its compiled graphs, each dim
+    marked, except the dims already marked dynamic (the slot writer's rank rows, slots.py), and
+    dynamo is told to read those marks on module weights: by default it holds every module weight
+    static whatever it is marked (``force_parameter_static_shapes`` and
+    ``force_nn_module_property_static_shapes``, process-wide). The marks keep what the defaults
+    kept: without them a weight whose shape changed between two engines of one block class (two
+    sizes of one family in a process) would turn dynamic instead of compiling its own graph."""
+    torch._dynamo.config.force_parameter_static_shapes = False
+    torch._dynamo.config.force_nn_module_property_static_shapes = False
+    for tensor in (*denoiser.parameters(), *denoiser.buffers()):
+        dynamic = getattr(tensor, "_dynamo_dynamic_indices", ())
+        for dim in range(tensor.dim()):
+            if dim not in dynamic:
+                torch._dynamo.mark_static(tensor, dim)
+
+
 def compile_denoiser(denoiser: torch.nn.Module, family: ModelFamily, fullgraph: bool = True,
                      dynamic: bool | None = None) -> str:
     """Regional compilation where the model declares repeated blocks, whole-model otherwise.
     ``dynamic``: torch.compile's (None: dims that change between calls turn dynamic on their second
     value; False: one static graph per shape)."""
+    hold_weight_shapes(denoiser)
     if not getattr(denoiser, "_repeated_blocks", None) and family.repeated_blocks:
         denoiser._repeated_blocks = list(family.repeated_blocks)  # what compile_repeated_blocks reads
     for block in denoiser.modules():

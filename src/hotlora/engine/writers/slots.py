@@ -204,6 +204,16 @@ class SlotsWriter:
                  torch.nn.Parameter(up_view(slice(None), name, rows), requires_grad=False))
                 for name, _, _ in self._peft
             ]
+        if len(self._bucket_weights) > 1:
+            # The rows a bucket reads are one symbolic size in the compiled graphs, not a constant per
+            # bucket: one graph serves every non-zero bucket (pipeline.py's hold_weight_shapes has dynamo
+            # read module weights' marks). Marked before the first trace, so none is compiled static.
+            for pairs in self._bucket_weights.values():
+                for down, up in pairs:
+                    torch._dynamo.maybe_mark_dynamic(down, 0)
+                    torch._dynamo.mark_static(down, 1)
+                    torch._dynamo.maybe_mark_dynamic(up, 1)
+                    torch._dynamo.mark_static(up, 0)
         if 0 in self.rank_buckets:  # reads no rows: held at the smallest bucket's, so its guards never vary
             self._bucket_weights[0] = self._bucket_weights[min(b for b in self.rank_buckets if b)]
         self._bucket_pointers = {id(p): p.data_ptr() for pairs in self._bucket_weights.values()
