@@ -161,7 +161,7 @@ def main() -> None:
         rows.append([name, "cold", cold["ready_s"], "", *(cold["marks"][mark] for mark in MARKS)])
         rows.append([name, f"restart (median of {len(restarts)})", round(median, 2),
                      f"{median / cold['ready_s']:.1%}",
-                     *(statistics.median(r["marks"][mark] for r in restarts if r["marks"][mark] is not None)
+                     *(round(statistics.median(r["marks"][mark] for r in restarts if r["marks"][mark] is not None), 2)
                        if any(r["marks"][mark] is not None for r in restarts) else "" for mark in MARKS)])
         rows.append([name, "restarts, each", ", ".join(str(r["ready_s"]) for r in restarts), "", *[""] * len(MARKS)])
     table = markdown_table(["code", "start", "to /readyz 200 (s)", "restart / cold",
@@ -171,7 +171,7 @@ def main() -> None:
         table += "\n\n" + markdown_table(
             ["this checkout's engine process killed (SIGKILL)", "to /readyz 200 again (s), each", "median",
              "median / this checkout's cold start"],
-            [[name, ", ".join(map(str, times)), statistics.median(times), f"{statistics.median(times) / cold:.1%}"]
+            [[name, ", ".join(map(str, times)), round(statistics.median(times), 2), f"{statistics.median(times) / cold:.1%}"]
              for name, times in kills.items()])
     loads = [r["load_average"] for run in runs.values() for r in [run["cold"], *run["restarts"]]]
     write_results(args.out, "serve_restart", {"args": vars(args), "runs": runs, "engine_kills": kills}, table,
