@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 from xdist.scheduler import LoadScopeScheduling
+
+from hotlora.durable import write_atomic
 
 DURATIONS = Path(__file__).with_name("durations.json")
 # Set to a path to record this run's durations there; tests/durations.json is such a record of a run
@@ -146,7 +149,8 @@ class DurationRecorder:
         if exitstatus != 0:  # a failed run's timings must not replace the record the order comes from
             return
         record = {nodeid: round(seconds, 2) for nodeid, seconds in sorted(self.durations.items())}
-        self.path.write_text(json.dumps(record, indent=0) + "\n")
+        # Whole or not at all: a record cut short by a kill would stop the next run's scheduler.
+        write_atomic(self.path, (json.dumps(record, indent=0) + "\n").encode())
 
 
 class Scheduling:
@@ -164,8 +168,7 @@ class Scheduling:
         node.workerinput[UNITS_KEY] = str(self.units_file)
 
     def pytest_unconfigure(self):
-        self.units_file.unlink(missing_ok=True)
-        self.units_file.parent.rmdir()
+        shutil.rmtree(self.units_file.parent, ignore_errors=True)
 
 
 class UnitsWriter:
@@ -176,9 +179,7 @@ class UnitsWriter:
     def pytest_collection_modifyitems(self, items):
         # After deselection (-m): the units of the tests that run. Every process collects the same
         # tests, so whichever writes last writes the same units.
-        partial = self.path.with_name(f"{self.path.name}.{os.getpid()}")
-        partial.write_text(json.dumps(units_of(items)))
-        partial.replace(self.path)
+        write_atomic(self.path, json.dumps(units_of(items)).encode())
 
 
 def register(config) -> None:
