@@ -210,7 +210,10 @@ grep -q "loaded compile artifacts from" <<<"$logs" || die "the restart did not l
 grep -q "restored inductor's precompiled headers" <<<"$logs" || die "the restart built the precompiled header again"
 mapfile -t warm < <(grep -o 'warm: [0-9.]*s' <<<"$logs" | grep -o '[0-9.]*')
 [ ${#warm[@]} -ge 2 ] || die "expected two warm-up lines, got ${#warm[@]}"
-log "ready after $second_ready s on restart (first start $first_ready s); warm-up ${warm[0]} s -> ${warm[-1]} s"
+mapfile -t graphs < <(grep -o 'warm: [0-9.]*s, [0-9]* graphs' <<<"$logs" | awk '{print $3}')
+[ ${#graphs[@]} -eq ${#warm[@]} ] || die "warm-up lines without a graph count"
+log "ready after $second_ready s on restart (first start $first_ready s); warm-up ${warm[0]} s -> ${warm[-1]} s" \
+    "(${graphs[0]} -> ${graphs[-1]} graphs: dynamo traces them again, loading what was compiled)"
 awk -v a="$second_ready" -v b="$first_ready" 'BEGIN { exit !(a < b) }' || die "the restart was not faster"
 generate_twice generate_from_host
 # The Deployment's cache claims become this container's volumes: the pod below must load the
