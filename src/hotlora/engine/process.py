@@ -97,6 +97,7 @@ def engine_main(conn, spec: ChildSpec | AheadSpec, stop=None) -> None:
     ``stop``: shared memory the server writes a run's job number into when every request of that
     run is cancelled; the run then ends at its next step boundary. ``AheadSpec``: spawned ahead, it
     imports, then waits for its ``ChildSpec``."""
+    spawned = time.monotonic()
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle; it stops us
     logging.basicConfig(level=spec.log_level, format="%(asctime)s %(levelname)s engine[%(process)d] %(name)s: %(message)s")
@@ -112,9 +113,12 @@ def engine_main(conn, spec: ChildSpec | AheadSpec, stop=None) -> None:
     from hotlora.engine.core import Engine
 
     if isinstance(spec, AheadSpec):
-        from hotlora.engine.pipeline import import_pipeline_classes
+        from hotlora.engine.pipeline import import_compiler_ahead, import_pipeline_classes
 
         import_pipeline_classes(spec.model)  # the server is still planning: the load's imports done now
+        if spec.compile:
+            import_compiler_ahead()
+        log.info("imports done %.1fs after its start (spawned ahead); waiting for its model", time.monotonic() - spawned)
         try:
             message = conn.recv()
         except (EOFError, OSError):
