@@ -39,6 +39,7 @@ SETTLE_S = 10.0  # after ready, before an engine is killed: a spare's imports ta
 MARKS = {
     "first log line": r"hotlora\.server\.run: serving",
     "memory plan": r"hotlora\.server\.run: memory plan",
+    "engine imports done": r"engine\[\d+\] hotlora\.engine\.process: imports done",  # a spawned-ahead child's
     "engine given its model": r"hotlora\.engine\.process: engine process \d+ (started|\(spawned ahead)",
     "engine loading": r"engine\[\d+\] hotlora\.engine\.pipeline: loading",
     "warm-up began": r"engine\[\d+\] hotlora\.engine\.warmup: warm-up:",
