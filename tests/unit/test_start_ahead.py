@@ -1,7 +1,6 @@
 """What a start does ahead of its need, so a restart from the compile artifacts waits less: the
 engine process spawned before the server's own start-up, and inductor's CPU ISA probe in a thread."""
 
-import os
 import subprocess
 import sys
 
@@ -81,26 +80,3 @@ def test_the_child_spawned_ahead_imports_what_loading_the_model_would(tmp_path):
         "False", "[] []",
         "diffusers.StableDiffusionPipeline diffusers.UNet2DConditionModel transformers.CLIPTextModel",
         "True True"]
-
-
-COMPILER_AHEAD = """
-import sys
-import torch
-from hotlora.engine.pipeline import import_compiler_ahead
-wanted = ("torch._inductor.compile_fx", "torch._inductor.codegen.cpp", "torch._dynamo.backends.inductor")
-print(any(name in sys.modules for name in wanted))
-import_compiler_ahead()
-from torch._inductor.codegen.common import get_scheduling_for_device
-print(all(name in sys.modules for name in wanted), get_scheduling_for_device("cpu") is not None)
-print(torch.compile(lambda x: x * 2 + 1)(torch.ones(3)).tolist())
-"""
-
-
-def test_the_child_spawned_ahead_imports_the_compiler_before_its_first_trace(tmp_path):
-    """A compiled start's first pass imports dynamo's backends and inductor's code generators; the
-    engine process spawned ahead has them imported and registered before its model arrives, and a
-    compile afterwards works as it would have."""
-    done = subprocess.run([sys.executable, "-c", COMPILER_AHEAD], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["False", "True True", "[3.0, 3.0, 3.0]"]

@@ -68,28 +68,6 @@ def import_pipeline_classes(model: str | os.PathLike | None) -> list[str]:
     return imported
 
 
-def import_compiler_ahead() -> None:
-    """Import what a process's first compiled call imports before it traces anything: dynamo's
-    backend registry, inductor's compiler and code generators (registered per device on first use)
-    and AOT autograd. ~1 s on 2 cores (180 of the ~200 modules a restart's warm-up imported, measured),
-    taken by an engine process spawned ahead while it waits for its spec, instead of inside the
-    warm-up's first pass. Inductor calls ``init_backend_registration`` itself on its first compile;
-    it registers once. A failure here is left to that first compile, which reports it."""
-    try:
-        from torch._dynamo.backends.registry import lookup_backend
-        from torch._inductor.codegen.common import init_backend_registration
-
-        lookup_backend("inductor")  # imports every registered backend module, as the first compile does
-        import torch._inductor.compile_fx  # noqa: F401
-        import torch._inductor.codegen.cpp_wrapper_cpu  # noqa: F401
-        import torch._inductor.fx_passes.post_grad  # noqa: F401
-        import torch._inductor.select_algorithm  # noqa: F401
-
-        init_backend_registration()
-    except Exception as exc:
-        log.debug("compiler not imported ahead: %s", exc)
-
-
 def load_pipeline(model: str | os.PathLike, *, dtype: torch.dtype, device: str):
     """Load a Flux or SDXL pipeline from a local directory or a hub id (``from_pretrained``)."""
     from diffusers import DiffusionPipeline

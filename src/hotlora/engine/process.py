@@ -113,11 +113,10 @@ def engine_main(conn, spec: ChildSpec | AheadSpec, stop=None) -> None:
     from hotlora.engine.core import Engine
 
     if isinstance(spec, AheadSpec):
-        from hotlora.engine.pipeline import import_compiler_ahead, import_pipeline_classes
+        from hotlora.engine.pipeline import import_pipeline_classes
 
         import_pipeline_classes(spec.model)  # the server is still planning: the load's imports done now
-        if spec.compile:
-            import_compiler_ahead()
+        # When they are done against when its model arrives: whether its imports are on a start's path.
         log.info("imports done %.1fs after its start (spawned ahead); waiting for its model", time.monotonic() - spawned)
         try:
             message = conn.recv()
