@@ -13,8 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the contract tests of four families ran in 205 and 208 s with one compile thread per worker against
 # 245 and 273 s with inductor's default of two (the kernels are the same; only where g++ runs differs).
 # The workers' own compiles only: processes the tests start (servers' engine processes, restarts) keep
-# inductor's default, which measured as fast or faster for them (344 s against 361 s for the engine
-# process and compile-artifact modules with one thread everywhere).
+# inductor's default, which measured as fast for them (one run each: the engine-process and
+# compile-artifact modules in 344 s with the default, 361 s with one thread everywhere).
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1 and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
     import torch._inductor.config
