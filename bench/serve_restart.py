@@ -159,7 +159,8 @@ def main() -> None:
     for name, run in runs.items():
         cold, restarts = run["cold"], run["restarts"]
         median = statistics.median(r["ready_s"] for r in restarts)
-        rows.append([name, "cold", cold["ready_s"], "", *(cold["marks"][mark] for mark in MARKS)])
+        rows.append([name, "cold", cold["ready_s"], "", *("" if cold["marks"][mark] is None else cold["marks"][mark]
+                                                            for mark in MARKS)])
         rows.append([name, f"restart (median of {len(restarts)})", round(median, 2),
                      f"{median / cold['ready_s']:.1%}",
                      *(round(statistics.median(r["marks"][mark] for r in restarts if r["marks"][mark] is not None), 2)

@@ -11,7 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # pytest-xdist's workers already share the cores, so beyond each worker's share that pool only adds
 # processes (each importing torch) competing for them. Measured on 2 cores, two workers, empty caches:
 # the contract tests of four families ran in 205 and 208 s with one compile thread per worker against
-# 245 and 273 s with inductor's default of two (the kernels are the same; only where g++ runs differs).
+# 245 and 273 s with inductor's default of two (the kernels are the same; only where g++ runs differs;
+# measured through TORCHINDUCTOR_COMPILE_THREADS, the same config value inside a worker).
 # The workers' own compiles only: processes the tests start (servers' engine processes, restarts) keep
 # inductor's default, which measured as fast for them (one run each: the engine-process and
 # compile-artifact modules in 344 s with the default, 361 s with one thread everywhere).

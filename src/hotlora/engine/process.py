@@ -97,7 +97,7 @@ def engine_main(conn, spec: ChildSpec | AheadSpec, stop=None) -> None:
     ``stop``: shared memory the server writes a run's job number into when every request of that
     run is cancelled; the run then ends at its next step boundary. ``AheadSpec``: spawned ahead, it
     imports, then waits for its ``ChildSpec``."""
-    spawned = time.monotonic()
+    spawned = time.monotonic()  # the interpreter's own start and the spawn's unpickling come before
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle; it stops us
     logging.basicConfig(level=spec.log_level, format="%(asctime)s %(levelname)s engine[%(process)d] %(name)s: %(message)s")
@@ -117,7 +117,7 @@ def engine_main(conn, spec: ChildSpec | AheadSpec, stop=None) -> None:
 
         import_pipeline_classes(spec.model)  # the server is still planning: the load's imports done now
         # When they are done against when its model arrives: whether its imports are on a start's path.
-        log.info("imports done %.1fs after its start (spawned ahead); waiting for its model", time.monotonic() - spawned)
+        log.info("imports done in %.1fs (spawned ahead); waiting for its model", time.monotonic() - spawned)
         try:
             message = conn.recv()
         except (EOFError, OSError):
