@@ -267,12 +267,12 @@ def loaded_deltas(denoiser, adapter_name):
         if isinstance(module, LoraLayer) and adapter_name in module.lora_A:
             a = module.lora_A[adapter_name].weight
             b = module.lora_B[adapter_name].weight
-            deltas[name] = module.scaling[adapter_name] * (b @ a)
+            deltas[name] = module.scaling[adapter_name] * (b.flatten(1) @ a.flatten(1))  # flatten(1): a conv's
     return deltas
 
 
 def canonical_deltas(adapter):
-    return {m: w.scaling * (w.up.float() @ w.down.float()) for m, w in adapter.modules.items()}
+    return {m: w.scaling * (w.up.flatten(1).float() @ w.down.flatten(1).float()) for m, w in adapter.modules.items()}
 
 
 def fresh_pipeline(model_dir):

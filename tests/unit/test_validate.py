@@ -102,6 +102,31 @@ def test_slots_refuse_conv_lora_naming_the_mode_that_serves_it():
     assert any("shape mismatch in blk.q" in p for p in found), found
 
 
+# SD1.x's slots: Linears, and the attentions' 1x1 projections held as Linears over the channels.
+POINTWISE = SlotCeiling(modules={"blk.q": (8, 8)}, target_rank=4, family="sd15", pointwise={"attn.proj_in": (4, 8)})
+
+
+def test_slots_take_a_1x1_conv_lora_on_the_projections_they_hold():
+    assert problems_with(adapter({"attn.proj_in": conv_lora(3, 4, 8, k=1), "blk.q": lora(2, 8, 8)}, family="sd15"),
+                         POINTWISE) == []
+
+
+@pytest.mark.parametrize("weights, expected", [
+    (conv_lora(2, 4, 8), "base layer is a 1x1 conv"),  # a 3x3 down conv on a 1x1 layer
+    (conv_lora(2, 5, 8, k=1), "base layer is 4 -> 8"),
+    (conv_lora(5, 4, 8, k=1), "exceeds the engine's target rank 4"),
+])
+def test_a_1x1_conv_lora_that_does_not_fit_is_rejected(weights, expected):
+    found = problems_with(adapter({"attn.proj_in": weights}, family="sd15"), POINTWISE)
+    assert any(expected in p for p in found), found
+
+
+def test_conv_lora_elsewhere_is_still_refused_naming_fused_mode():
+    found = problems_with(adapter({"res.conv1": conv_lora(2, 4, 6), "attn.proj_in": conv_lora(2, 4, 8, k=1)},
+                                  family="sd15"), POINTWISE)
+    assert len(found) == 1 and "conv LoRA on 1 layer(s) (res.conv1)" in found[0], found
+
+
 # A two-expert Wan 2.2 model's ceiling: the high-noise expert's modules, and the low-noise one's under transformer_2.
 TWO_EXPERTS = SlotCeiling(modules={"blk.q": (8, 8), "transformer_2.blk.q": (8, 8)}, target_rank=4, family="wan")
 ONE_EXPERT = SlotCeiling(modules={"blk.q": (8, 8)}, target_rank=4, family="wan")

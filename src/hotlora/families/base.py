@@ -131,6 +131,11 @@ class ModelFamily:
     # family's popular adapters carry them. Slots and banks; fused mode merges LoRA biases for every
     # family (into the layers' own biases: nothing per step).
     lora_biases: ClassVar[bool] = False
+    # 1x1 Conv2d layers (a regex of their full names) the slots and banks hold LoRA on, beside the
+    # Linears: a pointwise conv is a Linear over the channels, so its LoRA factors ([r, in, 1, 1],
+    # [out, r, 1, 1]) are a Linear's with two unit axes. For the layers the family's trainers wrap by
+    # default (SD1.x's attention ``proj_in`` / ``proj_out``); "" where none.
+    pointwise_convs: ClassVar[str] = ""
     # What the pipeline makes: "images" (``.images``, ``num_images_per_prompt``) or "frames" (a
     # video family: ``.frames``, ``num_videos_per_prompt``); the engine's output kind of that name
     # (``engine.results.output_kind``) joins, finishes and names them.

@@ -32,6 +32,10 @@ class StableDiffusion15(ModelFamily):
     tokenizer_of = {"text_encoder": "tokenizer"}
     prompt_argument_of = {"text_encoder": "prompt"}
     tiny_size = 32
+    # SD1.x's transformers project in and out with 1x1 convs (no use_linear_projection), and kohya
+    # sd-scripts' default network (networks/lora.py) wraps every Linear and 1x1 Conv2d of a
+    # Transformer2DModel: most SD1.5 LoRA files carry LoRA on them.
+    pointwise_convs = r".*\.attentions\.\d+\.proj_(in|out)"
 
     def encode_prompts(self, pipeline, prompts: Mapping[str, list], cfg: bool) -> dict:
         embeds, negative = pipeline.encode_prompt(
@@ -80,16 +84,33 @@ class StableDiffusion15(ModelFamily):
     def trainer_lora(self, path: Path, linears, sd, rank: int, seed: int) -> Path:
         """kohya sd-scripts' SD1.x layout (``train_network.py`` with ``networks.lora``): its U-Net
         (library/original_unet.py) keeps diffusers' module names, flattened to ``lora_unet_down_blocks_1_
-        attentions_0_..._attn1_to_q`` with ``lora_down`` / ``lora_up`` and a scalar alpha each. Attention
-        layers only, as for SDXL: diffusers maps them back faithfully. Alpha rank / 2."""
+        attentions_0_..._attn1_to_q`` with ``lora_down`` / ``lora_up`` and a scalar alpha each. What its
+        default network wraps: every Linear of the transformer blocks and the attentions' 1x1
+        ``proj_in`` / ``proj_out`` convs (``[r, in, 1, 1]``, ``[out, r, 1, 1]``). Alpha rank / 2."""
         from hotlora.families.sdxl import save_kohya_lora
 
-        return save_kohya_lora(path, {key: v for key, v in sd.items() if ".attn" in key}, alpha=rank / 2)
+        kept = {key: v for key, v in sd.items() if ".transformer_blocks." in key}
+        return save_kohya_lora(path, {**kept, **projection_lora(linears, rank, seed)}, alpha=rank / 2)
 
     def write_trainer_samples(self, pipeline, linears, out: Path, rank: int, attention_only) -> dict:
         from hotlora.families._tiny import random_lora
         from hotlora.families.sdxl import save_kohya_lora
 
-        path = save_kohya_lora(out / "style-kohya.safetensors",
-                               random_lora(linears, rank, seed=4, modules=attention_only), alpha=rank / 2)
-        return {"style-kohya": path}
+        sd = {**random_lora(linears, rank, seed=4, modules=attention_only), **projection_lora(linears, rank, seed=4)}
+        return {"style-kohya": save_kohya_lora(out / "style-kohya.safetensors", sd, alpha=rank / 2)}
+
+
+def projection_lora(linears, rank: int, seed: int) -> dict:
+    """Random LoRA factors in PEFT key form on each attention's 1x1 ``proj_in`` and ``proj_out``, as
+    a conv LoRA holds them. SD1.x's projections map the block's channels to the attention's width,
+    which are equal (heads x head size = channels): that width is its ``attn1.to_q``'s input."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for block in sorted({name.split(".transformer_blocks.")[0] for name in linears if ".transformer_blocks." in name}):
+        channels = linears[f"{block}.transformer_blocks.0.attn1.to_q"][0]
+        for layer in ("proj_in", "proj_out"):
+            sd[f"{block}.{layer}.lora_A.weight"] = torch.randn(rank, channels, 1, 1, generator=g) / channels**0.5
+            sd[f"{block}.{layer}.lora_B.weight"] = torch.randn(channels, rank, 1, 1, generator=g) * 0.5 / rank**0.5
+    return sd

@@ -157,7 +157,9 @@ def save_sd15(directory: str | Path, seed: int = 0, dtype: torch.dtype = torch.b
 
 
 def adapter_layers() -> dict[str, dict[str, tuple[int, int]]]:
-    """{"kohya_unet", "te", "diffusers_unet"} -> module name -> (in, out), read on the meta device."""
+    """{"kohya_unet", "kohya_unet_convs", "te", "diffusers_unet"} -> module name -> (in, out), read on the
+    meta device. ``kohya_unet_convs``: the attentions' 1x1 ``proj_in`` / ``proj_out``, which sd-scripts'
+    default network wraps beside the Linears."""
     from diffusers import UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
@@ -167,6 +169,9 @@ def adapter_layers() -> dict[str, dict[str, tuple[int, int]]]:
         unet = UNet2DConditionModel.from_config(_config(UNET))
         text = CLIPTextModel(CLIPTextConfig(**_config(TEXT_ENCODER)))
     return {"kohya_unet": _linears(unet, lambda n: KOHYA_UNET_BLOCKS in f".{n}"),
+            "kohya_unet_convs": {name: (m.in_channels, m.out_channels) for name, m in unet.named_modules()
+                                 if KOHYA_UNET_BLOCKS in f".{name}" and isinstance(m, torch.nn.Conv2d)
+                                 and m.kernel_size == (1, 1)},
             "te": _clip_names(_linears(text, lambda n: n.endswith(TEXT_TARGETS))),
             "diffusers_unet": _linears(unet, lambda n: n.endswith(DIFFUSERS_TARGETS))}
 
@@ -182,7 +187,9 @@ def write_kohya_lora(path: Path, layers: dict, rank: int = 32, alpha: float = 16
     from hotlora.tiny import random_lora
     from hotlora.trainer_layouts import sd_scripts_metadata
 
-    sds = {"unet": random_lora(layers["kohya_unet"], rank, seed, strength=ADAPTER_STRENGTH),
+    convs = {k: v[..., None, None] for k, v in  # a 1x1 conv's LoRA: [r, in, 1, 1] and [out, r, 1, 1]
+             random_lora(layers["kohya_unet_convs"], rank, seed + 2, strength=ADAPTER_STRENGTH).items()}
+    sds = {"unet": {**random_lora(layers["kohya_unet"], rank, seed, strength=ADAPTER_STRENGTH), **convs},
            "text_encoder": random_lora(layers["te"], rank, seed + 1, strength=ADAPTER_STRENGTH)}
     kohya = convert_state_dict_to_kohya({f"{part}.{k}": v for part, sd in sds.items() for k, v in sd.items()})
     kohya = {k.replace("lora_te1_", "lora_te_"): (torch.tensor(alpha) if k.endswith(".alpha") else v.half().contiguous())

@@ -14,6 +14,7 @@ from typing import Mapping
 import torch
 
 from hotlora.adapters.format.convert import Adapter
+from hotlora.adapters.format.lora_config import LoraWeights
 from hotlora.adapters.format.loha import LAYOUT as LOHA_LAYOUT
 from hotlora.adapters.format.lokr import LAYOUT as LOKR_LAYOUT
 from hotlora.families import FAMILIES, family_named
@@ -38,6 +39,14 @@ class SlotCeiling:
     # Conv2d layers adapters may touch: name -> weight shape (out, in, kh, kw). Only fused mode has
     # any (a merged conv delta is a plain weight update; slots and banks hold Linear LoRA layers only).
     convs: Mapping[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    # 1x1 convs the slots and banks hold beside ``modules`` (the Linears) as Linears over the channels
+    # (a family's ``pointwise_convs``): name -> (in_channels, out_channels). Their factors come as a
+    # conv LoRA's, [r, in, 1, 1] and [out, r, 1, 1].
+    pointwise: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    def holds(self, module: str) -> bool:
+        """Whether a slot layer covers ``module`` (a Linear or a 1x1 conv)."""
+        return module in self.modules or module in self.pointwise
     # Whether LoRA biases fit (``lora_B.bias``, lightx2v's ``.diff_b``): slots of a family that
     # declares them (``ModelFamily.lora_biases``).
     biases: bool = False
@@ -84,7 +93,7 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
         )
     # Conv layers get their own message: the fix is another adapter mode, not another ceiling.
     convs = [m for m, w in adapter.modules.items()
-             if is_conv(w) and not ceiling.convs and m not in ceiling.modules]
+             if is_conv(w) and not ceiling.convs and not ceiling.holds(m)]
     if convs:
         problems.append(f"conv LoRA on {len(convs)} layer(s) ({_listed(convs)}): this engine holds LoRA on "
                         "Linear layers only; conv LoRA (e.g. kohya LoCon on SDXL) is served in fused mode "
@@ -93,7 +102,7 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
     for expert, count in absent.items():
         problems.append(f"LoRA for {expert} ({count} module(s)), a second expert the served model does not have "
                         f"(a one-transformer {ceiling.family} model): give it an adapter for its transformer only")
-    outside = [m for m in adapter.modules if m not in ceiling.modules and m not in ceiling.convs and m not in convs
+    outside = [m for m in adapter.modules if not ceiling.holds(m) and m not in ceiling.convs and m not in convs
                and m.split(".", 1)[0] not in absent]
     if outside:
         # Mostly outside: perhaps another family's LoRA, named when its keys or metadata say so.
@@ -181,15 +190,19 @@ def _shape_problem(module: str, w, ceiling: SlotCeiling, flattened_convs: bool =
         if not (conv or flat):
             return f"{module} ({shapes}; base conv weight is {(out_c, in_c, kh, kw)})"
         return None
-    if is_conv(w) and module not in ceiling.modules:
+    if is_conv(w) and not ceiling.holds(module):
         return None  # not a layer of this ceiling: reported once, above
     if w.bias is not None:
         shapes += f", bias {tuple(w.bias.shape)}"
+    if module in ceiling.pointwise and w.down.ndim == w.up.ndim == 4:
+        if tuple(w.down.shape[2:]) != (1, 1) or tuple(w.up.shape[2:]) != (1, 1):
+            return f"{module} ({shapes}; base layer is a 1x1 conv)"
+        w = LoraWeights(w.down.flatten(1), w.up.flatten(1), w.scaling, w.bias)  # its factors as a Linear's
     if (w.down.ndim != 2 or w.up.ndim != 2 or w.up.shape[1] != w.down.shape[0]
             or (w.bias is not None and tuple(w.bias.shape) != (w.up.shape[0],))):
         return f"{module} ({shapes})"
-    if module in ceiling.modules:
-        in_features, out_features = ceiling.modules[module]
+    if ceiling.holds(module):
+        in_features, out_features = ceiling.modules.get(module) or ceiling.pointwise[module]
         if w.down.shape[1] != in_features or w.up.shape[0] != out_features:
             return f"{module} ({shapes}; base layer is {in_features} -> {out_features})"
     return None

@@ -59,6 +59,7 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
 
     known = FAMILIES.get(family)  # None for a denoiser of no registered family (the tests' toy models)
     biases = known is not None and known.lora_biases  # whether the slots hold LoRA biases
+    pointwise = known.pointwise_convs if known is not None else ""  # 1x1 convs held beside the Linears
     if config.adapter_mode == "fused":
         from hotlora.engine.writers.fused import FusedWriter
 
@@ -74,7 +75,7 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
 
         return AutoWriter(denoiser, family, config.slots, config.target_rank, config.target_modules, served_models,
                           min_kept=config.fused_min_kept, restore=config.fused_restore,
-                          rank_buckets=config.bucket_ranks, biases=biases)
+                          rank_buckets=config.bucket_ranks, biases=biases, pointwise=pointwise)
     if config.mixed:
         from hotlora.engine.writers.banks import BanksWriter
 
@@ -84,11 +85,13 @@ def install_writer(config: EngineConfig, denoiser, family: str, served_models: I
                            biases=biases, packed_linears=packed,
                            packed_segments=known.packed_segments if packed else None,
                            shared_rows=known.mixed_batch_shared_rows if known is not None else (),
-                           sequence_first=known.sequence_first_linears if known is not None else "")
+                           sequence_first=known.sequence_first_linears if known is not None else "",
+                           pointwise=pointwise)
     from hotlora.engine.writers.slots import SlotsWriter
 
     return SlotsWriter(denoiser, family, config.slots, config.target_rank, config.target_modules,
-                       served_models=served_models, rank_buckets=config.bucket_ranks, biases=biases)
+                       served_models=served_models, rank_buckets=config.bucket_ranks, biases=biases,
+                       pointwise=pointwise)
 
 
 __all__ = ["AdapterWriter", "SwapReport", "TextWriter", "install_expert_writers", "install_text_writer", "install_writer"]

@@ -58,17 +58,17 @@ class AutoWriter:
 
     def __init__(self, denoiser, family: str, slot_names: Iterable[str], target_rank: int, target_modules=None,
                  served_models: Iterable[str] = (), *, min_kept: float, restore: str = "auto",
-                 rank_buckets: Iterable[int] = (), biases: bool = False):
+                 rank_buckets: Iterable[int] = (), biases: bool = False, pointwise: str = ""):
         served_models = tuple(served_models)
         # The fused writer first: it captures the base Linear weights (and their pristine copy)
         # before PEFT wraps those Linear layers into LoRA layers. The wrapped layer keeps the same
         # Linear module and Parameter as its ``base_layer``, so fused writes reach the graph.
-        linears = ceiling_modules(denoiser, target_modules)
+        linears = ceiling_modules(denoiser, target_modules, pointwise)
         self.fused = FusedWriter(denoiser, family, slot_names, target_rank, served_models, restore=restore,
                                  min_kept=0.0, linears=linears)  # measures kept; never refuses (we decide)
         self._min_kept = min_kept
         self.slots = SlotsWriter(denoiser, family, slot_names, target_rank, target_modules, served_models=served_models,
-                                 rank_buckets=rank_buckets, biases=biases)
+                                 rank_buckets=rank_buckets, biases=biases, pointwise=pointwise)
         self.slot_names = self.slots.slot_names
         # The slots' layers; any rank and LoRA biases where the merge takes them (what the slots
         # cannot hold is served fused only: ``_decide``).

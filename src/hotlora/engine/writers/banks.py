@@ -1,7 +1,7 @@
 """Mixed-adapter batches: every sample of one compiled forward pass may carry its own adapters.
 
-Each ceiling Linear is replaced by a ``BankedLinear`` holding *banks* of rank-padded adapters
-(``down [E, R, in]``, ``up [E, out, R]``; entry 0 stays zero). A shared ``BankSelector`` buffer
+Each ceiling Linear (and 1x1 conv: a family's ``pointwise_convs``) is replaced by a ``BankedLinear``
+holding *banks* of rank-padded adapters (``down [E, R, in]``, ``up [E, out, R]``; entry 0 stays zero). A shared ``BankSelector`` buffer
 holds, per adapter kind (identity, style, ...), one entry index per sample; the layer gathers
 each sample's matrices and adds ``up[i] @ down[i] @ x`` per kind, and with LoRA biases (a family's
 ``lora_biases``: lightx2v's ``.diff_b`` on Wan) each sample's bias row ``bias[i]`` too. The index is a *tensor* that is
@@ -31,7 +31,7 @@ from torch import nn
 from hotlora.adapters.binding import Binding, Bindings
 from hotlora.adapters.format.validate import SlotCeiling
 from hotlora.engine.device import synchronize
-from hotlora.engine.writers.base import SwapReport, ceiling_modules
+from hotlora.engine.writers.base import SwapReport, ceiling_modules, split_pointwise
 from hotlora.engine.writers.slots import _Slot, write_biases, write_padded
 from hotlora.errors import InvalidRequest, SlotStateCorrupt
 from hotlora.lru import LRU
@@ -48,27 +48,25 @@ class BankSelector(nn.Module):
 
 
 class BankedLinear(nn.Module):
-    def __init__(self, base: nn.Linear, entries: int, rank: int, selector: BankSelector, biases: bool = False,
-                 packed: str | None = None, sequence_first: bool = False):
+    """A ceiling layer with its banks: a Linear, or a 1x1 conv (``channels_first``: a Linear over the
+    channels of its [batch, channels, h, w] input)."""
+
+    def __init__(self, base: nn.Linear | nn.Conv2d, entries: int, rank: int, selector: BankSelector,
+                 biases: bool = False, packed: str | None = None, sequence_first: bool = False):
         super().__init__()
         self.base = base
         self.packed = packed  # the packed-layer prefix whose segments split this layer's input, or None
         self.sequence_first = sequence_first  # its input is [tokens, batch, ...] (ERNIE-Image's MLPs)
+        self.channels_first = isinstance(base, nn.Conv2d)
+        self.in_features, self.out_features = (
+            (base.in_channels, base.out_channels) if self.channels_first else (base.in_features, base.out_features))
         kwargs = {"dtype": base.weight.dtype, "device": base.weight.device}
-        self.register_buffer("down", torch.zeros(entries, rank, base.in_features, **kwargs), persistent=False)
-        self.register_buffer("up", torch.zeros(entries, base.out_features, rank, **kwargs), persistent=False)
+        self.register_buffer("down", torch.zeros(entries, rank, self.in_features, **kwargs), persistent=False)
+        self.register_buffer("up", torch.zeros(entries, self.out_features, rank, **kwargs), persistent=False)
         # Each entry's LoRA bias ([entries, out], scaled like up), or None where the family holds none.
-        self.register_buffer("lora_bias", torch.zeros(entries, base.out_features, **kwargs) if biases else None,
+        self.register_buffer("lora_bias", torch.zeros(entries, self.out_features, **kwargs) if biases else None,
                              persistent=False)
         self.selector = selector
-
-    @property
-    def in_features(self) -> int:
-        return self.base.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base.out_features
 
     @property
     def weight(self) -> torch.Tensor:
@@ -85,6 +83,8 @@ class BankedLinear(nn.Module):
             return y + self._packed_delta(x)
         if self.sequence_first:  # [tokens, batch, ...]: the samples are the second axis
             return self._add_adapters(y.transpose(0, 1), x.transpose(0, 1)).transpose(0, 1)
+        if self.channels_first:  # [batch, channels, h, w]: the features are the second axis
+            return self._add_adapters(y.movedim(1, -1), x.movedim(1, -1)).movedim(-1, 1)
         return self._add_adapters(y, x)
 
     def _add_adapters(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -125,20 +125,22 @@ class BanksWriter:
     def __init__(self, denoiser: nn.Module, family: str, slot_names: Iterable[str], target_rank: int,
                  target_modules=None, served_models: Iterable[str] = (), *, entries: int, max_batch: int,
                  biases: bool = False, packed_linears: Sequence[str] = (), packed_segments=None,
-                 shared_rows: Sequence[str] = (), sequence_first: str = ""):
+                 shared_rows: Sequence[str] = (), sequence_first: str = "", pointwise: str = ""):
         """``packed_linears`` and ``packed_segments``: the family's (``ModelFamily``), for denoisers
         that pack samples into one sequence before some Linears; ``shared_rows``: its layers left
         out (``ModelFamily.mixed_batch_shared_rows``); ``sequence_first``: a pattern of the layers
-        whose input is sequence-first (``ModelFamily.sequence_first_linears``)."""
+        whose input is sequence-first (``ModelFamily.sequence_first_linears``); ``pointwise``: the 1x1
+        convs held beside the Linears (``ModelFamily.pointwise_convs``)."""
         self.slot_names = tuple(slot_names)
         if entries < 2:
             raise ValueError("a bank needs at least 2 entries (entry 0 is the empty adapter)")
-        modules = ceiling_modules(denoiser, target_modules)
+        modules = ceiling_modules(denoiser, target_modules, pointwise)
         unbatched = frozenset(name for name in modules if name.startswith(tuple(shared_rows)))
         modules = {name: shape for name, shape in modules.items() if name not in unbatched}
-        self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
+        linears, convs = split_pointwise(denoiser, modules)
+        self.ceiling = SlotCeiling(modules=linears, target_rank=target_rank, family=family,
                                    served_models=frozenset(n for n in served_models if n), biases=biases,
-                                   unbatched=unbatched)
+                                   unbatched=unbatched, pointwise=convs)
         self.device = device = next(denoiser.parameters()).device
         self.selector = BankSelector(len(self.slot_names), max_batch).to(device)
         self.max_batch = max_batch

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Protocol, Sequence
 
 import torch
 
@@ -119,9 +119,17 @@ class TextWriter(Protocol):
         """Memory the writer holds on the device."""
 
 
-def ceiling_modules(denoiser: torch.nn.Module, target_modules: Iterable[str] | str | None) -> dict[str, tuple[int, int]]:
-    """The Linear layers a writer covers: all of them, or those named (exact names or a regex)."""
-    linears = {name: m for name, m in denoiser.named_modules() if isinstance(m, torch.nn.Linear)}
+def ceiling_modules(denoiser: torch.nn.Module, target_modules: Iterable[str] | str | None,
+                    pointwise: str = "") -> dict[str, tuple[int, int]]:
+    """The layers a writer covers, name -> (in, out): every Linear, and the 1x1 convs whose names
+    match ``pointwise`` (a family's ``pointwise_convs``: a Linear over the channels); all of them, or
+    those ``target_modules`` names (exact names or suffixes, or one regex)."""
+    linears = {name: (m.in_features, m.out_features) for name, m in denoiser.named_modules()
+               if isinstance(m, torch.nn.Linear)}
+    if pointwise:
+        pattern = re.compile(pointwise)
+        linears.update({name: (m.in_channels, m.out_channels) for name, m in denoiser.named_modules()
+                        if is_pointwise_conv(m) and pattern.fullmatch(name)})
     if target_modules is None:
         chosen = list(linears)
     elif isinstance(target_modules, str):
@@ -135,4 +143,18 @@ def ceiling_modules(denoiser: torch.nn.Module, target_modules: Iterable[str] | s
         chosen = [n for n in linears if n in wanted or any(n.endswith("." + w) for w in wanted)]
     if not chosen:
         raise ValueError("the slot ceiling selects no Linear layer of the denoiser")
-    return {n: (linears[n].in_features, linears[n].out_features) for n in chosen}
+    return {n: linears[n] for n in chosen}
+
+
+def is_pointwise_conv(module: torch.nn.Module) -> bool:
+    """A Conv2d that is a Linear over the channels at every pixel: 1x1, stride 1, no padding,
+    dilation or groups. A LoRA on it (down conv 1x1 too, as PEFT and kohya make it) is then
+    ``B @ A`` over the channels, what a Linear LoRA of the same factors computes."""
+    return (isinstance(module, torch.nn.Conv2d) and module.kernel_size == (1, 1) and module.stride == (1, 1)
+            and module.padding in ((0, 0), "valid") and module.dilation == (1, 1) and module.groups == 1)
+
+
+def split_pointwise(denoiser: torch.nn.Module, modules: Mapping[str, tuple[int, int]]):
+    """``ceiling_modules``' layers as a ``SlotCeiling`` holds them: (the Linears, the 1x1 convs)."""
+    convs = {name for name in modules if isinstance(denoiser.get_submodule(name), torch.nn.Conv2d)}
+    return ({n: s for n, s in modules.items() if n not in convs}, {n: s for n, s in modules.items() if n in convs})

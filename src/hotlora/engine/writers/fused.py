@@ -49,7 +49,7 @@ from hotlora.adapters.binding import Bindings, bindings_key, factors_by_module
 from hotlora.adapters.format.convert import Adapter, LoraWeights
 from hotlora.adapters.format.validate import SlotCeiling
 from hotlora.engine.device import synchronize
-from hotlora.engine.writers.base import SwapReport, ceiling_modules
+from hotlora.engine.writers.base import SwapReport, ceiling_modules, split_pointwise
 from hotlora.errors import AdapterRejected, InvalidRequest, SlotStateCorrupt
 from hotlora.lru import LRU
 
@@ -110,10 +110,14 @@ class FusedWriter:
             raise ValueError(f"fused_restore must be one of {', '.join(RESTORE_CHOICES)}, got {restore!r}")
         # Every Linear and Conv2d of the denoiser, any rank: merging costs the same whatever the
         # layer or rank (target_modules is not consulted: see the module docstring). ``linears``:
-        # those Linear layers only, no convs (auto mode: the slots' ceiling, which every adapter
-        # must fit so that it can fall back to the slots; the pristine copy covers no more).
-        modules = ceiling_modules(denoiser, None) if linears is None else dict(linears)
-        convs = conv_modules(denoiser) if linears is None else {}
+        # those layers only (auto mode: the slots' ceiling, which every adapter must fit so that it
+        # can fall back to the slots; the pristine copy covers no more): Linears, and the 1x1 convs
+        # of a family's ``pointwise_convs``, merged as convs.
+        if linears is None:
+            modules, convs = ceiling_modules(denoiser, None), conv_modules(denoiser)
+        else:
+            modules, pointwise = split_pointwise(denoiser, linears)
+            convs = {name: tuple(denoiser.get_submodule(name).weight.shape) for name in pointwise}
         self.device = next(denoiser.parameters()).device
         layers = [*modules, *convs]
         self._params: dict[str, torch.nn.Parameter] = {m: denoiser.get_submodule(m).weight for m in layers}

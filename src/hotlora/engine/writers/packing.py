@@ -132,11 +132,12 @@ def pack(adapter: Adapter, layout: PackLayout) -> PackedWeights | None:
     uniform = len(scalings) == 1
     with torch.no_grad():
         for module, w in weights.items():
-            layout.down_view(down, module, w.rank).copy_(w.down)
+            # flatten(1): a 1x1 conv's factors ([r, in, 1, 1], [out, r, 1, 1]) as a Linear's
+            layout.down_view(down, module, w.rank).copy_(w.down.flatten(1))
             if uniform:
-                layout.up_view(up, module, w.rank).copy_(w.up)
+                layout.up_view(up, module, w.rank).copy_(w.up.flatten(1))
             else:  # fold each module's own alpha/r in now; one scalar is left for the request's weight
-                layout.up_view(up, module, w.rank).copy_(w.up.float() * w.scaling)
+                layout.up_view(up, module, w.rank).copy_(w.up.flatten(1).float() * w.scaling)
     return PackedWeights(layout.key, down, up, scalings.pop() if uniform else 1.0, folded=not uniform)
 
 

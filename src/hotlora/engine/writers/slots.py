@@ -51,7 +51,7 @@ from hotlora.adapters.binding import Bindings, bindings_key
 from hotlora.adapters.format.convert import Adapter
 from hotlora.adapters.format.validate import SlotCeiling
 from hotlora.engine.device import synchronize
-from hotlora.engine.writers.base import SwapReport, ceiling_modules
+from hotlora.engine.writers.base import SwapReport, ceiling_modules, split_pointwise
 from hotlora.engine.writers.packing import PackCache, PackedWeights, PackLayout
 from hotlora.errors import InvalidRequest, SlotStateCorrupt
 
@@ -92,7 +92,9 @@ class SlotsWriter:
     MIN_PACK_CACHE_BYTES = 2 * 1024**3
 
     def __init__(self, denoiser, family: str, slot_names: Iterable[str], target_rank: int, target_modules=None,
-                 served_models: Iterable[str] = (), rank_buckets: Iterable[int] = (), biases: bool = False):
+                 served_models: Iterable[str] = (), rank_buckets: Iterable[int] = (), biases: bool = False,
+                 pointwise: str = ""):
+        """``pointwise``: the family's ``pointwise_convs``, 1x1 convs held beside the Linears."""
         self.slot_names = tuple(slot_names)
         if len(set(self.slot_names)) != len(self.slot_names):
             raise ValueError(f"slot names must be unique, got {self.slot_names}")
@@ -104,7 +106,7 @@ class SlotsWriter:
         # The ranks the model is compiled for; a request runs the smallest that holds its adapters.
         # No slots (the benchmarks' baseline): nothing to bucket, one state.
         self.rank_buckets = tuple(sorted({*rank_buckets, target_rank})) if self.slot_names else (target_rank,)
-        modules = ceiling_modules(denoiser, target_modules)
+        modules = ceiling_modules(denoiser, target_modules, pointwise)
         # PEFT's LoRA layer on a torchao-quantized weight (base_quantization) takes no lora_bias: such
         # slots hold none, and a biased adapter is refused saying so (the banks' layers hold them).
         quantized = [n for n in modules if type(denoiser.get_submodule(n).weight) not in (torch.Tensor, torch.nn.Parameter)]
@@ -112,10 +114,11 @@ class SlotsWriter:
                    "weight takes none); mixed batches (mixed=True) hold them" if biases and quantized else "")
         if because:
             log.warning("%s: biased adapters will be refused", because)
-        self.ceiling = SlotCeiling(modules=modules, target_rank=target_rank, family=family,
+        linears, convs = split_pointwise(denoiser, modules)
+        self.ceiling = SlotCeiling(modules=linears, target_rank=target_rank, family=family,
                                    served_models=frozenset(n for n in served_models if n),
                                    biases=biases and bool(self.slot_names) and not quantized,
-                                   no_biases_because=because)
+                                   no_biases_because=because, pointwise=convs)
         # PEFT gives a LoRA layer its base weight's dtype; a model may keep some modules in another
         # (diffusers' ``_keep_in_fp32_modules``): those stay out of the flat buffers (one dtype), so an
         # adapter touching them is written module by module (``pack`` leaves it unpacked).
@@ -197,11 +200,14 @@ class SlotsWriter:
             self._layers.append(layer)
         # One set of Parameters per bucket, made once: switching buckets re-points the PEFT
         # weights to the same objects every time, which is what the compiled graphs were made for.
+        def as_layer(view, name):  # a 1x1 conv's LoRA convs read [rows, in, 1, 1] and [out, rows, 1, 1]
+            return view[..., None, None] if name in self.ceiling.pointwise else view
+
         for bucket in (b for b in self.rank_buckets if b):
             rows = bucket * n
             self._bucket_weights[bucket] = [
-                (torch.nn.Parameter(down_view(slice(None), name, rows), requires_grad=False),
-                 torch.nn.Parameter(up_view(slice(None), name, rows), requires_grad=False))
+                (torch.nn.Parameter(as_layer(down_view(slice(None), name, rows), name), requires_grad=False),
+                 torch.nn.Parameter(as_layer(up_view(slice(None), name, rows), name), requires_grad=False))
                 for name, _, _ in self._peft
             ]
         if len(self._bucket_weights) > 1:
@@ -211,9 +217,11 @@ class SlotsWriter:
             for pairs in self._bucket_weights.values():
                 for down, up in pairs:
                     torch._dynamo.maybe_mark_dynamic(down, 0)
-                    torch._dynamo.mark_static(down, 1)
                     torch._dynamo.maybe_mark_dynamic(up, 1)
-                    torch._dynamo.mark_static(up, 0)
+                    for dim in range(1, down.ndim):  # the features (and a 1x1 conv's unit axes)
+                        torch._dynamo.mark_static(down, dim)
+                    for dim in (0, *range(2, up.ndim)):
+                        torch._dynamo.mark_static(up, dim)
         if 0 in self.rank_buckets:  # reads no rows: held at the smallest bucket's, so its guards never vary
             self._bucket_weights[0] = self._bucket_weights[min(b for b in self.rank_buckets if b)]
         self._bucket_pointers = {id(p): p.data_ptr() for pairs in self._bucket_weights.values()
@@ -395,7 +403,7 @@ def write_padded(slot: _Slot, adapter: Adapter | None, scale: float, report: Swa
             continue
         r = weights.rank
         copy_dst += [down[:r], up[:, :r]]
-        copy_src += [weights.down, weights.up]
+        copy_src += [weights.down.flatten(1), weights.up.flatten(1)]  # a 1x1 conv's factors as a Linear's
         scaled.append(up[:, :r])
         factors.append(weights.scaling * scale)
         if previous > r:
