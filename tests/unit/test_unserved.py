@@ -9,6 +9,7 @@ import pytest
 
 from hotlora.families import FAMILIES, UnservedModel, family_named, family_of_class, family_of_model_index
 from hotlora.families.recognize import families_of_keys, families_of_metadata, foreign_note
+from hotlora.families.vocabulary import denoiser_templates, vocabularies
 
 
 @pytest.mark.parametrize("pipeline, reason", [
@@ -100,6 +101,29 @@ def test_each_familys_own_lora_keys_are_recognised_as_its_own(name):
             if isinstance(layer, torch.nn.Linear)]
     found = families_of_keys(keys)
     assert family in found and len(found) <= 3, [f.name for f in found]  # Flux.2 dev and klein: one denoiser class
+    # The layer-name vocabulary kept in vocabulary.json is this tiny model's (python -m hotlora.families.vocabulary).
+    assert vocabularies()[name] == frozenset(denoiser_templates(denoiser))
+
+
+@pytest.mark.parametrize("served, modules, named, why", [
+    # diffusers' training scripts' default, attention only: names several MMDiT families share, which
+    # no family's key pattern claims; the set of them fits Flux's and Chroma's layers only.
+    ("zimage", ["transformer_blocks.0.attn.to_q", "single_transformer_blocks.3.attn.to_k"], "flux or chroma",
+     "its layer names"),
+    ("sd3", ["single_transformer_blocks.0.attn.to_v"], "flux", "its layer names"),
+    ("flux", ["transformer_blocks.0.attn2.to_q"], "sd3", "keys such as"),  # SD3.5's second attention: its pattern
+    ("qwenimage", ["layers.7.attention.to_out.0", "noise_refiner.0.attention.to_q"], "zimage", "keys such as"),
+])
+def test_a_foreign_attention_only_lora_is_named(served, modules, named, why):
+    note = foreign_note(family_named(served), modules)
+    assert f"looks like a LoRA for the {named}" in note and why in note, note
+    assert f"this engine serves the {served} family" in note
+
+
+def test_layer_names_the_served_model_has_name_no_other_family():
+    """Beyond the served model's blocks or a narrowed ceiling, not a foreign file: nothing named."""
+    assert foreign_note(family_named("chroma"), ["transformer_blocks.40.attn.to_q"]) == ""
+    assert foreign_note(family_named("zimage"), ["transformer.layers.0.feed_forward.w1.lora_A.weight"]) == ""
 
 
 @pytest.mark.parametrize("declared, expected", [

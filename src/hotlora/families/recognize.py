@@ -1,8 +1,10 @@
 """Which family a LoRA that does not fit the served one was made for, so that the refusal can name
 both ("this is an SDXL LoRA; this engine serves flux") instead of only listing keys.
 
-Two signals, each declared by the families: the module names a family's denoiser has, as diffusers
-and the trainers name them (``ModelFamily.lora_key_pattern``), and what trainers write about the base
+Three signals: the module names distinctive of a family's denoiser, as diffusers and the trainers
+name them (``ModelFamily.lora_key_pattern``); failing those, which families' denoisers have a layer of
+every name a file's modules have (``vocabulary.py``: an attention-only LoRA's names are shared by
+several); and what trainers write about the base
 model in a file's metadata (kohya's ``ss_base_model_version``, the ``modelspec.architecture`` of
 sd-scripts and ai-toolkit, a declared base model id: ``ModelFamily.base_model_markers``). No
 library does this (diffusers' converters only say a key is incompatible), so it is ours. The
@@ -20,7 +22,8 @@ import re
 from functools import cache
 from typing import Iterable, Mapping
 
-from hotlora.families import REGISTERED, ModelFamily
+from hotlora.families import FAMILIES, REGISTERED, ModelFamily
+from hotlora.families.vocabulary import families_of_modules
 
 # Metadata keys whose values name the base model a trainer trained on.
 BASE_MODEL_KEYS = ("ss_base_model_version", "modelspec.architecture", "ss_sd_model_name", "base_model",
@@ -46,6 +49,16 @@ def families_of_keys(keys: Iterable[str]) -> list[ModelFamily]:
     if not sample or best * 10 < len(sample) or best == 0:
         return []
     return [family for family, hits in scores.items() if hits == best]
+
+
+# What LoRA files put around a module's name: the model part's prefix, the factor's suffix.
+PART_PREFIX = re.compile(r"^(base_model\.model\.|diffusion_model\.|transformer\.|unet\.)")
+FACTOR_SUFFIX = re.compile(r"\.(lora_[AB]|lora_down|lora_up)(\.[A-Za-z_]+)?\.weight$|\.alpha$")
+
+
+def module_names(keys: Iterable[str]) -> list[str]:
+    """The module names a file's keys (or module names, unchanged) are about, in diffusers' naming."""
+    return list(dict.fromkeys(FACTOR_SUFFIX.sub("", PART_PREFIX.sub("", key)) for key in keys))
 
 
 def families_of_metadata(metadata: Mapping | None, declared: str | None = None) -> list[ModelFamily]:
@@ -80,17 +93,21 @@ def base_model_compatible(declared: str | None, served: Iterable[str]) -> bool:
 def foreign_note(served: ModelFamily, keys: Iterable[str], metadata: Mapping | None = None,
                  declared: str | None = None) -> str:
     """``"; it looks like a sdxl LoRA (...); this engine serves flux"``, or "" when nothing
-    recognisable points to another family."""
+    recognisable points to another family. ``keys``: a file's keys or the modules they name."""
     keys = list(keys)
     by_metadata = [f for f in families_of_metadata(metadata, declared) if f is not served]
-    by_keys = [f for f in families_of_keys(keys) if f is not served]
-    if served in families_of_keys(keys) and not by_metadata:
+    patterned = families_of_keys(keys)
+    fitting = families_of_modules(module_names(keys))  # names: the families' layer-name vocabularies
+    if (served in patterned or served.name in fitting) and not by_metadata:
         return ""  # its names are the served family's: a damaged or partial file, not a foreign one
-    others = list(dict.fromkeys([*by_metadata, *by_keys]))
+    by_keys = [f for f in patterned if f is not served]
+    by_names = [FAMILIES[name] for name in fitting if name != served.name]
+    others = list(dict.fromkeys([*by_metadata, *(by_keys or by_names)]))  # a pattern is the surer sign
     if not others:
         return ""
-    names = " or ".join(f.name for f in others[:3])
+    names = " or ".join(f.name for f in others)  # all of them: several only where names are shared
     named_by_declared = any(f is not served for f in families_of_metadata(None, declared))
     why = ((f"it declares base model {declared!r}" if named_by_declared else "its metadata names that base model")
-           if by_metadata else f"keys such as {keys[0]!r}")
+           if by_metadata else f"keys such as {keys[0]!r}" if by_keys
+           else f"its layer names, such as {keys[0]!r}, are that model's and not all this one's")
     return f"; it looks like a LoRA for the {names} family ({why}); this engine serves the {served.name} family"

@@ -105,9 +105,10 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
     outside = [m for m in adapter.modules if not ceiling.holds(m) and m not in ceiling.convs and m not in convs
                and m.split(".", 1)[0] not in absent]
     if outside:
-        # Mostly outside: perhaps another family's LoRA, named when its keys or metadata say so.
+        # Perhaps another family's LoRA, named when its layer names or metadata say so (names that
+        # are the served family's, beyond a narrowed ceiling or its block count, say nothing).
         note = (foreign_note(family_named(ceiling.family), outside, declared=adapter.base_model)
-                if 2 * len(outside) > len(adapter.modules) and ceiling.family in FAMILIES else "")
+                if ceiling.family in FAMILIES else "")
         if adapter.layout == LOHA_LAYOUT and not ceiling.convs:  # its conv layers' factors look like a Linear's
             note += " (a LyCORIS LoHa's conv layers are served in fused mode, adapter_mode='fused')"
         shared = [m for m in outside if m in ceiling.unbatched]
