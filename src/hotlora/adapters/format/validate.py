@@ -37,16 +37,13 @@ class SlotCeiling:
     # are merged into the weights (fused mode), whose cost does not depend on the rank.
     any_rank: bool = False
     # Conv2d layers adapters may touch: name -> weight shape (out, in, kh, kw). Only fused mode has
-    # any (a merged conv delta is a plain weight update; slots and banks hold Linear LoRA layers only).
+    # any (a merged conv delta is a plain weight update; slots and banks hold LoRA layers on Linears
+    # and on the 1x1 convs of ``pointwise`` only).
     convs: Mapping[str, tuple[int, int, int, int]] = field(default_factory=dict)
     # 1x1 convs the slots and banks hold beside ``modules`` (the Linears) as Linears over the channels
     # (a family's ``pointwise_convs``): name -> (in_channels, out_channels). Their factors come as a
     # conv LoRA's, [r, in, 1, 1] and [out, r, 1, 1].
     pointwise: Mapping[str, tuple[int, int]] = field(default_factory=dict)
-
-    def holds(self, module: str) -> bool:
-        """Whether a slot layer covers ``module`` (a Linear or a 1x1 conv)."""
-        return module in self.modules or module in self.pointwise
     # Whether LoRA biases fit (``lora_B.bias``, lightx2v's ``.diff_b``): slots of a family that
     # declares them (``ModelFamily.lora_biases``).
     biases: bool = False
@@ -59,6 +56,10 @@ class SlotCeiling:
     # Layers a mixed engine's banks leave out because every sample of a batch shares a row of them
     # (``ModelFamily.mixed_batch_shared_rows``): an adapter touching them is refused, saying so.
     unbatched: frozenset[str] = frozenset()
+
+    def holds(self, module: str) -> bool:
+        """Whether a slot layer covers ``module`` (a Linear or a 1x1 conv)."""
+        return module in self.modules or module in self.pointwise
 
 
 def is_conv(w) -> bool:
