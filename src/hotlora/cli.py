@@ -172,7 +172,8 @@ def cmd_families(args) -> int:
         print(f"{'':12} defaults: {defaults['num_inference_steps']} steps, guidance {defaults['guidance_scale']}, "
               f"{defaults['width']}x{defaults['height']}; text-encoder LoRA: "
               f"{', '.join(entry['text_encoder_lora']) or 'none'}; LoRA biases: {entry['lora_biases']}; "
-              f"plans: {', '.join(entry['plans']) or 'none'}")
+              f"conv LoRA: {'on ' + entry['slot_convs'] + ' in every mode, ' if entry['slot_convs'] else ''}"
+              f"fused mode; plans: {', '.join(entry['plans']) or 'none'}")
         alone = "".join(f"; a {cls} checkpoint serves {task} alone"
                         for cls, task in entry["single_task_checkpoints"].items())
         mixed = ("yes" + (f" (requests also share: {entry['mixed_batches_share']})" if "mixed_batches_share" in entry else "")

@@ -262,6 +262,8 @@ class ModelFamily:
                 "cfg": self.cfg, "request_options": list(self.request_options()),
                 "text_encoder_lora": list(self.lora_text_encoders), "embeddings": sorted({k for k, _ in self.embedding_keys}),
                 "lora_biases": "slots, mixed batches and fused" if self.lora_biases else "fused mode only",
+                # Conv LoRA: fused mode merges it on any Conv2d; these 1x1 convs every mode holds.
+                "slot_convs": self.pointwise_convs or None,
                 # Tasks (``--tasks``) and the checkpoints that serve one task alone (Wan's image-to-video).
                 "tasks": list(self.served_tasks()), "single_task_checkpoints": dict(self.conditioned_checkpoints),
                 "defaults": {**self.defaults, "height": self.default_size[0], "width": self.default_size[1]},
