@@ -47,6 +47,16 @@ def test_wrong_family_is_rejected():
     assert any("sdxl family" in p for p in problems_with(adapter({"blk.q": lora(1, 8, 8)}, "sdxl"), CEILING))
 
 
+def test_another_familys_lora_is_named_even_where_most_of_its_modules_fit():
+    """SD3.5's LoRA on a Flux engine: its joint blocks' names are Flux's too, its ``attn2`` is SD3.5's own."""
+    ceiling = SlotCeiling(modules={f"transformer_blocks.0.attn.{m}": (8, 8) for m in ("to_q", "to_k", "to_v")},
+                          target_rank=4, family="flux")
+    modules = {name: lora(2, 8, 8) for name in [*ceiling.modules, "transformer_blocks.0.attn2.to_q"]}
+    found = problems_with(adapter(modules), ceiling)
+    assert len(found) == 1 and "1 module(s) outside the slot ceiling" in found[0], found
+    assert "looks like a LoRA for the sd3 family" in found[0] and "serves the flux family" in found[0], found
+
+
 def test_every_problem_is_reported_at_once():
     """What a request meets: the resolver raises one AdapterRejected with every problem."""
     bad = adapter({"blk.q": lora(9, 8, 8, fill=float("nan")), "nowhere": lora(1, 8, 8)})
