@@ -167,7 +167,7 @@ class Engine:
         writer = self.writer.describe()
         return {
             "model": self.model, "family": self.family.name, "slots": list(self.writer.slot_names),
-            "target_rank": self.ceiling.target_rank, "ceiling_modules": len(self.ceiling.modules) + len(self.ceiling.pointwise),
+            "target_rank": self.ceiling.target_rank, "ceiling_modules": self.ceiling.layer_count,
             "batch_size": self.batch_size, "chunks": self.chunks, "height": self.height, "width": self.width,
             "defaults": {k: self.defaults[k] for k in ("num_inference_steps", "guidance_scale")},
             "request_options": list(self.rules.options()), "cfg": self.family.cfg,

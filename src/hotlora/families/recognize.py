@@ -2,11 +2,11 @@
 both ("this is an SDXL LoRA; this engine serves flux") instead of only listing keys.
 
 Three signals: the module names distinctive of a family's denoiser, as diffusers and the trainers
-name them (``ModelFamily.lora_key_pattern``); failing those, which families' denoisers have a layer of
-every name a file's modules have (``vocabulary.py``: an attention-only LoRA's names are shared by
-several); and what trainers write about the base
-model in a file's metadata (kohya's ``ss_base_model_version``, the ``modelspec.architecture`` of
-sd-scripts and ai-toolkit, a declared base model id: ``ModelFamily.base_model_markers``). No
+name them (``ModelFamily.lora_key_pattern``); failing those, which families' denoisers have a layer
+of every name a file's modules have (``vocabulary.py``: an attention-only LoRA's names are shared by
+several); and what trainers write about the base model in a file's metadata (kohya's
+``ss_base_model_version``, the ``modelspec.architecture`` of sd-scripts and ai-toolkit, a declared
+base model id: ``ModelFamily.base_model_markers``). No
 library does this (diffusers' converters only say a key is incompatible), so it is ours. The
 family guess is only ever used to word an error: nothing is served or refused because of it.
 

@@ -61,6 +61,11 @@ class SlotCeiling:
         """Whether a slot layer covers ``module`` (a Linear or a 1x1 conv)."""
         return module in self.modules or module in self.pointwise
 
+    @property
+    def layer_count(self) -> int:
+        """The layers the slots cover: Linears and 1x1 convs."""
+        return len(self.modules) + len(self.pointwise)
+
 
 def is_conv(w) -> bool:
     """Conv LoRA factors (kohya LoCon, PEFT on a Conv2d): down [r, in, kh, kw], up [out, r, 1, 1]."""

@@ -122,7 +122,7 @@ def _static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, dev
         result.append(Part("fused plan cache (bound)", type(writer).PLAN_CACHE_BYTES,
                            detail="prepared requests' factors, at most"))
     else:
-        detail = (f"{len(writer.slot_names)} slots x rank {config.target_rank} on {len(writer.ceiling.modules) + len(writer.ceiling.pointwise)} "
+        detail = (f"{len(writer.slot_names)} slots x rank {config.target_rank} on {writer.ceiling.layer_count} "
                   f"layers" + (f", {described['entries']} bank entries" if kind == "banks" else ""))
         result.append(Part(f"{kind} (LoRA buffers)", writer.nbytes, detail=detail))
         used += writer.nbytes
@@ -134,7 +134,7 @@ def _static_parts(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, dev
         result.append(Part(f"{encoder} LoRA factors (bound)", type(lora).PLAN_CACHE_BYTES,
                            detail="recent requests' text-encoder LoRA factors, at most"))
     summary = {"family": family.name, "denoiser_parameters": parameters, "writer": kind,
-               "ceiling_modules": len(writer.ceiling.modules) + len(writer.ceiling.pointwise), "pack_cache_bytes": getattr(writer, "pack_cache_bytes", 0),
+               "ceiling_modules": writer.ceiling.layer_count, "pack_cache_bytes": getattr(writer, "pack_cache_bytes", 0),
                "embedding_rows": {te: rows.rows * len(writer.slot_names) for te, rows in text.rows.items()}}
     return result, summary
 
