@@ -12,6 +12,7 @@ from torch import nn
 from hotlora.adapters.binding import Binding
 from hotlora.adapters.format.convert import Adapter, LoraWeights
 from hotlora.adapters.format.validate import problems_with
+from hotlora.engine.writers.auto import AutoWriter
 from hotlora.engine.writers.banks import BanksWriter
 from hotlora.engine.writers.base import ceiling_modules
 from hotlora.engine.writers.slots import SlotsWriter
@@ -101,3 +102,22 @@ def test_banks_give_each_sample_its_own_conv_lora():
         out = model(x)
         torch.testing.assert_close(out[:1], merged(a, 1.0, x[:1]), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(out[1:], merged(b, 0.7, x[1:]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("min_kept, path", [(0.0, "fused"), (2.0, "slots")])  # 2.0: no merge keeps enough
+def test_auto_mode_serves_the_1x1_convs_on_either_path(min_kept, path):
+    model, x = toy(), torch.randn(2, 4, 8, 8)
+    writer = AutoWriter(model, "toy", ("identity",), 4, min_kept=min_kept, pointwise=POINTWISE)
+    assert set(writer.ceiling.pointwise) == {"proj_in", "proj_out"}
+    a, bindings = adapter(1), {"identity": Binding(adapter(1), 0.8)}
+    assert problems_with(a, writer.ceiling) == []
+    writer.prepare(bindings)
+    report = writer.bind([bindings])
+    assert report.fused["identity"]["mode"] == path
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), merged(a, 0.8, x), atol=1e-5, rtol=1e-5)
+        writer.bind([{}])  # no adapters: the base convs again, whichever path held them
+        torch.testing.assert_close(model(x), toy()(x), atol=1e-6, rtol=1e-6)
+    base = toy()
+    for name in ("proj_in", "mix", "proj_out"):  # the merge undone bit for bit (restored from W0)
+        assert torch.equal(model.get_submodule(name).get_base_layer().weight, base.get_submodule(name).weight)

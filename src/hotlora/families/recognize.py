@@ -97,7 +97,9 @@ def foreign_note(served: ModelFamily, keys: Iterable[str], metadata: Mapping | N
     keys = list(keys)
     by_metadata = [f for f in families_of_metadata(metadata, declared) if f is not served]
     patterned = families_of_keys(keys)
-    fitting = families_of_modules(module_names(keys))  # names: the families' layer-name vocabularies
+    # names: the families' layer-name vocabularies, over the sample the patterns read (a hostile file
+    # may hold millions of keys)
+    fitting = families_of_modules(module_names(keys[:SAMPLED_KEYS]))
     if (served in patterned or served.name in fitting) and not by_metadata:
         return ""  # its names are the served family's: a damaged or partial file, not a foreign one
     by_keys = [f for f in patterned if f is not served]

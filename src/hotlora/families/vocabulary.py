@@ -57,7 +57,10 @@ def read_registered() -> dict[str, list[str]]:
 
 
 def main() -> None:
-    PATH.write_text(json.dumps(read_registered(), indent=1, sort_keys=False) + "\n")
+    from hotlora.durable import write_atomic
+
+    write_atomic(PATH, (json.dumps(read_registered(), indent=1) + "\n").encode())  # never left half-written
+    PATH.chmod(0o644)  # write_atomic's temporary file is 0600; this is a source file
     print(f"wrote {PATH}")
 
 
