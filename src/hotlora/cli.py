@@ -321,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "size, the largest chunk that fits, and a verdict")
     plan.add_argument("model_name", nargs="?", metavar="MODEL",
                       help="a local folder, a Hub id whose snapshot is in the local cache, or "
-                           f"{' / '.join(full_size_names())} (the published configurations; default: --model)")
+                           f"{' / '.join(full_size_names())} (the published configurations, also by their Hub "
+                           "ids, e.g. Qwen/Qwen-Image; default: --model)")
     plan.add_argument("--gpu", choices=sorted(ACCELERATOR_NAMES), help="plan for this accelerator (CUDA, "
                                                                         "its nominal memory)")
     plan.add_argument("--json", action="store_true", help="the plan as JSON")

@@ -163,3 +163,19 @@ def test_memory_sizes_parse():
     assert parse_bytes("24GiB") == 24 * 2**30 and parse_bytes("80GB") == 80 * 10**9 and parse_bytes(512) == 512
     with pytest.raises(ValueError):
         parse_bytes("lots")
+
+
+def test_a_published_models_hub_id_is_planned_before_it_is_downloaded(tmp_path, monkeypatch):
+    """A Hub id not in the local cache is planned from hotlora's copy of the published configuration
+    whose ``HUB_ID`` it is (the Hub resolves ids case-insensitively, so does this), as a server checks
+    its plan before it fetches weights; any other id not in the cache is still refused."""
+    import huggingface_hub.constants
+
+    from hotlora.engine.pipeline import ModelLoadError
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))  # an empty cache
+    spec = find_model("black-forest-labs/FLUX.2-klein-4B")
+    assert (spec.name, spec.family.name) == ("flux2-klein-4b", "flux2-klein")
+    assert find_model("qwen/qwen-image").name == "qwen-image"
+    with pytest.raises(ModelLoadError, match="nor a Hub id"):
+        find_model("someone/not-a-published-model")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ import torch
 
 from hotlora.families import ModelFamily, family_of_model_index, full_size_model, full_size_names
 from hotlora.engine.pipeline import ModelLoadError
+
+log = logging.getLogger(__name__)
 
 # Read beside the family's denoiser (an image-to-video checkpoint's image encoder too: Wan2.1-I2V's CLIP).
 COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "image_encoder", "vae")
@@ -116,8 +119,20 @@ def _from_folder(folder: Path, name: str) -> ModelSpec:
     return ModelSpec(name, family, configs, classes, {}, folder)
 
 
+def published_name(hub_id: str) -> str | None:
+    """The built-in name whose published configuration is the Hub repository ``hub_id`` (its module's
+    ``HUB_ID``; the Hub resolves ids case-insensitively, so this does too), or None."""
+    for name in full_size_names():
+        module = importlib.import_module(f"hotlora.fullsize.{full_size_model(name)[1]}")
+        if getattr(module, "HUB_ID", "").lower() == hub_id.lower():
+            return name
+    return None
+
+
 def find_model(model: str) -> ModelSpec:
-    """A built-in name, a local folder, or a Hub id whose snapshot is in the local cache."""
+    """A built-in name, a local folder, a Hub id whose snapshot is in the local cache, or the Hub id
+    of a built-in model (planned from its published configuration, before anything is downloaded:
+    a server checks its plan before it fetches the weights)."""
     if full_size_model(model) is not None:
         return _built_in(model)
     folder = Path(model)
@@ -131,6 +146,11 @@ def find_model(model: str) -> ModelSpec:
         cached = None
     if isinstance(cached, str):
         return _from_folder(Path(cached).parent, model)
+    name = published_name(model)
+    if name is not None:
+        log.info("%s is not in the local Hugging Face cache: planned from hotlora's copy of its published "
+                 "configuration (%s)", model, name)
+        return _built_in(name)
     raise ModelLoadError(f"{model!r} is neither a built-in model ({', '.join(full_size_names())}), a local folder, nor a "
                          "Hub id whose model_index.json is in the local Hugging Face cache")
 
