@@ -285,3 +285,24 @@ def test_sana_plan_models_the_dc_ae_decode_with_its_own_fit():
     predicted = predict(_coefficients(), "sana", work, torch.bfloat16, "slots")
     # ~1.67 GiB for the decode; the transformer's one block (linear attention, 1,024 image tokens) far less
     assert 1 * 2**30 < predicted["vae_decode"] < 3 * 2**30 and 0 < predicted["denoiser"] < predicted["vae_decode"] / 4
+
+
+@pytest.mark.parametrize("name", ["flux-dev", "sdxl", "sd15", "sd3.5-large", "sd3.5-medium", "zimage-turbo", "qwen-image",
+                                  "qwen-image-2.1", "flux2-dev", "flux2-klein-4b", "flux2-klein-9b", "chroma1-hd",
+                                  "sana-1600m"])
+def test_published_image_model_is_planned_with_its_activations(name):
+    """Every built-in image model (Krea 2 aside: its plan counts image tokens only, not calibrated) has
+    its denoiser's and its VAE's activations predicted (``bench/plan_calibrate.py``), in both dtypes a
+    server runs, so a plan's verdict covers a pack and not the weights alone; Qwen-Image's VAEs by fits
+    of their own (one latent frame of a causal video VAE), never the AutoencoderKL one."""
+    from hotlora.engine.plan import models
+    from hotlora.engine.plan.activations import coefficient, predict, workload
+    from hotlora.engine.plan.planner import _coefficients
+
+    spec = models._built_in(name)
+    work = workload(spec.family, spec.configs, 1024, 1024, 1, cfg=False)
+    for dtype in (torch.bfloat16, torch.float32):
+        predicted = predict(_coefficients(), spec.family.name, work, dtype, "slots")
+        assert predicted["denoiser"] > 0 and predicted["vae_decode"] > 0, (dtype, predicted)
+    if spec.family.name.startswith("qwenimage"):
+        assert coefficient(_coefficients(), spec.family.name, work.vae_part, torch.bfloat16) is not None

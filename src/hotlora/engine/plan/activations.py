@@ -22,6 +22,11 @@ not reorder weights this way): a small margin, not a claim.
   connections it holds scale with the same product, so one coefficient covers the architecture
   (calibrated on SDXL's real widths with one transformer layer per level: the layers of a level
   run one after the other, and only one is alive at a time).
+- The other image families (Z-Image, Qwen-Image and 2.1, FLUX.2 dev and klein, SD3, Chroma): each
+  family's own ``plan_tokens`` (image tokens plus its text tokens, one sequence or two streams),
+  measured through the family's pipeline with its denoiser at the published widths
+  (``pipeline_denoiser_peak``); SD1.5's U-Net as SDXL's. Qwen-Image's VAEs decode an image as one
+  frame of a causal video VAE: each has a fit of its own (``f`` = 0), as a video family's VAE has.
 - The VAE coefficients are measured on Flux's VAE; SDXL's decoder is the same architecture
   (128/256/512/512 channels) but for its 4 latent channels.
 - writer: ``slots`` / ``banks`` (LoRA branches add their temporaries) or ``none`` (fused mode, no
@@ -243,25 +248,77 @@ def sana_forward_peak(model, batch: int, latent_side: int, text_tokens: int = 30
         return peak_allocated(lambda: model(**inputs))
 
 
+def pipeline_denoiser_peak(pipeline, family: ModelFamily, images: int, height: int, width: int,
+                           prompt: str, **options) -> tuple[int, int]:
+    """One denoising step of ``pipeline`` (a family's pipeline whose denoiser is built at its real
+    widths) for ``images`` images: (the largest batch x tokens one of the denoiser's repeated blocks
+    was given, the peak of its largest forward). The tokens are what ``plan_tokens`` counts: every
+    stream entering the block at the layer width (image and text streams of a double-stream block
+    summed; a single stream as it is), and the batch as the block runs it (doubled by batch CFG).
+
+    Why through the pipeline: each family's denoiser takes inputs of its own (packed latents, position
+    ids, caption lists, masks, image shapes); the pipeline builds them, so one measurement serves
+    every family that follows the conventions. ``options``: more of the pipeline's arguments."""
+    denoiser = getattr(pipeline, family.denoiser)
+    layer_width = family.plan_tokens({family.denoiser: dict(denoiser.config)}, 0)[1]
+    block_classes = set(getattr(denoiser, "_repeated_blocks", None) or family.repeated_blocks)
+    widest = [0]
+
+    def count(_module, args, kwargs):
+        # The streams by name where the block takes them so (a modulation tensor can have the layer's
+        # width too: Chroma's), else its first two positional arguments.
+        named = [kwargs[n] for n in ("hidden_states", "encoder_hidden_states", "x") if n in kwargs]
+        streams = [t for t in (named or args[:2])
+                   if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[-1] == layer_width]
+        if streams:
+            widest[0] = max(widest[0], streams[0].shape[0] * sum(t.shape[1] for t in streams))
+
+    hooks = [m.register_forward_pre_hook(count, with_kwargs=True) for m in denoiser.modules()
+             if type(m).__name__ in block_classes]
+    peaks = []
+    forward = denoiser.forward
+
+    def measured(*args, **kwargs):
+        out = []
+        peaks.append(peak_allocated(lambda: out.append(forward(*args, **kwargs))))
+        return out[0]
+
+    negative = family.default_negative_prompt(family.default_guidance)
+    denoiser.forward = measured
+    try:
+        pipeline(prompt=[prompt] * images, **({} if negative is None else {"negative_prompt": [negative] * images}),
+                 height=height, width=width, num_inference_steps=1, output_type="latent",
+                 **family.call_arguments(family.default_guidance), **options)
+    finally:
+        del denoiser.forward
+        for hook in hooks:
+            hook.remove()
+    if not peaks or not widest[0]:
+        raise RuntimeError(f"{family.name}: no denoiser forward or no repeated block at width {layer_width} was seen")
+    return widest[0], max(peaks)
+
+
 def _flux_image_ids(side: int) -> torch.Tensor:
     rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
     return torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(-1, 3).float()
 
 
 def unet_forward_peak(unet, batch: int, latent_height: int, latent_width: int, text_tokens: int = 77) -> int:
-    """Peak of one SDXL U-Net forward over ``batch`` samples (already doubled for CFG)."""
+    """Peak of one U-Net forward over ``batch`` samples (already doubled for CFG): SDXL's, with its
+    added conditions, or SD1.5's, without."""
     config = unet.config
     dtype = next(unet.parameters()).dtype
-    # SDXL's added conditions: the pooled CLIP-G embedding and six size/crop ids, per sample.
-    pooled = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
     inputs = dict(
         sample=torch.zeros(batch, config.in_channels, latent_height, latent_width, dtype=dtype),
         timestep=torch.tensor(1.0), encoder_hidden_states=torch.zeros(batch, text_tokens, config.cross_attention_dim,
                                                                       dtype=dtype),
-        added_cond_kwargs={"text_embeds": torch.zeros(batch, pooled, dtype=dtype),
-                           "time_ids": torch.zeros(batch, 6, dtype=dtype)},
         return_dict=False,
     )
+    if config.addition_embed_type == "text_time":
+        # SDXL's added conditions: the pooled CLIP-G embedding and six size/crop ids, per sample.
+        pooled = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
+        inputs["added_cond_kwargs"] = {"text_embeds": torch.zeros(batch, pooled, dtype=dtype),
+                                       "time_ids": torch.zeros(batch, 6, dtype=dtype)}
     with torch.no_grad():
         return peak_allocated(lambda: unet(**inputs))
 
@@ -303,6 +360,6 @@ def fit(points: list[tuple[float, int]]) -> tuple[float, float]:
 
 
 __all__ = ["Workload", "coefficient", "empty_model", "fit", "flux_blocks", "flux_forward_peak",
-           "peak_allocated", "predict", "sana_blocks", "sana_forward_peak", "unet_forward_peak", "vae_decode_peak",
+           "peak_allocated", "pipeline_denoiser_peak", "predict", "sana_blocks", "sana_forward_peak", "unet_forward_peak", "vae_decode_peak",
            "vae_part", "video_vae_decode_peak",
            "workload"]
