@@ -210,7 +210,7 @@ def test_the_engine_process_packs_a_new_adapter_when_prepared_not_when_sent(engi
     key = prepared.adapters["identity"].adapter.key
     pack = proxy._packs.get(key)
     assert isinstance(pack, Packed) and pack.buffer.is_shared()
-    wire, _, _ = EngineProcess._wire(proxy, prepared)
+    wire, _ = EngineProcess._wire(proxy, prepared)
     assert wire.adapters["identity"].adapter is pack and key in proxy._held and proxy._packs.get(key) is None
     again = EngineProcess.prepare(proxy, "another", adapters={"identity": source})
     assert proxy._packs.get(key) is None

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 import hotlora.scaleout
 import hotlora.server
 from hotlora.settings import ServerConfig
-from hotlora.errors import InvalidRequest
+from hotlora.errors import InvalidRequest, NotAccepting
 from hotlora.server.app import create_app
 from hotlora.server.outputs import output_format
 from hotlora.server.run import Serving
@@ -41,8 +41,13 @@ class IdleWorker:
         self.faults = 0
         self.restarts, self.last_exit = {}, None
 
+    crash_loop_delay_s = 0.0
+
     def why_not_ready(self):
         return "the engine is not ready (starting, rebuilding or shutting down)"
+
+    def not_ready(self):
+        return NotAccepting(self.why_not_ready())
 
     @property
     def ready(self):
@@ -237,13 +242,24 @@ def _response(sock) -> bytes:
     return head + b"\r\n\r\n" + rest
 
 
+def test_a_worker_that_gave_up_rebuilding_fails_liveness_too():
+    """Alive through restarts and rebuilds; once the worker gave up (``max_rebuild_attempts``) only a
+    restart of the server helps, so /healthz says so and a liveness probe restarts it."""
+    worker = IdleWorker(ready=False)
+    assert client(worker).get("/healthz").status_code == 200
+    worker.failed = "5 rebuilds failed in a row, the last with RuntimeError: CUDA error"
+    health = client(worker).get("/healthz")
+    assert health.status_code == 503 and health.json() == {"status": "engine down", "failed": worker.failed}
+    assert client(worker).get("/readyz").json()["failed"] == worker.failed
+
+
 def test_health_readiness_metrics_adapters_and_playground():
     c = client()
     assert c.get("/healthz").json() == {"status": "alive"}
     ready = c.get("/readyz")
     assert ready.status_code == 503
     assert ready.json() == {"ready": False, "rebuilds": 0, "queue_depth": 0, "engine": None, "failed": None,
-                            "engine_restarts": {}, "last_engine_exit": None}
+                            "engine_restarts": {}, "last_engine_exit": None, "crash_loop_delay_s": 0.0}
     assert "hotlora_ready 0.0" in c.get("/metrics").text
     assert c.get("/v1/adapters").json() == {"slots": ["identity", "style"], "catalog": [], "cached": [],
                                             "stats": None}

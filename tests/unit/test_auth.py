@@ -39,8 +39,15 @@ class Idle:
         self.on_event = None
         self.restarts, self.last_exit = {}, None
 
+    crash_loop_delay_s = 0.0
+
     def why_not_ready(self):
         return "the engine is not ready (starting, rebuilding or shutting down)"
+
+    def not_ready(self):
+        from hotlora.errors import NotAccepting
+
+        return NotAccepting(self.why_not_ready())
 
 
 def client(worker=None, base_url="http://127.0.0.1:8000", **settings):

@@ -136,6 +136,49 @@ def test_an_engine_that_keeps_dying_at_once_is_restarted_with_growing_delays(mon
     worker.stop(drain_timeout_s=1)
 
 
+def test_engines_that_die_while_starting_are_restarts_backed_off_never_given_up(monkeypatch):
+    """An engine process killed while it starts (the OOM killer in warm-up, a preemption) is an engine
+    restart like any other: counted by cause, backed off as a crash loop (the 503s' Retry-After says
+    so), and not one of ``max_rebuild_attempts`` failed builds: more deaths than that in a row, then
+    an engine that starts, and the worker serves again. ``/healthz`` stays alive throughout."""
+    slept, real_sleep = [], time.sleep
+
+    def sleep(seconds):
+        if threading.current_thread().name == "hotlora-worker":
+            slept.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(worker_module.time, "sleep", sleep)
+    engines, deaths, checked = [], [], threading.Event()
+
+    def factory():
+        if engines and len(deaths) < 4:  # the first rebuild's four starts die before they are warm
+            if len(deaths) == 2:
+                checked.wait(WAIT_S)  # the third start is under way while the test looks
+            deaths.append(1)
+            raise EngineDied(f"the engine process {500 + len(deaths)} was killed by SIGKILL while starting",
+                             cause="signal")
+        engines.append(FakeProcess(400 + len(engines)))
+        return engines[-1]
+
+    worker = Worker(factory, max_rebuild_attempts=2, rebuild_backoff_s=0.5, max_rebuild_backoff_s=4.0)
+    worker.start()
+    engine = engines[0]
+    engine.exit_code = -9
+    engine.on_exit(engine, "signal")
+    wait_for(lambda: len(deaths) == 2)
+    refused = worker.not_ready()
+    assert "restarting" in str(refused) and "while starting" in str(refused)
+    assert not worker.ready and worker.crash_loop_delay_s == 2.0
+    assert refused.retry_after_s >= 2  # the last start's time (here ~0) plus the crash-loop wait
+    checked.set()
+    wait_for(lambda: worker.ready and len(engines) == 2)
+    assert worker.failed is None and worker.restarts == {"signal": 5}
+    assert slept == [0.5, 1.0, 2.0, 4.0, 4.0]  # each death within a minute of its start: a crash loop
+    worker.stop(drain_timeout_s=1)
+
+
 def test_errors_cross_with_their_own_fields():
     rejected = error_of(error_record(AdapterRejected("identity=x", ["rank 32 > 8", "NaN in lora_A"])))
     assert isinstance(rejected, AdapterRejected) and rejected.problems == ["rank 32 > 8", "NaN in lora_A"]
@@ -166,3 +209,38 @@ def test_the_engine_processs_spans_are_replayed_into_the_requests_trace():
     into = Collect()
     replay(into, recorded.records)
     assert into.seen == [("bound", {}), ("swap", True, {"images": 3}), ("denoise", True, {"images": 3})]
+
+
+def test_every_run_steps_the_heartbeat_whether_or_not_its_caller_wants_progress():
+    """The server's stall deadline is per message from the engine process: a plain request (no
+    progress listener, as ``POST /v1/generate`` without streaming) still sends one per denoising step,
+    so a run longer than ``engine_stall_timeout_s`` is not taken for a hung engine."""
+    from hotlora.engine import process
+    from hotlora.lru import LRU
+
+    class Conn:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, message):
+            self.sent.append(message)
+
+    class SteppingEngine:
+        recompiles, active_adapters = 0, {}
+
+        def describe(self):
+            return {}
+
+        def stage(self, request):
+            pass
+
+        def run(self, request):
+            for step in range(1, 4):
+                request.progress(step, 3)
+            return "result"
+
+    conn, plain = Conn(), job().request
+    assert plain.progress is None
+    process._run(conn, SteppingEngine(), LRU(max_cost=0, cost=lambda a: 0), None, 7, [(plain, False)], mixed=False)
+    assert [m[:5] for m in conn.sent[:-1]] == [("progress", 7, 0, step, 3) for step in (1, 2, 3)]
+    assert conn.sent[-1][0] == "done" and conn.sent[-1][2][0][:2] == ("done", "result")

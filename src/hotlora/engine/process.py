@@ -149,11 +149,11 @@ def engine_main(conn, spec: ChildSpec | AheadSpec, stop=None) -> None:
 
 
 def _run(conn, engine, held, stop, job: int, requests: list, mixed: bool) -> None:
-    """``requests``: (prepared request, whether it wants progress, whether it can be cancelled)."""
+    """``requests``: (prepared request, whether it can be cancelled)."""
     dropped: list[tuple] = []
     missing = []
     staged = []
-    for index, (request, wants_progress, cancellable) in enumerate(requests):
+    for index, (request, cancellable) in enumerate(requests):
         bindings = {}
         for slot, binding in request.adapters.items():
             adapter = binding.adapter
@@ -167,7 +167,9 @@ def _run(conn, engine, held, stop, job: int, requests: list, mixed: bool) -> Non
                 dropped += [key for key, _ in held.put(adapter.key, adapter)]
             bindings[slot] = Binding(adapter, binding.scale)
         trace = RecordedTrace() if request.trace.recording else NO_TRACE
-        progress = _progress(conn, job, index) if wants_progress else None
+        # Every request steps the heartbeat, whether or not its caller wants progress: the server's
+        # stall deadline is per message, and a run without one is otherwise silent to its end.
+        progress = _progress(conn, job, index)
         cancelled = (lambda: stop.value == job) if cancellable and stop is not None else None
         staged.append(dataclasses.replace(request, adapters=bindings, progress=progress, trace=trace,
                                           cancelled=cancelled))
@@ -334,9 +336,10 @@ class EngineProcess:
         while True:
             message = self._receive(wanted, job)
             kind = message[0]
-            if kind == "progress":
+            if kind == "progress":  # a step: the heartbeat, passed on where the caller listens
                 _, _, index, done, total = message
-                requests[index].progress(done, total)
+                if requests[index].progress is not None:
+                    requests[index].progress(done, total)
                 continue
             self._held.difference_update(message[-1] if kind != "done" else message[3])
             if kind == "missing":
@@ -354,9 +357,8 @@ class EngineProcess:
             return answers
 
     def _wire(self, request):
-        """The request as it crosses, whether it wants progress and whether it can be cancelled:
-        adapters the child holds by key, no callbacks, no spans (a trace that records is sent as an
-        empty ``RecordedTrace``)."""
+        """The request as it crosses and whether it can be cancelled: adapters the child holds by
+        key, no callbacks, no spans (a trace that records is sent as an empty ``RecordedTrace``)."""
         bindings = {}
         for slot, binding in request.adapters.items():
             adapter = binding.adapter
@@ -370,7 +372,7 @@ class EngineProcess:
         wire = dataclasses.replace(request, adapters=bindings, output_type=_wire_output(request.output_type),
                                    progress=None, cancelled=None,
                                    trace=RecordedTrace() if request.trace.recording else NO_TRACE)
-        return wire, request.progress is not None, request.cancelled is not None
+        return wire, request.cancelled is not None
 
     def _send(self, message) -> None:
         try:

@@ -89,6 +89,7 @@ class Worker:
         self._born = time.monotonic()  # when the current engine was built (crash-loop detection)
         self._crash_delay = 0.0
         self._rebuilding_after: str | None = None  # why the engine is being replaced, while it is
+        self._start_s = 0.0  # how long the last engine took to build and warm up (a restart's Retry-After)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -104,6 +105,21 @@ class Worker:
             return f"the engine is restarting ({self._rebuilding_after})"
         return "the engine is not ready (starting, rebuilding or shutting down)"
 
+    def not_ready(self) -> NotAccepting:
+        """The 503 for a request turned away now: while an engine restarts, its Retry-After is what the
+        last engine took to start plus any crash-loop wait (a client retrying after 5 s would only be
+        turned away again)."""
+        refused = NotAccepting(self.why_not_ready())
+        if self._rebuilding_after and not self.failed:
+            refused.retry_after_s = max(1, int(self._start_s + self._crash_delay + 0.999))
+        return refused
+
+    @property
+    def crash_loop_delay_s(self) -> float:
+        """The wait before the next engine start after engines that died within ``CRASH_LOOP_S`` of
+        starting (doubling from ``rebuild_backoff_s`` to ``max_rebuild_backoff_s``); 0 when none."""
+        return self._crash_delay
+
     @property
     def depth(self) -> int:
         return len(self._jobs)
@@ -112,7 +128,8 @@ class Worker:
         """Build and warm the engine (blocking), then start the worker thread."""
         began = time.perf_counter()
         self.engine = self._built(self._factory())
-        log.info("engine ready in %.1fs: %s", time.perf_counter() - began, self.engine.describe())
+        self._start_s = time.perf_counter() - began
+        log.info("engine ready in %.1fs: %s", self._start_s, self.engine.describe())
         self._accepting = True
         self._ready.set()
         self._thread = threading.Thread(target=self._run, name="hotlora-worker", daemon=True)
@@ -349,7 +366,10 @@ class Worker:
 
         Failed builds are retried with exponential backoff; after ``max_rebuild_attempts`` in a row
         the worker gives up: queued and future requests are answered 503 with the reason (a broken
-        GPU or a deleted model does not fix itself, and a queue waiting forever helps nobody)."""
+        GPU or a deleted model does not fix itself, and a queue waiting forever helps nobody), and
+        ``/healthz`` says so (a liveness probe restarts the server). An engine process that dies while
+        it starts (the OOM killer during warm-up, a preemption) is no failed build: it is an engine
+        restart like any other, counted by cause and backed off as a crash loop, and never given up on."""
         import torch
 
         self._ready.clear()
@@ -362,13 +382,23 @@ class Worker:
         if getattr(old, "close", None) is not None:
             old.close()  # a live engine process (a Python-level fault) holds the memory the next one needs
         self._count_restart(cause)
-        delay = self.rebuild_backoff_s
-        for attempt in range(1, self.max_rebuild_attempts + 1):
+        delay, attempt = self.rebuild_backoff_s, 0
+        while attempt < self.max_rebuild_attempts:
+            if self._stopping:
+                return
             torch._dynamo.reset()  # drop graphs guarded on the old modules before compiling the new ones
+            # A death while starting is measured from here: a crash loop's too.
+            self._born, attempt_began = time.monotonic(), time.perf_counter()
             try:
                 self.engine = self._built(self._factory())
+                self._start_s = time.perf_counter() - attempt_began
                 break
+            except EngineDied as exc:
+                log.error("%s", exc)
+                self._rebuilding_after = str(exc)
+                self._count_restart(exc)
             except Exception as exc:
+                attempt += 1
                 if attempt == self.max_rebuild_attempts:
                     self._give_up(f"{self.max_rebuild_attempts} rebuilds failed in a row, the last with "
                                   f"{type(exc).__name__}: {exc}")

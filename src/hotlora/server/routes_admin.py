@@ -24,6 +24,10 @@ def admin_routes(service: Service) -> APIRouter:
 
     @router.get("/healthz")
     async def healthz():
+        # Alive through engine restarts and rebuilds (readiness takes the server out of service then);
+        # not once the worker gave up rebuilding: only a restart of the server can help.
+        if worker.failed:
+            return JSONResponse({"status": "engine down", "failed": worker.failed}, status_code=503)
         return {"status": "alive"}
 
     @router.get("/readyz")
@@ -32,7 +36,8 @@ def admin_routes(service: Service) -> APIRouter:
         # Open to anyone: the model by its id, never its path on this machine.
         body = {"ready": worker.ready, "rebuilds": worker.rebuilds, "queue_depth": worker.depth,
                 "engine": public_model(engine) if engine else None, "failed": worker.failed,
-                "engine_restarts": worker.restarts, "last_engine_exit": worker.last_exit}
+                "engine_restarts": worker.restarts, "last_engine_exit": worker.last_exit,
+                "crash_loop_delay_s": worker.crash_loop_delay_s}
         return JSONResponse(body, status_code=200 if worker.ready else 503)
 
     @router.get("/metrics", dependencies=[Depends(access.require("metrics"))])

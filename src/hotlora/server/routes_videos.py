@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from hotlora.errors import InvalidRequest, JobNotFound, NotAccepting, UnsupportedMediaType
+from hotlora.errors import InvalidRequest, JobNotFound, UnsupportedMediaType
 from hotlora.server import video
 from hotlora.server.access import public_model_id
 from hotlora.server.errors import validation_error
@@ -51,7 +51,7 @@ def videos_routes(jobs: Jobs) -> APIRouter:
         body, input_frames = await videos_body(request)
         engine = service.worker.engine
         if engine is None:
-            raise NotAccepting(service.worker.why_not_ready())
+            raise service.worker.not_ready()
         if engine.family.output_kind != "frames":
             raise InvalidRequest(f"the model served here ({public_model_id(engine)}) makes images, not videos: "
                                  "POST /v1/images/generations or /v1/generate")

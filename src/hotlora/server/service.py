@@ -34,7 +34,7 @@ from hotlora.adapters.store.egress import EgressPolicy
 from hotlora.adapters.store.references import redact_reference
 from hotlora.settings import ServerConfig
 from hotlora.engine.request import AdapterSpec, GenerationRequest
-from hotlora.engine.worker import ClientGone, DeadlineExceeded, Job, NotAccepting, Overloaded, Worker
+from hotlora.engine.worker import ClientGone, DeadlineExceeded, Job, Overloaded, Worker
 from hotlora.errors import HotloraError
 from hotlora.server.access import Access
 from hotlora.server.auth import Principal
@@ -120,7 +120,7 @@ class Service:
 
     def admit(self) -> None:
         if not self.worker.ready:
-            raise NotAccepting(self.worker.why_not_ready())
+            raise self.worker.not_ready()
         with self._lock:
             if self._pending >= self.max_pending:
                 raise Overloaded(f"too many requests in flight ({self._pending})", retry_after_s=5)
@@ -168,10 +168,10 @@ class Service:
         (``AdapterStore.check``); a job (``server/jobs.py``) is refused by it before its 202."""
         self.check_sources(principal, [ref for spec in job.adapters.values() for ref in spec.refs])  # before any fetch
         if not self.worker.ready:
-            raise NotAccepting(self.worker.why_not_ready())
+            raise self.worker.not_ready()
         engine, store = self.worker.engine, self.store
         if engine is None or store is None:
-            raise NotAccepting(self.worker.why_not_ready())
+            raise self.worker.not_ready()
         # Parameters and specs first, then what the store refuses without a download (a missing file,
         # an unknown catalog name, a refused host): a job is refused before its 202, not failed after.
         checked = engine.check(job, default_scale=store.default_scale)
