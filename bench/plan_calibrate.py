@@ -1,6 +1,6 @@
 """Calibrate the activation model of `hotlora plan` (src/hotlora/engine/plan/activations.py).
 
-Usage: PYTHONPATH=src .venv/bin/python bench/plan_calibrate.py [--only wan-vae|video-vae]
+Usage: PYTHONPATH=src .venv/bin/python bench/plan_calibrate.py [--only wan-vae|video-vae|sana|images]
 Builds Flux.1-dev's transformer at its real width (3072) with 1 double + 1 single block, its real
 VAE (hotlora.fullsize.flux), and SDXL's U-Net at its real widths with one transformer layer per
 level (SDXL_UNET below), from the published configurations, zero weights, on the CPU;
@@ -20,7 +20,10 @@ EfficientViT blocks, a 32x spatial factor) gets its own fit (``dc_ae_decode``, `
 at one image, in float32 and bfloat16, and Sana's transformer (real width 2240, one block) as Flux's
 is; ``--only sana`` measures just those. Wan 2.2's residual VAE (TI2V-5B's: decoder_base_dim
 256, a 2 x 2 patch, 16x spatial) is another architecture: it gets its own fit (``residual_vae_decode``)
-at the same points, with ``--only wan-vae`` too.
+at the same points, with ``--only wan-vae`` too. The other image families (Z-Image, Qwen-Image and
+2.1, FLUX.2 dev and klein, SD3, Chroma) are measured through their own pipelines with their denoisers
+at the published widths (``IMAGE_POINTS`` says how), SD1.5's U-Net as SDXL's, and Qwen-Image's two
+VAEs decoding one image; ``--only images`` measures just those (~16 minutes).
 """
 
 from __future__ import annotations
@@ -91,23 +94,30 @@ def calibrate_flux(dtype: torch.dtype) -> dict:
 
 
 def calibrate_sdxl(dtype: torch.dtype) -> dict:
+    return calibrate_unet("sdxl", SDXL_UNET, SDXL_POINTS, SDXL_HELD_OUT, dtype)
+
+
+def calibrate_unet(family: str, config: dict, points: list, held_out: tuple, dtype: torch.dtype) -> dict:
+    """A U-Net's ``(k, c)`` per latent pixel x its first level's channels, with and without the
+    slots, at ``points`` (batch, latent height, latent width), one more ``held_out``."""
     from diffusers import UNet2DConditionModel
 
-    width = SDXL_UNET["block_out_channels"][0]
+    width = config["block_out_channels"][0]
     element = torch.empty((), dtype=dtype).element_size()
-    unet = empty_model(lambda: UNet2DConditionModel.from_config(SDXL_UNET), dtype)
+    unet = empty_model(lambda: UNet2DConditionModel.from_config({k: v for k, v in config.items()
+                                                                 if not k.startswith("_")}), dtype)
     out = {}
     for writer in ("none", "slots"):
         if writer == "slots":
-            SlotsWriter(unet, "sdxl", ("identity", "style"), SLOT_RANK)
-        points = [(b * h * w * width * element, unet_forward_peak(unet, b, h, w)) for b, h, w in SDXL_POINTS]
-        k, c = fit(points)
-        b, h, w = SDXL_HELD_OUT
-        held_out = unet_forward_peak(unet, b, h, w)
+            SlotsWriter(unet, family, ("identity", "style"), SLOT_RANK)
+        measured = [(b * h * w * width * element, unet_forward_peak(unet, b, h, w)) for b, h, w in points]
+        k, c = fit(measured)
+        b, h, w = held_out
+        held = unet_forward_peak(unet, b, h, w)
         out[writer] = {"k": round(k, 4), "c": round(c), "points": [
             {"batch": b, "latent_height": h, "latent_width": w, "peak_bytes": p}
-            for (b, h, w), (_, p) in zip(SDXL_POINTS, points)],
-            "held_out": {"batch": b, "latent_height": h, "latent_width": w, "peak_bytes": held_out,
+            for (b, h, w), (_, p) in zip(points, measured)],
+            "held_out": {"batch": b, "latent_height": h, "latent_width": w, "peak_bytes": held,
                          "predicted_bytes": round(k * b * h * w * width * element + c)}}
     return out
 
@@ -328,29 +338,10 @@ def calibrate_image_vae(family: str) -> dict:
 
 
 def calibrate_sd15(dtype: torch.dtype) -> dict:
-    """SD1.5's U-Net at its published widths, as SDXL's (``calibrate_sdxl``)."""
-    from diffusers import UNet2DConditionModel
-
+    """SD1.5's U-Net at its published widths, as SDXL's."""
     from hotlora.fullsize.sd15 import UNET
 
-    width = UNET["block_out_channels"][0]
-    element = torch.empty((), dtype=dtype).element_size()
-    unet = empty_model(lambda: UNet2DConditionModel.from_config({k: v for k, v in UNET.items() if not k.startswith("_")}),
-                       dtype)
-    out = {}
-    for writer in ("none", "slots"):
-        if writer == "slots":
-            SlotsWriter(unet, "sd15", ("identity", "style"), SLOT_RANK)
-        points = [(b * h * w * width * element, unet_forward_peak(unet, b, h, w)) for b, h, w in SD15_POINTS]
-        k, c = fit(points)
-        b, h, w = SD15_HELD_OUT
-        held_out = unet_forward_peak(unet, b, h, w)
-        out[writer] = {"k": round(k, 4), "c": round(c), "points": [
-            {"batch": b, "latent_height": h, "latent_width": w, "peak_bytes": p}
-            for (b, h, w), (_, p) in zip(SD15_POINTS, points)],
-            "held_out": {"batch": b, "latent_height": h, "latent_width": w, "peak_bytes": held_out,
-                         "predicted_bytes": round(k * b * h * w * width * element + c)}}
-    return out
+    return calibrate_unet("sd15", UNET, SD15_POINTS, SD15_HELD_OUT, dtype)
 
 
 def main() -> int:

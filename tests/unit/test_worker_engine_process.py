@@ -179,6 +179,36 @@ def test_engines_that_die_while_starting_are_restarts_backed_off_never_given_up(
     worker.stop(drain_timeout_s=1)
 
 
+def test_an_idle_engine_that_stops_answering_is_replaced_before_a_request_waits_for_it():
+    """Between runs the worker pings its engine process every ``idle_ping_s``: one that does not
+    answer (stopped, deadlocked below Python) is killed and rebuilt at once, counted as a stall,
+    rather than found by the next request after the whole stall deadline."""
+    engines, hang = [], threading.Event()
+
+    class Pinged(FakeProcess):
+        pings = 0
+
+        def ping(self):
+            self.pings += 1
+            if hang.is_set() and self is engines[0]:
+                raise EngineDied(f"the engine process {self.pid} did not answer a ping between runs within 30s: "
+                                 "killed, an engine restart follows", cause="stall")
+
+    def factory():
+        engines.append(Pinged(600 + len(engines)))
+        return engines[-1]
+
+    worker = Worker(factory)
+    worker.idle_ping_s = 0.05
+    worker.start()
+    wait_for(lambda: engines[0].pings >= 2)  # a live idle engine is asked, and kept
+    assert worker.ready and len(engines) == 1
+    hang.set()
+    wait_for(lambda: worker.ready and len(engines) == 2)
+    assert worker.restarts == {"stall": 1} and "did not answer a ping" in worker.last_exit
+    worker.stop(drain_timeout_s=1)
+
+
 def test_errors_cross_with_their_own_fields():
     rejected = error_of(error_record(AdapterRejected("identity=x", ["rank 32 > 8", "NaN in lora_A"])))
     assert isinstance(rejected, AdapterRejected) and rejected.problems == ["rank 32 > 8", "NaN in lora_A"]

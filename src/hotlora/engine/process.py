@@ -52,6 +52,7 @@ from hotlora.tracing import NO_TRACE
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.05  # how often a waiting run looks at its requests' cancel flags
+PING_DEADLINE_S = 30.0  # an idle child answers a ping in milliseconds; one that does not within this is hung
 PACKS_AHEAD = 8  # adapters packed by prepare and not yet sent (at most a few requests' worth in flight)
 
 
@@ -144,6 +145,8 @@ def engine_main(conn, spec: ChildSpec | AheadSpec, stop=None) -> None:
             _run(conn, engine, held, stop, *message[1:])
         elif kind == "corrupt":
             engine.corrupt_a_weight()
+        elif kind == "ping":
+            conn.send(("pong",))
         elif kind == "stop":
             return
 
@@ -373,6 +376,21 @@ class EngineProcess:
                                    progress=None, cancelled=None,
                                    trace=RecordedTrace() if request.trace.recording else NO_TRACE)
         return wire, request.cancelled is not None
+
+    def ping(self) -> None:
+        """Between runs (the worker's thread, which owns the pipe): the child answers at once, or it is
+        hung (stopped, deadlocked below Python) and is killed, ``EngineDied`` with cause "stall". A
+        hung idle child would otherwise be found only by the next request, after the stall deadline."""
+        self._send(("ping",))
+        deadline = min(self.stall_timeout_s, PING_DEADLINE_S)
+        if not self._conn.poll(deadline):
+            self.kill()
+            raise EngineDied(f"the engine process {self.pid} did not answer a ping between runs within "
+                             f"{deadline:.0f}s: killed, an engine restart follows", cause="stall")
+        try:
+            self._conn.recv()
+        except (EOFError, OSError):
+            raise self._died() from None
 
     def _send(self, message) -> None:
         try:

@@ -30,6 +30,7 @@ from hotlora.errors import ClientGone, DeadlineExceeded, EngineError, HotloraErr
 
 log = logging.getLogger(__name__)
 CRASH_LOOP_S = 60.0  # an engine that dies within this of its start is a crash loop: the next start waits
+IDLE_PING_S = 30.0  # how often an idle engine process is asked whether it still answers (``ping``)
 
 
 class EngineRestarting(NotAccepting):
@@ -90,6 +91,7 @@ class Worker:
         self._crash_delay = 0.0
         self._rebuilding_after: str | None = None  # why the engine is being replaced, while it is
         self._start_s = 0.0  # how long the last engine took to build and warm up (a restart's Retry-After)
+        self.idle_ping_s = IDLE_PING_S
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -176,11 +178,14 @@ class Worker:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._jobs and not self._stopping and self._lost is None:
-                    self._cond.wait()
+                idle = False
+                while not self._jobs and not self._stopping and self._lost is None and not idle:
+                    idle = not self._cond.wait(self.idle_ping_s if hasattr(self.engine, "ping") else None)
                 lost, self._lost = self._lost, None
             if lost is not None and lost is self.engine:
                 self._rebuild(lost.cause)
+                continue
+            if idle and not self._jobs and self._idle_engine_hung():
                 continue
             with self._cond:
                 if not self._jobs:
@@ -345,6 +350,17 @@ class Worker:
         """Called with ``_cond`` held."""
         while self._jobs:
             self._jobs.popleft().future.set_exception(exc)
+
+    def _idle_engine_hung(self) -> bool:
+        """An idle engine process asked whether it still answers; one that does not (a SIGSTOP, a
+        deadlock below Python) is killed and rebuilt now, before a request waits for its stall deadline."""
+        try:
+            self.engine.ping()
+        except EngineDied as exc:
+            log.error("%s", exc)
+            self._rebuild(exc)
+            return True
+        return False
 
     def _count_restart(self, cause: BaseException) -> None:
         if not isinstance(cause, EngineDied):
