@@ -255,8 +255,8 @@ SD15_HELD_OUT = (2, 16, 24)
 
 def wide_pipeline(family, dtype: torch.dtype, root: Path):
     """The family's tiny pipeline with its denoiser at the published widths (one block of each kind),
-    zero weights (activation memory does not depend on their values), in ``dtype``, and the call's options. SD3's position table keeps its published
-    size (the tiny one caps the image at 64 pixels)."""
+    zero weights (activation memory does not depend on their values), in ``dtype``, and the call's
+    options. SD3's position table keeps its published size (the tiny one caps the image at 64 pixels)."""
     import inspect
 
     from diffusers import DiffusionPipeline
