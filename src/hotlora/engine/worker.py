@@ -113,8 +113,14 @@ class Worker:
         turned away again)."""
         refused = NotAccepting(self.why_not_ready())
         if self._rebuilding_after and not self.failed:
-            refused.retry_after_s = max(1, int(self._start_s + self._crash_delay + 0.999))
+            refused.retry_after_s = self._restart_retry_after_s()
         return refused
+
+    def _restart_retry_after_s(self) -> int:
+        """A restart's Retry-After: the engine's own start time where it reports one (an engine
+        process), else the last start the worker timed, plus any crash-loop wait."""
+        seconds = getattr(self.engine, "started_s", None) or self._start_s or 5.0
+        return max(1, int(seconds + self._crash_delay + 0.999))
 
     @property
     def crash_loop_delay_s(self) -> float:
@@ -341,10 +347,8 @@ class Worker:
             self._cond.notify_all()
 
     def _restarting(self, why: str) -> EngineRestarting:
-        engine = self.engine
-        seconds = getattr(engine, "started_s", None) or 5.0
         return EngineRestarting(f"{why}; the request was not served: retry once the engine is ready again",
-                                retry_after_s=max(1, int(seconds + self._crash_delay + 0.999)))
+                                retry_after_s=self._restart_retry_after_s())
 
     def _answer_queued(self, exc: BaseException) -> None:
         """Called with ``_cond`` held."""

@@ -267,7 +267,7 @@ def pipeline_denoiser_peak(pipeline, family: ModelFamily, images: int, height: i
     def count(_module, args, kwargs):
         # The streams by name where the block takes them so (a modulation tensor can have the layer's
         # width too: Chroma's), else its first two positional arguments.
-        named = [kwargs[n] for n in ("hidden_states", "encoder_hidden_states", "x") if n in kwargs]
+        named = [kwargs[n] for n in ("hidden_states", "encoder_hidden_states") if n in kwargs]
         streams = [t for t in (named or args[:2])
                    if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[-1] == layer_width]
         if streams:
