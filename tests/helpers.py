@@ -111,6 +111,44 @@ def allow_cfg_rounding(request, family, banks: bool = False) -> None:
         request.node.add_marker(pytest.mark.xfail(strict=False, reason=f"{family}: CFG-amplified rounding over 1e-4"))
 
 
+LOAD_ADAPTERS = """
+import json, sys
+from hotlora.adapters.format.convert import load_adapter
+from hotlora.errors import AdapterFormatError
+from hotlora.families import family_named
+family = family_named(sys.argv[1])
+for path in sys.argv[2:]:
+    try:
+        line = f"LOADED {sorted(load_adapter(path, family).modules)}"
+    except AdapterFormatError as exc:
+        line = f"REFUSED {exc}"
+    print(json.dumps(line), flush=True)
+"""
+
+
+def load_outcomes_in_a_new_process(paths: Sequence[Path], family: str, timeout_s: float = 60) -> list[str]:
+    """``load_adapter`` on each path in a new interpreter, one ``LOADED ...`` / ``REFUSED ...`` line
+    each: a hang (regex matching or a converter's loop holds the GIL, so no thread or signal here
+    could interrupt it) fails the test instead of freezing the run. Not a fork of the test process:
+    a forked child of a worker that has run torch's thread pools or servers' threads can inherit a
+    lock some thread held and hang in the first ``load_adapter`` (seen once in a fresh clone's run)."""
+    import subprocess
+    import sys
+
+    began = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-c", LOAD_ADAPTERS, family, *map(str, paths)], capture_output=True,
+                              text=True, timeout=timeout_s + 60)  # + the interpreter's imports
+        out, err = done.stdout, done.stderr
+        assert done.returncode == 0, err[-2000:]
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert len(lines) == len(paths), (f"load_adapter did not return within {time.monotonic() - began:.0f} s on "
+                                      f"{paths[len(lines)]}")
+    return lines
+
+
 def fake_hub_cache(root: Path, repo: str, files: dict, commit: str = "a" * 40) -> Path:
     """The on-disk layout huggingface_hub reads in offline mode: refs/main -> snapshots/<commit>/."""
     repo_dir = root / ("models--" + repo.replace("/", "--"))

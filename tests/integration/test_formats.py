@@ -7,7 +7,7 @@ from hotlora.adapters.format.convert import load_adapter
 from hotlora.errors import AdapterFormatError, AdapterNotFound
 from hotlora.families import family_named
 
-from ..helpers import CORE_FAMILIES, assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas, family_params
+from ..helpers import CORE_FAMILIES, assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas, family_params, load_outcomes_in_a_new_process
 
 
 SAMPLES = {
@@ -306,31 +306,13 @@ def test_lightx2v_patches_that_change_the_model_are_refused_not_dropped(wan_two_
 @pytest.mark.families
 def test_a_negative_wan_alpha_is_refused_not_looped_on(wan_two_experts, tmp_path):
     """diffusers' Wan converters halve and double until ``scale_down * 2 >= scale_up``, which a
-    negative alpha never reaches: refused first. Run in a forked child, so a regression fails
+    negative alpha never reaches: refused first. Run in a new process, so a regression fails
     instead of hanging the run."""
-    import multiprocessing
-
     from safetensors.torch import load_file, save_file
 
     _, samples = wan_two_experts
     sd = load_file(str(samples["style-musubi"]))
     key = "lora_unet_blocks_0_self_attn_q.alpha"
     save_file({**sd, key: torch.tensor(-1.0)}, str(tmp_path / "negative.safetensors"))
-
-    def child(conn):
-        try:
-            load_adapter(tmp_path / "negative.safetensors", family_named("wan"))
-            conn.send("LOADED")
-        except AdapterFormatError as exc:
-            conn.send(f"REFUSED {exc}")
-
-    receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
-    process = multiprocessing.get_context("fork").Process(target=child, args=(send,))
-    process.start()
-    try:
-        assert receive.poll(60), "load_adapter did not return within 60 s"
-        outcome = receive.recv()
-    finally:
-        process.kill()
-        process.join()
+    (outcome,) = load_outcomes_in_a_new_process([tmp_path / "negative.safetensors"], "wan")
     assert outcome.startswith("REFUSED") and f"negative alpha in {key}" in outcome

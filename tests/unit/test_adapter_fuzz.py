@@ -19,6 +19,8 @@ from hotlora.adapters.format.convert import load_adapter
 from hotlora.adapters.format.lora_config import Patterns as _Patterns
 from hotlora.errors import AdapterFormatError, RequestError
 
+from ..helpers import load_outcomes_in_a_new_process
+
 FLUX = family_named("flux")
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -222,36 +224,6 @@ def test_too_many_pattern_keys_are_refused():
 CATASTROPHIC = "((\\w+)+)+Q"
 
 
-def outcomes_in_a_child(paths, timeout=60):
-    """``load_adapter`` on each path in a forked child: a hang (regex matching holds the GIL, so no
-    thread or signal here could interrupt it) fails the test instead of freezing the run."""
-    import multiprocessing
-
-    def child(conn):
-        for path in paths:
-            try:
-                adapter = load_adapter(path, FLUX)
-                conn.send(f"LOADED {sorted(adapter.modules)}")
-            except AdapterFormatError as exc:
-                conn.send(f"REFUSED {exc}")
-        conn.close()
-
-    ctx = multiprocessing.get_context("fork")  # the child inherits the imports: no 10 s start-up
-    receive, send = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=child, args=(send,))
-    process.start()
-    send.close()
-    lines = []
-    try:
-        while len(lines) < len(paths) and receive.poll(timeout):
-            lines.append(receive.recv())
-    finally:
-        process.kill()
-        process.join()
-    assert len(lines) == len(paths), f"load_adapter did not return within {timeout}s on {paths[len(lines)]}"
-    return lines
-
-
 def test_a_catastrophic_metadata_regex_is_never_run(tmp_path):
     """One file per field PEFT would run as a regex."""
     from peft import LoraConfig
@@ -264,7 +236,7 @@ def test_a_catastrophic_metadata_regex_is_never_run(tmp_path):
         header = {"lora_adapter_metadata": json.dumps({f"transformer.{k}": v for k, v in config.items()})}
         paths.append(tmp_path / f"{field}.safetensors")
         paths[-1].write_bytes(safetensors_bytes(lora_tensors(), header))
-    rank, alpha, targets = outcomes_in_a_child(paths)
+    rank, alpha, targets = load_outcomes_in_a_new_process(paths, "flux")
     for line, field in ((rank, "rank_pattern"), (alpha, "alpha_pattern")):
         assert line.startswith("REFUSED") and f"{field} key" in line and "is not a module name" in line
     assert targets.startswith("LOADED")  # target_modules is never used: the modules are the ones the weights name
@@ -287,7 +259,7 @@ def test_a_negative_kohya_flux_alpha_is_refused_not_looped_on(tmp_path):
     sd = {f"{key}.lora_down.weight": torch.randn(2, 32), f"{key}.lora_up.weight": torch.randn(32, 2),
           f"{key}.alpha": torch.tensor(-1.0)}
     path = write(tmp_path, safetensors_bytes(sd, {"ss_network_alpha": "-1.0"}))
-    (outcome,) = outcomes_in_a_child([path])
+    (outcome,) = load_outcomes_in_a_new_process([path], "flux")
     assert outcome.startswith("REFUSED") and f"negative alpha in {key}.alpha" in outcome
 
 
