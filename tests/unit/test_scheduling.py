@@ -1,10 +1,13 @@
 """``make test``'s scheduler (tests/scheduling.py): tests that share a fixture's instance run in one
 process, so each expensive fixture (a compiled engine) is built once in the run."""
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from ..scheduling import STORE_DURATIONS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,8 +70,11 @@ def test_engine_once_more(engine):
 def test_each_fixture_instance_is_built_once_across_both_processes(tmp_path):
     for name, text in {"conftest.py": CONFTEST, "test_one.py": ONE, "test_two.py": TWO}.items():
         (tmp_path / name).write_text(textwrap.dedent(text))
+    # Without the recorder's variable: under `make test-durations` this inner run would store its 19
+    # tests' times over the record the outer run keeps when it fails.
+    env = {k: v for k, v in os.environ.items() if k != STORE_DURATIONS_ENV}
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", str(tmp_path)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "19 passed" in run.stdout
     builds = [line.split(" ", 1) for line in (tmp_path / "built.log").read_text().splitlines()]
