@@ -99,14 +99,18 @@ def test_a_worker_that_is_not_ready_is_a_503_in_each_apis_shape():
     assert metric(c, 'hotlora_requests_total{api="/v1/generate",outcome="rejected"}') == 1
 
 
-def test_the_stream_ends_with_the_error_event():
-    response = client().post("/v1/generate/stream", json={"prompt": "x"})
+def test_the_stream_ends_with_the_error_event_and_is_counted_by_it():
+    c = client()
+    response = c.post("/v1/generate/stream", json={"prompt": "x"})
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     assert response.headers["cache-control"] == "no-cache"
     events = [block.split("\n") for block in response.text.strip().split("\n\n")]
     assert events[0] == ["event: accepted", "data: {}"]
     assert events[-1][0] == "event: error"
     assert '"type": "NotAccepting"' in events[-1][1] and '"status": 503' in events[-1][1]
+    # Counted as the 503 it ended in, not as the 200 that carried it.
+    assert metric(c, 'hotlora_requests_total{api="/v1/generate/stream",outcome="rejected"}') == 1
+    assert metric(c, 'hotlora_requests_total{api="/v1/generate/stream",outcome="ok"}') == 0
 
 
 def test_schema_errors_are_422_with_the_field_named():

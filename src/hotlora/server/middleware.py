@@ -30,6 +30,12 @@ SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
+# Where a streaming route puts the status of an answer it sent after its 200 had started (the
+# ``error`` event of /v1/generate/stream): in the request's state (Starlette's ``request.state``,
+# ``scope["state"]``), so the request is counted by that status, not by the 200 that carried it.
+STREAMED_STATUS = "streamed_status"
+
+
 def outcome(status: int) -> str:
     if status < 400:
         return "ok"
@@ -40,7 +46,8 @@ def outcome(status: int) -> str:
 
 class CountRequests:
     """``hotlora_requests_total{api, outcome}`` and ``hotlora_request_duration_seconds{api, outcome}``:
-    each POST, labelled with the matched route's template (never the path a caller typed: bounded)."""
+    each POST, labelled with the matched route's template (never the path a caller typed: bounded),
+    and by its answer's status: a stream's error event's where it ended in one (``STREAMED_STATUS``)."""
 
     def __init__(self, inner, *, metrics):
         self.inner = inner
@@ -60,8 +67,8 @@ class CountRequests:
             await self.inner(scope, receive, watch)
         finally:
             route = scope.get("route")
-            self.metrics.observe_request(route.path if route else "unmatched", outcome(status.get("code", 500)),
-                                         time.monotonic() - began)
+            code = (scope.get("state") or {}).get(STREAMED_STATUS) or status.get("code", 500)
+            self.metrics.observe_request(route.path if route else "unmatched", outcome(code), time.monotonic() - began)
 
 
 # The routes a request's input images arrive on (base64 in JSON, or a multipart upload).

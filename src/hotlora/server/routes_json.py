@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hotlora.errors import HotloraError, InvalidRequest
 from hotlora.server.errors import stream_error
 from hotlora.server.jobs import Jobs, view
+from hotlora.server.middleware import STREAMED_STATUS
 from hotlora.server.schemas import GenerateRequest, prefers_async
 from hotlora.server.service import Generated, Service, result_headers
 
@@ -54,7 +55,9 @@ def json_routes(service: Service, jobs: Jobs) -> APIRouter:
             except Exception as exc:  # the stream must end with an answer, whatever happened
                 if not isinstance(exc, HotloraError):
                     log.exception("stream generation failed")
-                await events.put(("error", stream_error(exc)))
+                error = stream_error(exc)
+                setattr(request.state, STREAMED_STATUS, error["status"])  # counted as what it was (middleware.py)
+                await events.put(("error", error))
             finally:
                 await events.put(None)
 
