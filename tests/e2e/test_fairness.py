@@ -9,6 +9,7 @@ call has a timeout, every source stops when the client hangs up.
 
 import hashlib
 import http.server
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -172,3 +173,20 @@ def test_timeout_s_covers_the_fetch_wait(fair):
     assert response.status_code == 504, response.text
     assert "fetched" in response.json()["error"]
     assert took < 2 + SLACK_S, took
+
+
+def test_timeout_s_ends_a_request_that_runs_past_it(fair):
+    """The deadline is when the request must have ended: a run past it stops at the next denoising
+    step (504 naming the step), the server's worker free again, not after all 400 steps (2 chunks of
+    2 images x 200 steps) nor at the end of a chunk (the engine process sends a message every step,
+    and the server looks at the deadline on each)."""
+    server, root, _ = fair
+    response, took = timed(lambda: generate(server.url, (str(root / "local-3"), 1.0), n=4, num_inference_steps=200,
+                                            timeout_s=1))
+    print(f"fairness: timeout_s=1 on 4 images x 200 steps: {response.status_code} in {took:.2f} s")
+    assert response.status_code == 504, response.text
+    error = response.json()["error"]
+    stopped = re.search(r"deadline passed while it ran: stopped after step (\d+) of 400", error)
+    assert stopped and int(stopped[1]) < 200, error
+    assert took < 1 + SLACK_S, took
+    assert generate(server.url, (str(root / "local-3"), 1.0), n=1, num_inference_steps=STEPS).status_code == 200

@@ -1,13 +1,13 @@
-"""A request cancelled while it runs (a job's DELETE, a client that hung up) stops at the next
-denoising step boundary, on the warm compiled engine: nothing compiles, and the next request gives
-exactly what it gives on its own."""
+"""A request cancelled while it runs (a job's DELETE, a client that hung up) or whose deadline passes
+while it runs stops at the next denoising step boundary, on the warm compiled engine: nothing
+compiles, and the next request gives exactly what it gives on its own."""
 
 import pytest
 import torch
 
 from hotlora import Engine
 from hotlora.engine.worker import Job, Worker
-from hotlora.errors import ClientGone
+from hotlora.errors import ClientGone, DeadlineExceeded
 
 from ..helpers import TARGET_RANK, recompiles_are_errors
 
@@ -42,6 +42,33 @@ def test_a_cancelled_running_request_stops_at_the_next_step_and_the_engine_stays
         assert steps == [(1, 8), (2, 8), (3, 8)]  # not one step more, and the second chunk never ran
 
         after = worker.submit(Job(engine.prepare("a cat", **pack))).result(timeout=300)
+        torch.testing.assert_close(after.images, alone.images, atol=0, rtol=0)
+    assert engine.recompiles == 0 and worker.rebuilds == 0
+
+
+def test_a_request_whose_deadline_passes_while_it_runs_stops_there_with_a_504(served):
+    """Its deadline (``timeout_s``, else the server's ``request_timeout_s``) is when it must have
+    ended, not only started: the run stops at the step boundary after it, answered DeadlineExceeded."""
+    import time
+
+    engine, worker, adapters = served
+    pack = dict(adapters=adapters, num_images=4, num_inference_steps=4, seed=7, output_type="latent")
+    with recompiles_are_errors():
+        alone = engine.generate("a cat", **pack)
+        steps, job = [], None
+
+        def progress(done, total):
+            steps.append((done, total))
+            if done == 3:  # the deadline passes during the first chunk's third step
+                job.deadline = time.monotonic() - 0.001
+
+        job = Job(engine.prepare("a cat", progress=progress, **pack), deadline=time.monotonic() + 300)
+        worker.submit(job)
+        with pytest.raises(DeadlineExceeded, match="deadline passed while it ran: stopped after step 3 of 8"):
+            job.future.result(timeout=300)
+        assert steps == [(1, 8), (2, 8), (3, 8)]
+
+        after = worker.submit(Job(engine.prepare("a cat", **pack), deadline=time.monotonic() + 300)).result(timeout=300)
         torch.testing.assert_close(after.images, alone.images, atol=0, rtol=0)
     assert engine.recompiles == 0 and worker.rebuilds == 0
 

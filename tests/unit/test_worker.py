@@ -95,6 +95,20 @@ def test_deadlines_and_departed_clients_are_answered_without_running():
     worker.stop(drain_timeout_s=5)
 
 
+def test_a_stopped_run_is_answered_by_why_it_stopped():
+    """A run stopped at a step boundary (ClientGone from the engine): DeadlineExceeded for a job whose
+    deadline passed, ClientGone for one whose caller left (even past its deadline: nobody reads a 504)."""
+    stop = ClientGone("cancelled while running: stopped after step 2 of 4")
+    late = job("late", deadline=time.monotonic() - 1)
+    assert late.stop_when()()
+    assert isinstance(late.stopped(stop), DeadlineExceeded) and "stopped after step 2 of 4" in str(late.stopped(stop))
+    late.cancelled.set()
+    assert late.stopped(stop) is stop
+    in_time = job("in time", deadline=time.monotonic() + 60)
+    assert not in_time.stop_when()() and in_time.stopped(stop) is stop
+    assert not job("no deadline").stop_when()()
+
+
 def test_a_failing_listener_cannot_break_the_loop():
     engine = RecordingEngine(mixes=False)
 

@@ -407,12 +407,18 @@ class EngineProcess:
                 self.kill()
                 raise EngineDied(f"the engine process {self.pid} sent nothing for {self.stall_timeout_s:.0f}s (no "
                                  "denoising step finished): killed, an engine restart follows", cause="stall")
-            if self._stop is not None and cancelled():
-                self._stop.value = job
+            self._stop_if(cancelled, job)
+        # Every step sends a message, often faster than CANCEL_POLL_S: looked at on each one too, or a
+        # run would be stopped only where the child falls silent (between chunks).
+        self._stop_if(cancelled, job)
         try:
             return self._conn.recv()
         except (EOFError, OSError):
             raise self._died() from None
+
+    def _stop_if(self, cancelled: Callable[[], bool] | None, job: int) -> None:
+        if cancelled is not None and self._stop is not None and cancelled():
+            self._stop.value = job
 
     def _died(self) -> EngineDied:
         self._exited.wait(timeout=10)

@@ -45,7 +45,7 @@ class EngineRestarting(NotAccepting):
 @dataclass
 class Job:
     request: PreparedRequest  # checked and resolved on the request's thread; the worker only runs it
-    deadline: float | None = None  # time.monotonic() by which the job must have started
+    deadline: float | None = None  # time.monotonic() by which the job must have started, and ended (``stop_when``)
     enqueued: float = field(default_factory=time.monotonic)
     started: float | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -58,6 +58,17 @@ class Job:
     def batch_key(self) -> tuple:
         """Jobs with equal keys can share one forward batch."""
         return self.request.batch_key()
+
+    def stop_when(self) -> Callable[[], bool]:
+        """The run's stop predicate for this job: its caller went away, or its deadline passed (a
+        request that started in time still ends at its deadline, not after its last step)."""
+        return lambda: self.cancelled.is_set() or (self.deadline is not None and time.monotonic() > self.deadline)
+
+    def stopped(self, exc: ClientGone) -> ClientGone | DeadlineExceeded:
+        """Why a stopped run ended for this job: its deadline (504) unless its caller went away."""
+        if self.cancelled.is_set() or self.deadline is None or time.monotonic() <= self.deadline:
+            return exc
+        return DeadlineExceeded(f"the request's deadline passed while it ran: {str(exc).split(': ', 1)[-1]}")
 
 
 class Worker:
@@ -256,9 +267,10 @@ class Worker:
         if self._fault_armed:
             self._fault_armed = False
             self._corrupt_a_weight()
-        # Each request sees its job's cancel flag: a run all of whose jobs are cancelled stops at
-        # the next step boundary (ClientGone, a request error: no rebuild), not after its last step.
-        requests = [replace(job.request, cancelled=job.cancelled.is_set) for job in jobs]
+        # Each request sees its job's cancel flag and deadline: a run all of whose jobs are cancelled
+        # or past their deadline stops at the next step boundary (ClientGone, a request error: no
+        # rebuild; answered as DeadlineExceeded where the deadline stopped it), not after its last step.
+        requests = [replace(job.request, cancelled=job.stop_when()) for job in jobs]
         try:
             if len(jobs) == 1:
                 results = [self.engine.run(requests[0])]
@@ -274,6 +286,9 @@ class Worker:
         except EngineError as exc:
             self._fail(jobs, exc)
             self._rebuild(exc)
+        except ClientGone as exc:
+            for job in jobs:
+                self._fail([job], job.stopped(exc))
         except HotloraError as exc:
             self._fail(jobs, exc)
         except Exception as exc:  # anything unexpected inside the engine is an engine fault
