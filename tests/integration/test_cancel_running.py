@@ -2,6 +2,8 @@
 while it runs stops at the next denoising step boundary, on the warm compiled engine: nothing
 compiles, and the next request gives exactly what it gives on its own."""
 
+import time
+
 import pytest
 import torch
 
@@ -23,7 +25,21 @@ def served(tiny_models):
     worker.stop(drain_timeout_s=30)
 
 
-def test_a_cancelled_running_request_stops_at_the_next_step_and_the_engine_stays_warm(served):
+def cancel(job):
+    job.cancelled.set()
+
+
+def pass_deadline(job):
+    job.deadline = time.monotonic() - 0.001
+
+
+@pytest.mark.parametrize("stop, error, message", [
+    (cancel, ClientGone, "cancelled while running"),
+    # Its deadline (``timeout_s``, else the server's ``request_timeout_s``) is when it must have
+    # ended, not only started: answered DeadlineExceeded (504).
+    (pass_deadline, DeadlineExceeded, "the request's deadline passed while it ran"),
+], ids=["cancelled", "deadline"])
+def test_a_running_request_stops_at_the_next_step_and_the_engine_stays_warm(served, stop, error, message):
     engine, worker, adapters = served
     pack = dict(adapters=adapters, num_images=4, num_inference_steps=4, seed=7, output_type="latent")
     with recompiles_are_errors():
@@ -32,43 +48,16 @@ def test_a_cancelled_running_request_stops_at_the_next_step_and_the_engine_stays
 
         def progress(done, total):
             steps.append((done, total))
-            if done == 3:  # cancelled during the first chunk's third step (of 2 chunks x 4 steps)
-                job.cancelled.set()
+            if done == 3:  # stopped during the first chunk's third step (of 2 chunks x 4 steps)
+                stop(job)
 
-        job = Job(engine.prepare("a cat", progress=progress, **pack))
+        job = Job(engine.prepare("a cat", progress=progress, **pack), deadline=time.monotonic() + 300)
         worker.submit(job)
-        with pytest.raises(ClientGone, match="cancelled while running: stopped after step 3 of 8"):
+        with pytest.raises(error, match=f"{message}: stopped after step 3 of 8"):
             job.future.result(timeout=300)
         assert steps == [(1, 8), (2, 8), (3, 8)]  # not one step more, and the second chunk never ran
 
         after = worker.submit(Job(engine.prepare("a cat", **pack))).result(timeout=300)
-        torch.testing.assert_close(after.images, alone.images, atol=0, rtol=0)
-    assert engine.recompiles == 0 and worker.rebuilds == 0
-
-
-def test_a_request_whose_deadline_passes_while_it_runs_stops_there_with_a_504(served):
-    """Its deadline (``timeout_s``, else the server's ``request_timeout_s``) is when it must have
-    ended, not only started: the run stops at the step boundary after it, answered DeadlineExceeded."""
-    import time
-
-    engine, worker, adapters = served
-    pack = dict(adapters=adapters, num_images=4, num_inference_steps=4, seed=7, output_type="latent")
-    with recompiles_are_errors():
-        alone = engine.generate("a cat", **pack)
-        steps, job = [], None
-
-        def progress(done, total):
-            steps.append((done, total))
-            if done == 3:  # the deadline passes during the first chunk's third step
-                job.deadline = time.monotonic() - 0.001
-
-        job = Job(engine.prepare("a cat", progress=progress, **pack), deadline=time.monotonic() + 300)
-        worker.submit(job)
-        with pytest.raises(DeadlineExceeded, match="deadline passed while it ran: stopped after step 3 of 8"):
-            job.future.result(timeout=300)
-        assert steps == [(1, 8), (2, 8), (3, 8)]
-
-        after = worker.submit(Job(engine.prepare("a cat", **pack), deadline=time.monotonic() + 300)).result(timeout=300)
         torch.testing.assert_close(after.images, alone.images, atol=0, rtol=0)
     assert engine.recompiles == 0 and worker.rebuilds == 0
 
