@@ -7,7 +7,10 @@ from hotlora.adapters.format.convert import load_adapter
 from hotlora.errors import AdapterFormatError, AdapterNotFound
 from hotlora.families import family_named
 
-from ..helpers import CORE_FAMILIES, assert_same_deltas, canonical_deltas, fresh_pipeline, loaded_deltas, family_params, load_outcomes_in_a_new_process
+from ..helpers import (
+    CORE_FAMILIES, assert_same_deltas, canonical_deltas, family_params, fresh_pipeline, load_outcomes_in_a_new_process,
+    loaded_deltas,
+)
 
 
 SAMPLES = {
