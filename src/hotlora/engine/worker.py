@@ -59,14 +59,17 @@ class Job:
         """Jobs with equal keys can share one forward batch."""
         return self.request.batch_key()
 
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
     def stop_when(self) -> Callable[[], bool]:
         """The run's stop predicate for this job: its caller went away, or its deadline passed (a
         request that started in time still ends at its deadline, not after its last step)."""
-        return lambda: self.cancelled.is_set() or (self.deadline is not None and time.monotonic() > self.deadline)
+        return lambda: self.cancelled.is_set() or self.past_deadline()
 
     def stopped(self, exc: ClientGone) -> ClientGone | DeadlineExceeded:
         """Why a stopped run ended for this job: its deadline (504) unless its caller went away."""
-        if self.cancelled.is_set() or self.deadline is None or time.monotonic() <= self.deadline:
+        if self.cancelled.is_set() or not self.past_deadline():
             return exc
         return DeadlineExceeded(f"the request's deadline passed while it ran: {str(exc).split(': ', 1)[-1]}")
 
@@ -254,7 +257,7 @@ class Worker:
             job.future.set_exception(ClientGone("the client went away before the request started"))
             self._emit("dropped", {})
             return False
-        if job.deadline is not None and time.monotonic() > job.deadline:
+        if job.past_deadline():
             job.future.set_exception(DeadlineExceeded("the request's deadline passed before it could start"))
             return False
         return True
