@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hotlora.errors import HotloraError, RequestError
+from hotlora.errors import HotloraError, InvalidRequest, RequestError
 from hotlora.server.errors import error_reply, http_error_reply, internal_error_reply, is_openai, validation_error
 
 log = logging.getLogger(__name__)
@@ -18,6 +18,19 @@ log = logging.getLogger(__name__)
 def error_response(exc: Exception, openai: bool = False) -> JSONResponse:
     reply = error_reply(exc, openai)
     return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+
+
+def options_note(service, errors) -> str:
+    """For a body with fields the API does not have (``true_cfg_scale``, a pipeline's own argument):
+    what the served model takes, as a request for an option its family does not take is told
+    (``ModelRules``). "" before an engine is ready, or when no field was unknown."""
+    unknown = [str(e["loc"][-1]) for e in errors if e.get("type") == "extra_forbidden" and len(e.get("loc", ())) == 2]
+    engine = getattr(getattr(service, "worker", None), "engine", None)
+    rules = getattr(engine, "rules", None)
+    if not unknown or rules is None:
+        return ""
+    return (f"{' and '.join(unknown)} not taken by this server's {rules.family.name} model "
+            f"(its generation options: {', '.join(rules.options())})")
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -29,7 +42,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def request_validation_error(request: Request, exc: RequestValidationError):
-        return error_response(validation_error(exc.errors(), located=True), openai=is_openai(request.url.path))
+        problem = validation_error(exc.errors(), located=True)
+        note = options_note(getattr(app.state, "service", None), exc.errors())
+        if note:
+            problem = InvalidRequest(f"{problem}; {note}")
+        return error_response(problem, openai=is_openai(request.url.path))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_exception(request: Request, exc: StarletteHTTPException):
