@@ -43,6 +43,13 @@ def test_each_rule_rejects_what_breaks_it(modules, expected):
     assert any(expected in p for p in found), found
 
 
+def test_a_shape_mismatch_says_the_file_may_be_for_another_base_model():
+    """Flux.1's LoRA on Flux.2 klein: the same names (after the converter), other widths."""
+    (found,) = problems_with(adapter({"blk.q": lora(2, 6, 8)}), CEILING)
+    assert found.startswith("shape mismatch in blk.q") and "widths this flux model's layers do not have" in found
+    assert "another base model" in found
+
+
 def test_wrong_family_is_rejected():
     assert any("sdxl family" in p for p in problems_with(adapter({"blk.q": lora(1, 8, 8)}, "sdxl"), CEILING))
 

@@ -110,11 +110,13 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
                         f"(a one-transformer {ceiling.family} model): give it an adapter for its transformer only")
     outside = [m for m in adapter.modules if not ceiling.holds(m) and m not in ceiling.convs and m not in convs
                and m.split(".", 1)[0] not in absent]
+    foreign = ""
     if outside:
         # Perhaps another family's LoRA, named when its layer names or metadata say so (names that
         # are the served family's, beyond a narrowed ceiling or its block count, say nothing).
-        note = (foreign_note(family_named(ceiling.family), outside, declared=adapter.base_model)
-                if ceiling.family in FAMILIES else "")
+        foreign = (foreign_note(family_named(ceiling.family), outside, declared=adapter.base_model)
+                   if ceiling.family in FAMILIES else "")
+        note = foreign
         if adapter.layout == LOHA_LAYOUT and not ceiling.convs:  # its conv layers' factors look like a Linear's
             note += " (a LyCORIS LoHa's conv layers are served in fused mode, adapter_mode='fused')"
         shared = [m for m in outside if m in ceiling.unbatched]
@@ -148,7 +150,12 @@ def problems_with(adapter: Adapter, ceiling: SlotCeiling) -> list[str]:
     if bad_dtype:
         problems.append(f"non-floating dtype in {_listed(bad_dtype)}")
     if bad_shape:
-        problems.append(f"shape mismatch in {_listed(bad_shape)}")
+        # Names alike, widths not: trainers write Flux.1 and Flux.2 (klein 4B and 9B alike) under the
+        # same names, so only the widths tell, and only a file's metadata could say which model it is.
+        model = f"this {ceiling.family} model" if ceiling.family else "this model"
+        hint = "" if foreign else (f": widths {model}'s layers do not have (a LoRA trained on another base model "
+                                 "whose layers have the same names, or on another size of this one?)")
+        problems.append(f"shape mismatch in {_listed(bad_shape)}{hint}")
     if non_finite:
         problems.append(f"NaN or infinite values in {_listed(non_finite)}")
     if bad_scale:
