@@ -30,7 +30,9 @@ from hotlora.errors import ClientGone, DeadlineExceeded, EngineError, HotloraErr
 
 log = logging.getLogger(__name__)
 CRASH_LOOP_S = 60.0  # an engine that dies within this of its start is a crash loop: the next start waits
-IDLE_PING_S = 30.0  # how often an idle engine process is asked whether it still answers (``ping``)
+# How often an idle engine process is asked whether it still answers (``ping``): a hung one is found
+# within this plus the ping deadline (35 s), before a request sent to it waits for the stall deadline.
+IDLE_PING_S = 5.0
 
 
 class EngineRestarting(NotAccepting):
