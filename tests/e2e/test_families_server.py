@@ -71,6 +71,6 @@ def test_each_family_is_served_over_the_three_apis(family, tiny_models, tmp_path
     # A pipeline's own argument that is no field of the API: refused, with what this model does take.
     true_cfg = httpx.post(f"{url}/v1/generate", json={**body, "true_cfg_scale": 4.0}, timeout=30)
     assert true_cfg.status_code == 422 and "true_cfg_scale: Extra inputs are not permitted" in true_cfg.text
-    assert f"not taken by this server's {family} model (its generation options: " in true_cfg.text
+    assert f"true_cfg_scale not taken by the {family} family (it takes: " in true_cfg.text
     assert ", ".join(fam.request_options()) in true_cfg.text
 

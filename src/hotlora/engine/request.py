@@ -303,8 +303,9 @@ class RequestRules:
         """The served sizes as WIDTHxHEIGHT strings (the OpenAI API's ``size``), default first."""
         return tuple(format_size(h, w) for h, w in self.sizes)
 
-    def _untaken(self, **given) -> list[str]:
-        """The options given that the family does not take, as one problem listing what it takes."""
+    def untaken(self, **given) -> list[str]:
+        """The options given that the family does not take, as one problem listing what it takes (also
+        said of a body's fields the API does not have: ``server/handlers.py``)."""
         family = self.family
         taken = family.request_options()
         untaken = [name for name, value in given.items() if value is not None and name not in taken]
@@ -410,7 +411,7 @@ class RequestRules:
             problems.append(f"num_images must be an integer in 1..{limits.max_images}")
         steps = self.defaults["num_inference_steps"] if steps is None else steps
         problems += self._steps(steps)
-        problems += self._untaken(negative_prompt=negative_prompt, guidance_scale=guidance, num_frames=num_frames)
+        problems += self.untaken(negative_prompt=negative_prompt, guidance_scale=guidance, num_frames=num_frames)
         frames = self._frames(num_frames, problems)
         guidance = self.defaults["guidance_scale"] if guidance is None else guidance
         problems += self._guidance(guidance, guidance_scale_2) + shift_problems(shift, self.shift_key, self.scheduler)

@@ -22,15 +22,13 @@ def error_response(exc: Exception, openai: bool = False) -> JSONResponse:
 
 def options_note(service, errors) -> str:
     """For a body with fields the API does not have (``true_cfg_scale``, a pipeline's own argument):
-    what the served model takes, as a request for an option its family does not take is told
-    (``ModelRules``). "" before an engine is ready, or when no field was unknown."""
+    what the served model's family takes, in the words an option it does not take gets
+    (``ModelRules.untaken``). "" before an engine is ready, or when no field was unknown."""
     unknown = [str(e["loc"][-1]) for e in errors if e.get("type") == "extra_forbidden" and len(e.get("loc", ())) == 2]
-    engine = getattr(getattr(service, "worker", None), "engine", None)
-    rules = getattr(engine, "rules", None)
+    rules = getattr(getattr(getattr(service, "worker", None), "engine", None), "rules", None)
     if not unknown or rules is None:
         return ""
-    return (f"{' and '.join(unknown)} not taken by this server's {rules.family.name} model "
-            f"(its generation options: {', '.join(rules.options())})")
+    return "; ".join(rules.untaken(**dict.fromkeys(unknown, True)))
 
 
 def install_error_handlers(app: FastAPI) -> None:
